@@ -1,0 +1,176 @@
+"""The append-only event log of a run, and the audit computed from it alone.
+
+Every status change of every task appends one :class:`Event`. The audit
+(:func:`analyze`) never looks at task records or at what a worker says about itself: it
+reads the log, so it also runs on the logs of other systems once they are converted to
+JSON Lines of the same shape.
+
+Event names:
+
+``created``, ``assigned``, ``started``, ``completed``, ``failed`` (an attempt failed; its
+``detail`` holds ``retry_at``), ``retry`` (the backoff is over; the task is pending again),
+``reclaimed`` (the lease expired; the task is pending again), ``dead``, ``cancelled``;
+and two that change no status: ``rejected`` (a late result carrying a stale fencing
+token) and ``effect`` (a side effect applied once, keyed by the task id).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from planrun.task import Task
+
+__all__ = ["Audit", "Event", "Ledger", "analyze", "read_jsonl"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of the ledger."""
+
+    seq: int
+    """Position in the log, from 0; the audit orders by it."""
+    at: float
+    """Clock time of the event."""
+    task: str
+    """Task id."""
+    event: str
+    worker: str | None = None
+    attempt: int = 0
+    """The task's fencing token when the event happened."""
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready data."""
+        data = asdict(self)
+        data["detail"] = dict(self.detail)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Event:
+        """Build an event from :meth:`to_dict` output."""
+        return cls(
+            seq=int(data["seq"]),
+            at=float(data.get("at", 0.0)),
+            task=str(data["task"]),
+            event=str(data["event"]),
+            worker=data.get("worker"),
+            attempt=int(data.get("attempt", 0)),
+            detail=dict(data.get("detail") or {}),
+        )
+
+
+class Ledger:
+    """An append-only list of events with a running sequence number."""
+
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        self._events: list[Event] = list(events)
+
+    def append(
+        self,
+        at: float,
+        task: str,
+        event: str,
+        *,
+        worker: str | None = None,
+        attempt: int = 0,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Event:
+        """Append one event and return it."""
+        entry = Event(len(self._events), at, task, event, worker, attempt, detail or {})
+        self._events.append(entry)
+        return entry
+
+    @property
+    def events(self) -> Sequence[Event]:
+        """The events so far, oldest first (a read-only view)."""
+        return tuple(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events)
+
+    def write_jsonl(self, target: str | Path | IO[str]) -> None:
+        """Write the events as JSON Lines to a path or an open text file."""
+        if isinstance(target, str | Path):
+            with open(target, "w", encoding="utf-8") as fh:
+                self.write_jsonl(fh)
+            return
+        for e in self._events:
+            target.write(json.dumps(e.to_dict(), sort_keys=True, default=str) + "\n")
+
+
+def read_jsonl(source: str | Path | IO[str]) -> list[Event]:
+    """Read events written by :meth:`Ledger.write_jsonl` (or converted from another system)."""
+    if isinstance(source, str | Path):
+        with open(source, encoding="utf-8") as fh:
+            return read_jsonl(fh)
+    return [Event.from_dict(json.loads(line)) for line in source if line.strip()]
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What the log says about a run."""
+
+    order_violations: int
+    """Completions that came before (or without) a completion of a dependency."""
+    duplicates: int
+    """Completions beyond the first for the same task."""
+    missing: list[str]
+    """Tasks that never completed, in the order given."""
+    duplicate_effects: int = 0
+    """Effects applied more than once for the same task."""
+
+    @property
+    def clean(self) -> bool:
+        """No violation, no duplicate, nothing missing."""
+        return not (self.order_violations or self.duplicates or self.missing
+                    or self.duplicate_effects)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The audit as JSON-ready data."""
+        return asdict(self)
+
+
+def analyze(
+    tasks: Iterable[Task] | Mapping[str, Sequence[str]],
+    events: Iterable[Event],
+) -> Audit:
+    """Audit a run from its log alone.
+
+    ``tasks`` gives the task ids and their dependencies: task records, or a mapping from id
+    to the ids it depends on. Only ``completed`` and ``effect`` events are read.
+    """
+    deps: dict[str, Sequence[str]]
+    if isinstance(tasks, Mapping):
+        deps = {str(k): list(v) for k, v in tasks.items()}
+    else:
+        deps = {t.id: t.depends_on for t in tasks}
+    first: dict[str, int] = {}
+    completions = 0
+    effects: Counter[str] = Counter()
+    for e in sorted(events, key=lambda ev: ev.seq):
+        if e.event == "completed":
+            completions += 1
+            first.setdefault(e.task, e.seq)
+        elif e.event == "effect":
+            effects[e.task] += 1
+    violations = 0
+    for task_id, needs in deps.items():
+        if task_id not in first:
+            continue
+        for dep in needs:
+            if dep not in first or first[dep] > first[task_id]:
+                violations += 1
+    return Audit(
+        order_violations=violations,
+        duplicates=completions - len(first),
+        missing=[t for t in deps if t not in first],
+        duplicate_effects=sum(n - 1 for n in effects.values() if n > 1),
+    )

@@ -1,0 +1,151 @@
+"""The task record and its state machine.
+
+A task is frozen data. Every status change goes through :func:`transition`, which refuses
+the changes the state machine does not allow and returns a new record; nothing else ever
+changes a task's status.
+
+    pending ──► assigned ──► running ──► completed
+       ▲  │         │  │        │  │
+       │  │         │  │        │  └──► failed ──► pending      (retry after backoff)
+       │  │         │  │        └─────► dead                    (permanent, or retries spent)
+       │  └─────────┴──┴──────────────► cancelled               (a dependency died / abort)
+       └──────── reclaimed ◄────────┘                           (lease expired)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planrun.errors import IllegalTransition
+
+__all__ = ["FINAL", "Status", "Task", "transition"]
+
+
+class Status(str, enum.Enum):
+    """Where a task stands."""
+
+    PENDING = "pending"
+    """Created or requeued; waiting for its dependencies and a worker."""
+    ASSIGNED = "assigned"
+    """Given to exactly one worker, not yet started."""
+    RUNNING = "running"
+    """The worker has begun."""
+    COMPLETED = "completed"
+    """Finished with a result."""
+    FAILED = "failed"
+    """An attempt failed and a retry is scheduled (``not_before``)."""
+    DEAD = "dead"
+    """Given up: retries exhausted, a permanent error, or too many reclaims."""
+    CANCELLED = "cancelled"
+    """Never run: a dependency died, the run was aborted, or the budget ran out."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.DEAD, Status.CANCELLED})
+"""The statuses a task never leaves."""
+
+_ALLOWED: Mapping[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.ASSIGNED, Status.CANCELLED, Status.DEAD}),
+    Status.ASSIGNED: frozenset(
+        {Status.RUNNING, Status.PENDING, Status.CANCELLED, Status.DEAD}
+    ),
+    Status.RUNNING: frozenset(
+        {Status.COMPLETED, Status.FAILED, Status.DEAD, Status.PENDING}
+    ),
+    Status.FAILED: frozenset({Status.PENDING, Status.CANCELLED, Status.DEAD}),
+    Status.COMPLETED: frozenset(),
+    Status.DEAD: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One unit of work, as data with a status.
+
+    Every field exists because of a failure it guards against: ``attempts`` and
+    ``max_attempts`` stop infinite retries; ``lease`` (a heartbeat deadline) lets the
+    supervisor notice a worker that died silently; ``token`` fences off the late result of
+    a reclaimed attempt; ``depends_on`` stops a task starting before what it needs exists;
+    ``resources`` keeps tasks that touch the same thing from running at once.
+    """
+
+    id: str
+    kind: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    status: Status = Status.PENDING
+    assigned_to: str | None = None
+    attempts: int = 0
+    """Attempts that ended (completed or failed); a reclaim does not count."""
+    max_attempts: int = 3
+    result: Any = None
+    error: str | None = None
+    error_class: str | None = None
+    """``"transient"`` or ``"permanent"`` for the last error."""
+    cause: str | None = None
+    """Why a task was cancelled: the dead dependency's id, ``"abort"`` or ``"budget"``."""
+    depends_on: tuple[str, ...] = ()
+    estimate_s: float = 1.0
+    resources: tuple[str, ...] = ()
+    lease: float | None = None
+    """Heartbeat deadline of the current assignment; past it the task is reclaimed."""
+    token: int = 0
+    """Fencing token: grows with every assignment; a result carrying an older one is refused."""
+    reclaims: int = 0
+    not_before: float | None = None
+    """Backoff: the earliest time a failed task may start again."""
+    created_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the task is completed, dead or cancelled."""
+        return self.status in FINAL
+
+    def evolve(self, **changes: Any) -> Task:
+        """Return a copy with ``changes`` applied; use :func:`transition` for a status."""
+        if "status" in changes:
+            raise IllegalTransition("change a status with planrun.task.transition()")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON-ready data."""
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        data["payload"] = dict(self.payload)
+        data["depends_on"] = list(self.depends_on)
+        data["resources"] = list(self.resources)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Task:
+        """Build a record from :meth:`to_dict` output (or a store row)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        values["status"] = Status(values.get("status", Status.PENDING))
+        values["depends_on"] = tuple(values.get("depends_on") or ())
+        values["resources"] = tuple(values.get("resources") or ())
+        values["payload"] = dict(values.get("payload") or {})
+        return cls(**values)
+
+
+def transition(task: Task, to: Status, **changes: Any) -> Task:
+    """Return ``task`` moved to status ``to`` with ``changes``; refuse an illegal change.
+
+    This is the only place a status changes.
+
+    Raises:
+        IllegalTransition: ``to`` is not reachable from the task's current status.
+    """
+    if to not in _ALLOWED[task.status]:
+        raise IllegalTransition(
+            f"task {task.id!r}: {task.status.value} -> {to.value} is not allowed"
+        )
+    return dataclasses.replace(task, status=to, **changes)
