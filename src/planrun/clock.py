@@ -74,8 +74,9 @@ class _VirtualSelector(selectors.BaseSelector):
         ready = self._inner.select(0)
         if ready or timeout == 0:
             return ready
-        if timeout is None:
-            # Nothing is scheduled: only real I/O (or another thread) can wake the loop.
+        if timeout is None or self._loop.threads_in_flight:
+            # Only real I/O or a worker thread can wake the loop now; a thread's work takes
+            # no virtual time, so virtual timers wait for it instead of firing early.
             return self._inner.select(None)
         self._loop.advance(timeout)
         return []
@@ -94,6 +95,19 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    threads_in_flight = 0
+
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Any, *args: Any
+    ) -> asyncio.Future[Any]:
+        future = super().run_in_executor(executor, func, *args)
+        self.threads_in_flight += 1
+        future.add_done_callback(self._thread_done)
+        return future
+
+    def _thread_done(self, _: object) -> None:
+        self.threads_in_flight -= 1
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += max(0.0, seconds)

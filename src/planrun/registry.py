@@ -17,6 +17,7 @@ Handlers may be ``async def`` or plain functions (run in a thread); they take th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -65,13 +66,17 @@ class TaskContext:
     """The fencing token of this assignment (1 for the first)."""
     worker: str
     skill: float
-    idempotency_key: str
-    """Same across retries and resumes; pass it on where an API accepts one."""
+    payload: Mapping[str, Any] = field(default_factory=dict, repr=False)
     estimate_s: float = 1.0
     heartbeat: _Heartbeat = field(default=lambda: None, repr=False, compare=False)
     """Renew this task's lease; long-running handlers call it now and then."""
     extras: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """Run-wide objects a runner hands to handlers (the model, the usage meter, ...)."""
+
+    @functools.cached_property
+    def idempotency_key(self) -> str:
+        """Same across retries and resumes of this task; pass it on where an API takes one."""
+        return idempotency_key(self.run_id, self.task_id, self.payload)
 
 
 @dataclass(frozen=True)

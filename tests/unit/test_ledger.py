@@ -1,0 +1,68 @@
+"""The ledger and the audit computed from it alone."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from planrun.ledger import Event, Ledger, analyze, read_jsonl
+from planrun.task import Task
+
+DEPS = {"a": [], "b": ["a"], "c": ["b"]}
+
+
+def ledger_of(*entries: tuple[str, str]) -> Ledger:
+    ledger = Ledger()
+    for task, event in entries:
+        ledger.append(0.0, task, event)
+    return ledger
+
+
+def test_clean_run() -> None:
+    audit = analyze(DEPS, ledger_of(("a", "completed"), ("b", "completed"), ("c", "completed")))
+    assert audit.clean and audit.to_dict()["missing"] == []
+
+
+def test_order_violation_duplicate_and_missing_are_counted() -> None:
+    audit = analyze(DEPS, ledger_of(("b", "completed"), ("b", "completed"), ("a", "completed")))
+    assert audit.order_violations == 1  # b before a
+    assert audit.duplicates == 1
+    assert audit.missing == ["c"]
+    assert not audit.clean
+
+
+def test_dependency_that_never_completed_is_a_violation() -> None:
+    audit = analyze(DEPS, ledger_of(("c", "completed")))
+    assert audit.order_violations == 1 and audit.missing == ["a", "b"]
+
+
+def test_only_completions_count_and_effects_are_audited() -> None:
+    ledger = ledger_of(("a", "started"), ("a", "failed"), ("a", "completed"),
+                       ("a", "effect"), ("a", "effect"))
+    audit = analyze({"a": []}, ledger)
+    assert audit.duplicates == 0 and audit.duplicate_effects == 1
+
+
+def test_task_records_work_as_input() -> None:
+    tasks = [Task(id="a", kind="k"), Task(id="b", kind="k", depends_on=("a",))]
+    assert analyze(tasks, ledger_of(("b", "completed"))).order_violations == 1
+
+
+def test_jsonl_round_trip(tmp_path: Path) -> None:
+    ledger = Ledger()
+    ledger.append(1.5, "a", "completed", worker="w1", attempt=2, detail={"x": 1})
+    ledger.append(2.0, "b", "failed")
+    path = tmp_path / "events.jsonl"
+    ledger.write_jsonl(path)
+    events = read_jsonl(path)
+    assert events == list(ledger)
+    buffer = io.StringIO()
+    ledger.write_jsonl(buffer)
+    assert read_jsonl(io.StringIO(buffer.getvalue()))[0] == Event(
+        0, 1.5, "a", "completed", "w1", 2, {"x": 1}
+    )
+
+
+def test_foreign_log_is_audited_in_seq_order() -> None:
+    events = [Event(2, 0.0, "a", "completed"), Event(1, 0.0, "b", "completed")]
+    assert analyze(DEPS, events).order_violations == 1  # b (seq 1) came before a (seq 2)

@@ -1,0 +1,75 @@
+"""The task record and its state machine."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from planrun.errors import IllegalTransition
+from planrun.task import FINAL, Status, Task, transition
+
+LEGAL = {
+    (Status.PENDING, Status.ASSIGNED),
+    (Status.PENDING, Status.CANCELLED),
+    (Status.PENDING, Status.DEAD),
+    (Status.ASSIGNED, Status.RUNNING),
+    (Status.ASSIGNED, Status.PENDING),
+    (Status.ASSIGNED, Status.CANCELLED),
+    (Status.ASSIGNED, Status.DEAD),
+    (Status.RUNNING, Status.COMPLETED),
+    (Status.RUNNING, Status.FAILED),
+    (Status.RUNNING, Status.DEAD),
+    (Status.RUNNING, Status.PENDING),
+    (Status.RUNNING, Status.CANCELLED),
+    (Status.FAILED, Status.PENDING),
+    (Status.FAILED, Status.CANCELLED),
+    (Status.FAILED, Status.DEAD),
+}
+
+ALL_PAIRS = list(itertools.product(Status, Status))
+
+
+def _at(status: Status) -> Task:
+    return Task(id="t", kind="k", status=status)
+
+
+@pytest.mark.parametrize(("src", "dst"), sorted(LEGAL, key=str))
+def test_legal_transition_returns_new_record(src: Status, dst: Status) -> None:
+    task = _at(src)
+    moved = transition(task, dst, error="x")
+    assert moved.status is dst
+    assert moved.error == "x"
+    assert task.status is src  # the old record is untouched
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"), [p for p in ALL_PAIRS if p not in LEGAL], ids=lambda s: s.value
+)
+def test_illegal_transition_is_refused(src: Status, dst: Status) -> None:
+    with pytest.raises(IllegalTransition, match=f"{src.value} -> {dst.value}"):
+        transition(_at(src), dst)
+
+
+def test_final_statuses_have_no_way_out() -> None:
+    assert {Status.COMPLETED, Status.DEAD, Status.CANCELLED} == FINAL
+    for src in FINAL:
+        assert not [dst for dst in Status if (src, dst) in LEGAL]
+    assert _at(Status.DEAD).finished and not _at(Status.FAILED).finished
+
+
+def test_record_is_frozen_and_status_only_changes_through_transition() -> None:
+    task = Task(id="t", kind="k")
+    with pytest.raises(AttributeError):
+        task.status = Status.RUNNING  # type: ignore[misc]
+    with pytest.raises(IllegalTransition):
+        task.evolve(status=Status.RUNNING)
+    assert task.evolve(attempts=2).attempts == 2
+
+
+def test_round_trip_through_dict() -> None:
+    task = Task(id="t", kind="k", payload={"a": 1}, depends_on=("x",), resources=("db",),
+                estimate_s=3.5, token=2)
+    data = task.to_dict()
+    assert data["status"] == "pending" and data["depends_on"] == ["x"]
+    assert Task.from_dict(data) == task
