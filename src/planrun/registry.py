@@ -68,6 +68,8 @@ class TaskContext:
     skill: float
     payload: Mapping[str, Any] = field(default_factory=dict, repr=False)
     estimate_s: float = 1.0
+    inputs: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """Results of the tasks this one depends on, by task id."""
     heartbeat: _Heartbeat = field(default=lambda: None, repr=False, compare=False)
     """Renew this task's lease; long-running handlers call it now and then."""
     extras: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)

@@ -408,6 +408,7 @@ class Supervisor:
             skill=worker.spec.skill(task.kind),
             payload=task.payload,
             estimate_s=task.estimate_s,
+            inputs={d: self._tasks[d].result for d in task.depends_on},
             heartbeat=lambda: self._heartbeat(task.id, token),
             extras=self.extras,
         )

@@ -498,3 +498,16 @@ def test_progress_hook_sees_every_event() -> None:
     result = sup.run_sync()
     assert [s[0] for s in seen] == [e.event for e in result.events]
     assert seen[-1] == ("completed", "completed")
+
+
+def test_handlers_receive_the_results_of_their_dependencies() -> None:
+    async def add(payload: Any, ctx: TaskContext) -> int:
+        return int(payload["n"]) + sum(ctx.inputs.values())
+
+    sup = supervisor({"k": add})
+    sup.add_tasks([
+        Task(id="a", kind="k", payload={"n": 1}),
+        Task(id="b", kind="k", payload={"n": 10}),
+        Task(id="c", kind="k", payload={"n": 100}, depends_on=("a", "b")),
+    ])
+    assert sup.run_sync().tasks["c"].result == 111
