@@ -48,7 +48,7 @@ async def supervised(n: int, chained: bool) -> float:
         Task(id=f"t{i}", kind="noop", depends_on=(f"t{i - 1}",) if chained and i % 10 else ())
         for i in range(n)
     )
-    result = await sup.run()
+    result = await sup.arun()
     elapsed = time.perf_counter() - started
     assert result.ok, result.counts
     return elapsed

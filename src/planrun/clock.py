@@ -151,7 +151,7 @@ class VirtualClock:
             running = None
         if running is None or running is not self._loop:
             raise UsageError(
-                "a VirtualClock's run must be driven by clock.run(...) (or Supervisor.run_sync)"
+                "a VirtualClock's run must be driven by clock.run(...) (or Supervisor.run)"
             )
 
 

@@ -159,7 +159,7 @@ def run_supervisor(
         on_event=on_event,
     )
     sup.add_tasks(tasks)
-    return sup.run_sync()
+    return sup.run()
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ class InvalidPlan(PlanError):
     """A plan failed validation.
 
     ``problems`` holds every problem found, each with a stable ``code``, the task index and a
-    message; ``raw_outputs`` holds the model output of each attempt when a decomposer made it.
+    message; ``raw_outputs`` holds the model output of each attempt when a decomposer made it,
+    and ``attempts`` the problems of each of those attempts.
     """
 
     def __init__(
@@ -80,9 +81,12 @@ class InvalidPlan(PlanError):
         problems: Sequence[Problem],
         raw_outputs: Sequence[str] = (),
         message: str | None = None,
+        attempts: Sequence[Sequence[Problem]] = (),
     ) -> None:
         self.problems: list[Problem] = list(problems)
         self.raw_outputs: list[str] = list(raw_outputs)
+        self.attempts: list[list[Problem]] = [list(a) for a in attempts] or [self.problems]
+        """The problems of each attempt, oldest first (one entry unless a model repaired)."""
         if message is None:
             lines = [f"invalid plan: {len(self.problems)} problem(s)"]
             lines += [f"  {p}" for p in self.problems]

@@ -145,6 +145,23 @@ class Registry:
         self._kinds[spec.name] = spec
         return spec
 
+    def register(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        payload: type[BaseModel] | None = None,
+        result: type[BaseModel] | None = None,
+        description: str = "",
+    ) -> KindSpec:
+        """Register a kind done by ``handler``: a function (async or not) or a ModelWorker.
+
+        ``result`` defaults to the handler's own ``result_model`` when it has one.
+        """
+        if result is None:
+            result = getattr(handler, "result_model", None)
+        return self.add(KindSpec(name, description, payload, result, handler))
+
     def kind(
         self,
         name: str,

@@ -189,7 +189,7 @@ def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Sup
 def simulate(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> SimResult:
     """Run a scenario in virtual time and measure it."""
     sup = build(scenario, strategy, seed)
-    run = sup.run_sync()
+    run = sup.run()
     durations = [
         t.finished_at - t.started_at
         for t in run.tasks.values()

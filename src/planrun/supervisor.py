@@ -256,15 +256,15 @@ class Supervisor:
 
     # ---- running ---------------------------------------------------------------------------
 
-    def run_sync(self) -> RunResult:
+    def run(self) -> RunResult:
         """Run to completion from synchronous code (under the supervisor's clock)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return self.clock.run(self.run())
-        raise UsageError("run_sync() was called inside a running event loop; use await run()")
+            return self.clock.run(self.arun())
+        raise UsageError("run() was called inside a running event loop; use await arun()")
 
-    async def run(self) -> RunResult:
+    async def arun(self) -> RunResult:
         """Run every task to a final status and return the result.
 
         Raises:

@@ -55,7 +55,7 @@ def test_runs_dependencies_in_order_and_audits_clean() -> None:
         Task(id="b", kind="k", depends_on=("a",)),
         Task(id="a", kind="k"),
     ])
-    result = sup.run_sync()
+    result = sup.run()
     assert result.ok and result.audit.clean
     done = {t.id: t.finished_at for t in result.tasks.values()}
     assert done["a"] < done["b"] < done["c"]  # type: ignore[operator]
@@ -67,7 +67,7 @@ def test_each_task_goes_to_exactly_one_worker() -> None:
     workers = [WorkerSpec(f"w{i}", None, 2) for i in range(4)]
     sup = supervisor({"k": ok}, workers, strategy="least_loaded")
     sup.add_tasks(Task(id=f"t{i}", kind="k") for i in range(40))
-    result = sup.run_sync()
+    result = sup.run()
     started = [e for e in result.events if e.event == "started"]
     assert len(started) == 40 == len({e.task for e in started})
     assert sum(int(w["tasks"]) for w in result.workers.values()) == 40
@@ -87,7 +87,7 @@ def test_capacity_limits_concurrency_per_worker() -> None:
 
     sup = supervisor({"k": track}, [WorkerSpec("w", None, 3)])
     sup.add_tasks(Task(id=f"t{i}", kind="k") for i in range(10))
-    result = sup.run_sync()
+    result = sup.run()
     assert peak == 3
     assert result.makespan == pytest.approx(4.0)  # ceil(10 / 3) rounds of 1 s
 
@@ -103,7 +103,7 @@ def test_transient_errors_retry_with_exponential_backoff() -> None:
 
     sup = supervisor({"k": flaky}, backoff=Backoff(base=2.0, cap=60.0, jitter=0.0))
     sup.add(Task(id="t", kind="k"))
-    result = sup.run_sync()
+    result = sup.run()
     assert calls == [0.0, 2.0, 6.0]  # waits 2 s, then 4 s
     task = result.tasks["t"]
     assert task.status is Status.COMPLETED and task.attempts == 3
@@ -134,7 +134,7 @@ def test_retry_after_is_honoured_as_a_minimum_wait() -> None:
 
     sup = supervisor({"k": limited}, backoff=Backoff(jitter=0.0))
     sup.add(Task(id="t", kind="k"))
-    sup.run_sync()
+    sup.run()
     assert calls == [0.0, 30.0]
 
 
@@ -148,7 +148,7 @@ def test_permanent_error_is_dead_at_once_after_one_attempt() -> None:
 
     sup = supervisor({"k": broken})
     sup.add(Task(id="t", kind="k"))
-    task = sup.run_sync().tasks["t"]
+    task = sup.run().tasks["t"]
     assert calls == 1
     assert task.status is Status.DEAD and task.attempts == 1
     assert task.error_class == "permanent" and "400 bad request" in (task.error or "")
@@ -163,7 +163,7 @@ def test_unknown_exceptions_are_permanent_timeouts_transient() -> None:
 
     sup = supervisor({"bug": bug, "slow": slow}, timeout=10.0, backoff=Backoff(jitter=0.0))
     sup.add_tasks([Task(id="b", kind="bug"), Task(id="s", kind="slow")])
-    result = sup.run_sync()
+    result = sup.run()
     assert result.tasks["b"].attempts == 1 and result.tasks["b"].error_class == "permanent"
     slow_task = result.tasks["s"]
     assert slow_task.status is Status.DEAD and slow_task.attempts == 3
@@ -176,7 +176,7 @@ def test_retry_budget_is_shared_by_the_whole_run() -> None:
 
     sup = supervisor({"k": always}, retry_budget=3, max_attempts=10)
     sup.add_tasks(Task(id=f"t{i}", kind="k") for i in range(3))
-    result = sup.run_sync()
+    result = sup.run()
     failed = [e for e in result.events if e.event == "failed"]
     assert len(failed) == 3  # three retries in all, then everything is dead
     assert all(t.status is Status.DEAD for t in result.tasks.values())
@@ -191,7 +191,7 @@ def test_failover_to_another_worker_of_the_same_skill() -> None:
 
     sup = supervisor({"k": picky}, [WorkerSpec("a"), WorkerSpec("b")], strategy="round_robin")
     sup.add(Task(id="t", kind="k"))
-    result = sup.run_sync()
+    result = sup.run()
     assert result.tasks["t"].result == "b"
     assigned = [e.worker for e in result.events if e.event == "assigned"]
     assert assigned == ["a", "b"]
@@ -211,7 +211,7 @@ def test_dead_task_cancels_transitive_dependents_and_independent_work_finishes()
         Task(id="other", kind="k"),
         Task(id="after_other", kind="k", depends_on=("other",)),
     ])
-    result = sup.run_sync()
+    result = sup.run()
     statuses = {k: t.status for k, t in result.tasks.items()}
     assert statuses == {
         "root": Status.DEAD,
@@ -238,7 +238,7 @@ def test_abort_run_stops_everything_when_a_task_dies() -> None:
         Task(id="deploy", kind="k", depends_on=("migrate",)),
         Task(id="unrelated", kind="k"),
     ])
-    result = sup.run_sync()
+    result = sup.run()
     assert result.aborted_by == "migrate"
     assert result.tasks["unrelated"].status is Status.CANCELLED
     assert result.tasks["unrelated"].cause == "abort: migrate died"
@@ -256,7 +256,7 @@ def test_silent_worker_is_reclaimed_after_stale_after() -> None:
     sup = supervisor({"k": work}, [WorkerSpec("ghost"), WorkerSpec("alive")],
                      strategy="round_robin", stale_after=90.0)
     sup.add(Task(id="t", kind="k"))
-    result = sup.run_sync()
+    result = sup.run()
     task = result.tasks["t"]
     assert task.status is Status.COMPLETED and task.result == "alive"
     assert task.reclaims == 1 and task.attempts == 1  # a reclaim costs no attempt
@@ -275,7 +275,7 @@ def test_heartbeats_keep_a_long_task_alive() -> None:
 
     sup = supervisor({"k": long}, stale_after=30.0)
     sup.add(Task(id="t", kind="k"))
-    result = sup.run_sync()
+    result = sup.run()
     assert result.tasks["t"].status is Status.COMPLETED
     assert "reclaimed" not in events_of(result, "t")
 
@@ -286,7 +286,7 @@ def test_task_that_kills_every_worker_ends_dead_after_the_reclaim_cap() -> None:
 
     sup = supervisor({"p": poison, "k": ok}, stale_after=10.0, max_reclaims=2)
     sup.add_tasks([Task(id="p", kind="p"), Task(id="after", kind="k", depends_on=("p",))])
-    result = sup.run_sync()
+    result = sup.run()
     task = result.tasks["p"]
     assert task.status is Status.DEAD and task.reclaims == 2
     assert "reclaimed 2 times" in (task.error or "")
@@ -305,7 +305,7 @@ def test_late_result_of_a_reclaimed_attempt_is_fenced_off() -> None:
 
     sup = supervisor({"k": work}, [WorkerSpec("a"), WorkerSpec("b")], stale_after=20.0)
     sup.add(Task(id="t", kind="k"))
-    result = sup.run_sync()
+    result = sup.run()
     assert result.tasks["t"].result == "fresh"
     rejected = [e for e in result.events if e.event == "rejected"]
     assert len(rejected) == 1 and rejected[0].attempt == 1
@@ -332,7 +332,7 @@ def test_effect_applies_once_even_when_a_reclaimed_task_finishes_twice() -> None
     sup = supervisor({"draft": draft}, [WorkerSpec("a"), WorkerSpec("b")], stale_after=20.0,
                      effects={"draft": send}, run_id="r1")
     sup.add(Task(id="t", kind="draft"))
-    result = sup.run_sync()
+    result = sup.run()
     assert sent == [("t", "r1:t")]
     assert result.tasks["t"].result == "reply 2"
     assert events_of(result, "t").count("rejected") == 1
@@ -356,7 +356,7 @@ def test_resource_locks_exclude_but_do_not_order() -> None:
         Task(id="x3", kind="k", resources=("report.csv", "db")),
         Task(id="free", kind="k"),
     ])
-    result = sup.run_sync()
+    result = sup.run()
     assert result.ok
     locked = sorted(intervals[t] for t in ("x1", "x2", "x3"))
     for (_, end), (start, _) in itertools.pairwise(locked):
@@ -372,7 +372,7 @@ def test_stall_is_an_error_not_a_hang() -> None:
     sup = supervisor({"k": stuck}, stale_after=10_000.0, stall_after=300.0)
     sup.add(Task(id="t", kind="k"))
     with pytest.raises(StallError, match=r"stalled.*t \(running\)"):
-        sup.run_sync()
+        sup.run()
 
 
 def test_budget_exhaustion_cancels_the_rest_with_cause_budget() -> None:
@@ -388,7 +388,7 @@ def test_budget_exhaustion_cancels_the_rest_with_cause_budget() -> None:
 
     sup = supervisor({"k": call}, [WorkerSpec("w", None, 1)])
     sup.add_tasks(Task(id=f"t{i}", kind="k") for i in range(6))
-    result = sup.run_sync()
+    result = sup.run()
     assert result.budget_exhausted
     assert result.counts["completed"] == 2 and result.counts["cancelled"] == 4
     assert {t.cause for t in result.tasks.values() if t.status is Status.CANCELLED} == {"budget"}
@@ -414,7 +414,7 @@ def test_payload_and_result_models_are_enforced_as_permanent_errors() -> None:
         Task(id="bad_payload", kind="classify", payload={"title": "x"}),
         Task(id="bad_result", kind="classify", payload={"subject": "other"}),
     ])
-    result = sup.run_sync()
+    result = sup.run()
     assert result.tasks["good"].result == {"category": "billing"}
     for tid, needle in [("bad_payload", "invalid payload"), ("bad_result", "fails its model")]:
         task = result.tasks[tid]
@@ -431,7 +431,7 @@ def test_sync_handlers_run_in_a_thread() -> None:
     for clock in (RealClock(), VirtualClock()):
         sup = supervisor({"k": blocking}, clock=clock)
         sup.add_tasks(Task(id=f"t{i}", kind="k", payload={"n": i}) for i in range(5))
-        result = sup.run_sync()
+        result = sup.run()
         assert [t.result for t in result.tasks.values()] == [0, 2, 4, 6, 8]
     assert threading.main_thread().name not in threads
 
@@ -446,7 +446,7 @@ def test_idempotency_key_is_stable_across_retries() -> None:
 
     sup = supervisor({"k": flaky}, run_id="run-1")
     sup.add(Task(id="t", kind="k", payload={"x": 1}))
-    sup.run_sync()
+    sup.run()
     assert len(keys) == 2 and keys[0] == keys[1] and keys[0].startswith("planrun-")
 
 
@@ -468,16 +468,16 @@ def test_misuse_is_reported_clearly() -> None:
     nobody = supervisor({"k": ok, "z": ok}, [WorkerSpec("w", {"k": 1.0})])
     nobody.add(Task(id="z", kind="z"))
     with pytest.raises(UsageError, match="no registered worker does kind 'z'"):
-        nobody.run_sync()
+        nobody.run()
 
 
-async def test_run_sync_inside_a_loop_and_virtual_clock_outside_its_loop() -> None:
+async def test_sync_run_inside_a_loop_and_virtual_clock_outside_its_loop() -> None:
     sup = supervisor({"k": ok})
     sup.add(Task(id="t", kind="k"))
-    with pytest.raises(UsageError, match="await run"):
-        sup.run_sync()
+    with pytest.raises(UsageError, match="await arun"):
+        sup.run()
     with pytest.raises(UsageError, match="VirtualClock"):
-        await sup.run()
+        await sup.arun()
 
 
 async def test_async_run_under_the_real_clock() -> None:
@@ -487,7 +487,7 @@ async def test_async_run_under_the_real_clock() -> None:
     sup = supervisor({"k": quick}, clock=RealClock())
     sup.add_tasks(Task(id=f"t{i}", kind="k", depends_on=(f"t{i-1}",) if i else ())
                   for i in range(20))
-    result = await sup.run()
+    result = await sup.arun()
     assert result.ok and result.audit.clean
 
 
@@ -495,7 +495,7 @@ def test_progress_hook_sees_every_event() -> None:
     seen: list[tuple[str, str]] = []
     sup = supervisor({"k": ok}, on_event=lambda e, t: seen.append((e.event, t.status.value)))
     sup.add(Task(id="t", kind="k"))
-    result = sup.run_sync()
+    result = sup.run()
     assert [s[0] for s in seen] == [e.event for e in result.events]
     assert seen[-1] == ("completed", "completed")
 
@@ -510,4 +510,4 @@ def test_handlers_receive_the_results_of_their_dependencies() -> None:
         Task(id="b", kind="k", payload={"n": 10}),
         Task(id="c", kind="k", payload={"n": 100}, depends_on=("a", "b")),
     ])
-    assert sup.run_sync().tasks["c"].result == 111
+    assert sup.run().tasks["c"].result == 111

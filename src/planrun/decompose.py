@@ -1,0 +1,142 @@
+"""Decomposer: a prose goal becomes a validated plan, or an error with the evidence.
+
+The model is asked for a plan with the plan schema generated from the registry as its
+response format, so under strict structured output it cannot name a kind that does not
+exist. Its answer is still validated by the core (dependencies, payloads, bounds). When it
+is invalid, the model is shown its previous answer and the problem list, and asked again,
+at most ``repair_attempts`` times. The conversation never grows beyond the original request
+plus the last attempt, and transport errors are never pasted into it: they propagate.
+
+Nothing is dispatched from an invalid plan: :func:`decompose` either returns a
+:class:`~planrun.plan.Plan` that validated or raises :class:`~planrun.errors.InvalidPlan`
+with every problem of the last attempt and the raw output of each attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from planrun.errors import InvalidPlan, UsageError
+from planrun.plan import Plan, Problem, plan_schema
+from planrun.prompts import PromptLibrary, describe_kinds
+from planrun.registry import Registry
+
+if TYPE_CHECKING:
+    from planrun.model import Model
+    from planrun.usage import Usage
+
+__all__ = ["adecompose", "decompose", "repair_message"]
+
+
+def repair_message(problems: Sequence[Problem]) -> str:
+    """The user message that asks for a corrected plan, listing each problem by code."""
+    lines = [
+        "That plan is invalid. Problems found (code, task index, what to fix):",
+        *(f"- {p.code} (task {'-' if p.task is None else p.task}): {p.message}" for p in problems),
+        "",
+        "Return the complete corrected plan as JSON only, following every rule above.",
+    ]
+    return "\n".join(lines)
+
+
+async def adecompose(
+    goal: str,
+    registry: Registry,
+    model: Model,
+    *,
+    min_tasks: int = 3,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    meter: Usage | None = None,
+) -> Plan:
+    """Ask ``model`` to break ``goal`` into a plan over the kinds of ``registry``.
+
+    Raises:
+        InvalidPlan: still invalid after ``repair_attempts`` repairs; ``problems`` are the
+            last attempt's, ``raw_outputs`` every attempt's text.
+        TransientError, PermanentError, BudgetExceeded: the model call itself failed.
+    """
+    if not isinstance(goal, str) or not goal.strip():
+        raise UsageError("a goal must be a non-empty string")
+    if repair_attempts < 0:
+        raise UsageError("repair_attempts must be >= 0")
+    library = prompts or PromptLibrary()
+    rendered = library.render(
+        "decompose",
+        goal=goal.strip(),
+        kinds=describe_kinds(registry),
+        min_tasks=min_tasks,
+        max_tasks=max_tasks,
+    )
+    schema = plan_schema(registry, min_tasks=min_tasks, max_tasks=max_tasks)
+    request = {"role": "user", "content": rendered.text}
+    scoped = meter.scoped("decompose") if meter is not None else None
+    messages: list[dict[str, str]] = [request]
+    outputs: list[str] = []
+    history: list[list[Problem]] = []
+    for _ in range(repair_attempts + 1):
+        completion = await model.complete(
+            messages,
+            result_model=schema,
+            schema_name="plan",
+            prompt_hash=rendered.hash,
+            meter=scoped,
+            validate=False,
+        )
+        outputs.append(completion.text)
+        candidate: Any = completion.parsed if completion.parsed is not None else completion.text
+        try:
+            plan = Plan.parse(candidate, registry, min_tasks=min_tasks, max_tasks=max_tasks)
+        except InvalidPlan as exc:
+            history.append(exc.problems)
+            answer = completion.text or json.dumps(candidate)
+            messages = [
+                request,
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": repair_message(exc.problems)},
+            ]
+            continue
+        if not plan.goal:
+            plan = Plan(goal.strip(), plan.tasks)
+        return plan
+    raise InvalidPlan(
+        history[-1],
+        raw_outputs=outputs,
+        attempts=history,
+        message=_failure_message(history, len(outputs)),
+    )
+
+
+def decompose(
+    goal: str,
+    registry: Registry,
+    model: Model,
+    *,
+    min_tasks: int = 3,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    meter: Usage | None = None,
+) -> Plan:
+    """Synchronous :func:`adecompose` (not from inside a running event loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(
+            adecompose(
+                goal, registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
+                repair_attempts=repair_attempts, prompts=prompts, meter=meter,
+            )
+        )
+    raise UsageError("decompose() was called inside a running event loop; use await adecompose()")
+
+
+def _failure_message(history: Sequence[Sequence[Problem]], attempts: int) -> str:
+    last = history[-1]
+    lines = [f"the model's plan was still invalid after {attempts} attempt(s); last problems:"]
+    lines += [f"  {p}" for p in last]
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Competitive brief: a prose goal decomposed by the model into research, analysis, writing.
+
+    python -m planrun.examples.brief          # live: needs OPENAI_API_KEY
+    planrun demo                              # offline, from the fixture
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from planrun.registry import Registry, WorkerSpec
+from planrun.runner import App
+from planrun.workers import ModelWorker
+
+__all__ = ["GOAL", "Analysis", "Brief", "Findings", "make_app"]
+
+GOAL = "produce a competitive brief on the European payments market"
+
+Confidence = Literal["high", "medium", "low"]
+
+
+class ResearchRequest(BaseModel):
+    """What to research."""
+
+    topic: str = Field(description="the subject, e.g. 'Adyen: products and pricing'")
+    questions: list[str] = Field(description="the questions the research must answer")
+
+
+class Finding(BaseModel):
+    statement: str
+    source: str
+    confidence: Confidence
+
+
+class Findings(BaseModel):
+    """Result of ``research``."""
+
+    topic: str
+    findings: list[Finding]
+    open_questions: list[str]
+
+
+class AnalysisRequest(BaseModel):
+    """What to analyse, from the research it depends on."""
+
+    question: str = Field(description="the question the analysis answers")
+
+
+class Factor(BaseModel):
+    name: str
+    evidence: str
+    strength: Confidence
+
+
+class Analysis(BaseModel):
+    """Result of ``analyse``."""
+
+    question: str
+    factors: list[Factor]
+    gaps: list[str]
+    conclusion: str
+    confidence: Confidence
+
+
+class BriefRequest(BaseModel):
+    """Who the brief is for."""
+
+    audience: str = Field(description="the readers, e.g. 'the executive team'")
+
+
+class Brief(BaseModel):
+    """Result of ``write_brief``."""
+
+    title: str
+    summary: str
+    points: list[str]
+    risks: list[str]
+    next_steps: list[str]
+
+
+def make_app(researchers: int = 3) -> App:
+    """Research workers in parallel, one analyst, one writer."""
+    registry = Registry()
+    registry.register(
+        "research", ModelWorker("research", result=Findings), payload=ResearchRequest,
+        description="Collect findings with sources on one topic (a competitor, a segment, "
+        "regulation). Independent research tasks run in parallel.",
+    )
+    registry.register(
+        "analyse", ModelWorker("analyse", result=Analysis), payload=AnalysisRequest,
+        description="Analyse the findings of the research tasks it depends on to answer one "
+        "question.",
+    )
+    registry.register(
+        "write_brief", ModelWorker("write_brief", result=Brief), payload=BriefRequest,
+        description="Write the one-page brief from the analyses it depends on. Use once, last.",
+    )
+    workers = [WorkerSpec(f"researcher-{i + 1}", {"research": 1.0}, 1) for i in range(researchers)]
+    workers.append(WorkerSpec("analyst", {"analyse": 1.0, "research": 0.5}, 1))
+    workers.append(WorkerSpec("writer", {"write_brief": 1.0}, 1))
+    return App(registry, workers, description="Competitive brief")
+
+
+app = make_app()
+"""A ready app for ``--app planrun.examples.brief:app``."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Decompose the goal and run it live against the configured endpoint."""
+    from planrun.runner import plan_and_run
+
+    parser = argparse.ArgumentParser(description="Competitive brief (live)")
+    parser.add_argument("goal", nargs="?", default=GOAL)
+    args = parser.parse_args(argv)
+    report = plan_and_run(args.goal, make_app())
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

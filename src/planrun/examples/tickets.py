@@ -1,0 +1,194 @@
+"""Nightly ticket triage: classify each ticket, draft a reply, flag what needs a human.
+
+Each ticket becomes two tasks: ``classify_ticket`` and ``draft_reply`` (which depends on
+it). The draft is computed by a worker and is safe to repeat; *sending* it is an effect the
+supervisor applies once per completed draft, keyed by the task, never by the worker, so a
+reclaimed-but-alive task cannot send twice. Tickets labelled ``needs_human`` are flagged
+for the human desk instead of answered.
+
+    python -m planrun.examples.tickets --tickets 200      # live: needs OPENAI_API_KEY
+    planrun demo tickets                                   # offline, from the fixture
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from planrun.examples.ticket_data import Ticket, generate_tickets
+from planrun.plan import Plan
+from planrun.registry import Registry, TaskContext, WorkerSpec
+from planrun.runner import App
+from planrun.task import Task
+from planrun.workers import ModelWorker
+
+__all__ = [
+    "Classification",
+    "Desk",
+    "Outbox",
+    "ReplyDraft",
+    "Triage",
+    "make_app",
+    "ticket_plan",
+]
+
+Category = Literal[
+    "billing", "bug", "account", "shipping", "feature_request", "security", "other"
+]
+
+
+class Classification(BaseModel):
+    """The label of one ticket."""
+
+    category: Category
+    urgency: Literal["low", "normal", "high", "critical"]
+    needs_human: bool = Field(
+        description="true for security incidents, legal threats, or anything a canned "
+        "reply cannot safely answer"
+    )
+    reason: str = Field(description="one sentence quoting the words that decided the label")
+
+
+class ReplyDraft(BaseModel):
+    """A reply as the model drafts it."""
+
+    subject: str
+    body: str
+
+
+class Triage(BaseModel):
+    """What ``draft_reply`` returns: the draft plus the label that decides its fate."""
+
+    ticket_id: str
+    language: str
+    category: str
+    urgency: str
+    needs_human: bool
+    subject: str
+    body: str
+
+
+class TicketPayload(BaseModel):
+    """Payload of both kinds: the ticket."""
+
+    ticket: Ticket
+
+
+class DraftReply:
+    """Drafts with the model; copies the label from the classification in code."""
+
+    def __init__(self) -> None:
+        self.model_worker = ModelWorker("draft_reply", result=ReplyDraft)
+        self.result_model = Triage
+
+    async def __call__(self, payload: TicketPayload, ctx: TaskContext) -> Triage:
+        label = Classification.model_validate(next(iter(ctx.inputs.values())))
+        draft = await self.model_worker(payload, ctx)
+        assert isinstance(draft, ReplyDraft)
+        return Triage(
+            ticket_id=payload.ticket.id,
+            language=payload.ticket.language,
+            category=label.category,
+            urgency=label.urgency,
+            needs_human=label.needs_human,
+            subject=draft.subject,
+            body=draft.body,
+        )
+
+
+@dataclass
+class Outbox:
+    """Where replies go. Sending is idempotent by key, as a mail API with keys would be."""
+
+    sent: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attempts: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def send(self, task: Task, key: str) -> None:
+        """Send the reply of a completed ``draft_reply`` task, once per key."""
+        with self._lock:
+            self.attempts += 1
+            self.sent.setdefault(key, dict(task.result))
+
+
+@dataclass
+class Desk:
+    """The human desk: tickets flagged for a person, once per key."""
+
+    flagged: dict[str, str] = field(default_factory=dict)
+
+    def flag(self, task: Task, key: str) -> None:
+        """Flag a ticket whose label says a human must answer."""
+        self.flagged.setdefault(key, str(task.result["ticket_id"]))
+
+
+def make_app(workers: int = 8, capacity: int = 4) -> tuple[App, Outbox, Desk]:
+    """The triage app with a fresh outbox and desk."""
+    registry = Registry()
+    registry.register(
+        "classify_ticket",
+        ModelWorker("classify_ticket", result=Classification),
+        payload=TicketPayload,
+        description="Label one support ticket: category, urgency, needs_human.",
+    )
+    registry.register(
+        "draft_reply",
+        DraftReply(),
+        payload=TicketPayload,
+        description="Draft the reply to one classified ticket.",
+    )
+    outbox, desk = Outbox(), Desk()
+
+    def deliver(task: Task, key: str) -> None:
+        if task.result["needs_human"]:
+            desk.flag(task, key)
+        else:
+            outbox.send(task, key)
+
+    app = App(
+        registry,
+        [WorkerSpec(f"triage-{i + 1}", None, capacity) for i in range(workers)],
+        effects={"draft_reply": deliver},
+        description="Nightly ticket triage",
+    )
+    return app, outbox, desk
+
+
+def ticket_plan(tickets: Sequence[Ticket], registry: Registry) -> Plan:
+    """Two tasks per ticket: classify, then draft (depending on the classification)."""
+    tasks: list[dict[str, Any]] = []
+    for ticket in tickets:
+        payload = {"ticket": ticket.model_dump()}
+        tasks.append({"kind": "classify_ticket", "payload": payload, "depends_on": []})
+        tasks.append({"kind": "draft_reply", "payload": payload, "depends_on": [len(tasks) - 1]})
+    document = {"goal": f"triage {len(tickets)} support tickets", "tasks": tasks}
+    return Plan.parse(document, registry, min_tasks=1, max_tasks=max(2, len(tasks)))
+
+
+app, outbox, desk = make_app()
+"""A ready app for ``--app planrun.examples.tickets:app``."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the triage live against the configured OpenAI-compatible endpoint."""
+    from planrun.runner import plan_and_run
+
+    parser = argparse.ArgumentParser(description="Nightly ticket triage (live)")
+    parser.add_argument("--tickets", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    run_app, sent, humans = make_app()
+    plan = ticket_plan(generate_tickets(args.tickets, args.seed), run_app.registry)
+    report = plan_and_run(plan, run_app)
+    print(report.summary())
+    print(f"replies sent: {len(sent.sent)}, flagged for a human: {len(humans.flagged)}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

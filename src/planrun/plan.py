@@ -1,0 +1,1003 @@
+"""The plan document: parsing, validation with every problem listed, JSON Schema, order.
+
+A plan is untrusted input, usually the text a model wrote. :func:`validate_plan` reads it
+(raw text, a plan document or a bare list of tasks), checks it against the worker kinds
+that exist and returns *every* problem it finds, each with a stable code, the task index
+and a message that a person, or a model asked to repair the plan, can act on. It never
+raises on bad input. :meth:`Plan.parse` does the same and returns a :class:`Plan` or raises
+:class:`planrun.errors.InvalidPlan` carrying the problems.
+
+    {"goal": "ship it",
+     "tasks": [{"kind": "migrate_db", "payload": {}, "depends_on": []},
+               {"kind": "deploy_app", "payload": {}, "depends_on": [0]}]}
+
+``depends_on`` holds zero-based indices of earlier tasks. A task may also carry a string
+``id`` and name its dependencies by id; ids may point forward, and cycles among them are
+found with :mod:`graphlib` and reported as ``cycle``.
+
+Problem codes (stable): ``not_json``, ``schema``, ``unknown_kind``, ``invalid_payload``,
+``self_dependency``, ``forward_dependency``, ``unknown_dependency``, ``cycle``,
+``too_few_tasks``, ``too_many_tasks``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import graphlib
+import heapq
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+from pydantic import BaseModel, ValidationError
+
+from planrun.errors import InvalidPlan, UsageError
+from planrun.registry import KindSpec, Registry
+from planrun.task import Task
+
+__all__ = [
+    "CYCLE",
+    "FORWARD_DEPENDENCY",
+    "INVALID_PAYLOAD",
+    "NOT_JSON",
+    "PROBLEM_CODES",
+    "SCHEMA",
+    "SELF_DEPENDENCY",
+    "TOO_FEW_TASKS",
+    "TOO_MANY_TASKS",
+    "UNKNOWN_DEPENDENCY",
+    "UNKNOWN_KIND",
+    "KindsLike",
+    "Plan",
+    "PlanTask",
+    "Problem",
+    "plan_schema",
+    "validate_plan",
+]
+
+KindsLike: TypeAlias = "Registry | Iterable[str] | Mapping[str, type[BaseModel] | None]"
+"""What names the kinds a plan may use: a registry, kind names, or name -> payload model."""
+
+NOT_JSON: Final = "not_json"
+"""The text holds no parseable JSON object or list."""
+SCHEMA: Final = "schema"
+"""Wrong shape or types: a missing ``kind``, ``depends_on`` not a list, a duplicate id, ..."""
+UNKNOWN_KIND: Final = "unknown_kind"
+"""A kind no registered worker can do."""
+INVALID_PAYLOAD: Final = "invalid_payload"
+"""The payload fails the kind's payload model."""
+SELF_DEPENDENCY: Final = "self_dependency"
+"""A task depends on itself."""
+FORWARD_DEPENDENCY: Final = "forward_dependency"
+"""A task depends on a later index."""
+UNKNOWN_DEPENDENCY: Final = "unknown_dependency"
+"""An index outside the plan, or an id no task has."""
+CYCLE: Final = "cycle"
+"""Tasks that depend on each other in a circle (possible where ids name dependencies)."""
+TOO_FEW_TASKS: Final = "too_few_tasks"
+"""Fewer tasks than ``min_tasks``."""
+TOO_MANY_TASKS: Final = "too_many_tasks"
+"""More tasks than ``max_tasks``."""
+
+PROBLEM_CODES: Final[tuple[str, ...]] = (
+    NOT_JSON,
+    SCHEMA,
+    UNKNOWN_KIND,
+    INVALID_PAYLOAD,
+    SELF_DEPENDENCY,
+    FORWARD_DEPENDENCY,
+    UNKNOWN_DEPENDENCY,
+    CYCLE,
+    TOO_FEW_TASKS,
+    TOO_MANY_TASKS,
+)
+"""Every problem code, in the order of the design's table."""
+
+_TASK_FIELDS: Final[tuple[str, ...]] = ("kind", "payload", "depends_on", "id")
+_SHAPE_HINT: Final = (
+    '{"goal": "...", "tasks": [{"kind": "...", "payload": {...}, "depends_on": [...]}]}'
+)
+_MAX_CANDIDATES: Final = 32
+_MAX_SCAN_ATTEMPTS: Final = 2_000
+_MAX_LISTED_KINDS: Final = 60
+_FENCE: Final = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\r?\n?(.*?)```", re.DOTALL)
+_JSON_START: Final = re.compile(r"[\[{]")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a plan: a stable ``code``, the task index (or None), a message."""
+
+    code: str
+    task: int | None
+    message: str
+
+    def __str__(self) -> str:
+        prefix = "" if self.task is None else f"task {self.task}: "
+        return f"{prefix}{self.code}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The problem as JSON-ready data: ``{"code", "task", "message"}``."""
+        return {"code": self.code, "task": self.task, "message": self.message}
+
+
+@dataclass(frozen=True)
+class PlanTask:
+    """One task of a validated plan; ``depends_on`` holds indices into the plan's tasks."""
+
+    kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    depends_on: tuple[int, ...] = ()
+    id: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "depends_on", tuple(self.depends_on))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated plan: a goal and tasks whose dependencies are indices into ``tasks``.
+
+    Build one with :meth:`parse` (untrusted input) or :meth:`from_tasks`.
+    """
+
+    goal: str
+    tasks: tuple[PlanTask, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+
+    @classmethod
+    def parse(
+        cls,
+        raw: object,
+        kinds: KindsLike,
+        *,
+        min_tasks: int = 1,
+        max_tasks: int = 50,
+    ) -> Plan:
+        """Parse and validate ``raw`` (text, a plan document or a list of tasks).
+
+        Raises:
+            InvalidPlan: with every problem found; ``raw_outputs`` holds ``raw`` when it
+                was text.
+            UsageError: ``kinds`` or the bounds are themselves wrong.
+        """
+        problems, plan = _check(raw, kinds, min_tasks, max_tasks)
+        if plan is None:
+            raise InvalidPlan(problems, raw_outputs=_raw_text(raw))
+        return plan
+
+    @classmethod
+    def from_tasks(cls, tasks: Sequence[Task], goal: str = "") -> Plan:
+        """A plan of task records, their ``depends_on`` ids turned into indices.
+
+        Raises:
+            UsageError: a duplicate task id, or a dependency on an id not among ``tasks``.
+        """
+        index: dict[str, int] = {}
+        for i, task in enumerate(tasks):
+            if task.id in index:
+                raise UsageError(f"task id {task.id!r} appears twice")
+            index[task.id] = i
+        plan_tasks = []
+        for task in tasks:
+            missing = [d for d in task.depends_on if d not in index]
+            if missing:
+                raise UsageError(f"task {task.id!r} depends on unknown task(s) {missing}")
+            plan_tasks.append(
+                PlanTask(
+                    kind=task.kind,
+                    payload=copy.deepcopy(dict(task.payload)),
+                    depends_on=tuple(index[d] for d in task.depends_on),
+                    id=task.id,
+                )
+            )
+        return cls(goal=goal, tasks=tuple(plan_tasks))
+
+    def _sorter(self) -> graphlib.TopologicalSorter[int]:
+        n = len(self.tasks)
+        sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
+        for i, task in enumerate(self.tasks):
+            for d in task.depends_on:
+                if not 0 <= d < n or d == i:
+                    raise InvalidPlan(
+                        [Problem(UNKNOWN_DEPENDENCY, i, f"task {i} depends on task {d}")]
+                    )
+            sorter.add(i, *task.depends_on)
+        try:
+            sorter.prepare()
+        except graphlib.CycleError as exc:
+            nodes = sorted(set(exc.args[1]))
+            raise InvalidPlan(
+                [Problem(CYCLE, nodes[0], f"tasks {nodes} depend on each other in a cycle")]
+            ) from exc
+        return sorter
+
+    def topological_order(self) -> list[int]:
+        """Task indices, every task after its dependencies; ties go in index order.
+
+        This is the smallest such order, so a plan whose dependencies all point backwards
+        comes out as ``[0, 1, ..., n-1]``.
+        """
+        sorter = self._sorter()
+        ready = list(sorter.get_ready())
+        heapq.heapify(ready)
+        order: list[int] = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            sorter.done(i)
+            for j in sorter.get_ready():
+                heapq.heappush(ready, j)
+        return order
+
+    def levels(self) -> list[list[int]]:
+        """Task indices in waves: each wave depends only on earlier waves (sorted within)."""
+        sorter = self._sorter()
+        waves: list[list[int]] = []
+        while sorter.is_active():
+            wave = sorted(sorter.get_ready())
+            waves.append(wave)
+            sorter.done(*wave)
+        return waves
+
+    def task_ids(self, id_prefix: str = "t") -> list[str]:
+        """The id each task gets: its own ``id``, else ``f"{id_prefix}{index}"`` (made unique)."""
+        taken = {t.id for t in self.tasks if t.id is not None}
+        ids: list[str] = []
+        for i, task in enumerate(self.tasks):
+            if task.id is not None:
+                ids.append(task.id)
+                continue
+            candidate, k = f"{id_prefix}{i}", 1
+            while candidate in taken:
+                candidate, k = f"{id_prefix}{i}_{k}", k + 1
+            taken.add(candidate)
+            ids.append(candidate)
+        return ids
+
+    def to_tasks(self, id_prefix: str = "t", **defaults: Any) -> list[Task]:
+        """Task records for this plan, in index order, with ``depends_on`` as ids.
+
+        ``defaults`` sets other :class:`~planrun.task.Task` fields on every record
+        (``max_attempts=5``, ``estimate_s=2.0``, ...).
+
+        Raises:
+            UsageError: ``defaults`` names a field that is not a settable Task field.
+        """
+        settable = {f.name for f in dataclasses.fields(Task)} - {
+            "id",
+            "kind",
+            "payload",
+            "depends_on",
+            "status",
+        }
+        bad = sorted(set(defaults) - settable)
+        if bad:
+            raise UsageError(f"to_tasks: cannot set {bad}; settable fields: {sorted(settable)}")
+        ids = self.task_ids(id_prefix)
+        return [
+            Task(
+                id=ids[i],
+                kind=task.kind,
+                payload=copy.deepcopy(task.payload),
+                depends_on=tuple(ids[d] for d in task.depends_on),
+                **defaults,
+            )
+            for i, task in enumerate(self.tasks)
+        ]
+
+    def to_document(self) -> dict[str, Any]:
+        """The plan as the design's index-based document, ready for ``json.dumps``.
+
+        Tasks are written in :meth:`topological_order` (the identity for plans whose
+        dependencies all point backwards) so that every ``depends_on`` index is an earlier
+        one; a task's ``id`` is kept when it has one.
+        """
+        order = self.topological_order()
+        position = {old: new for new, old in enumerate(order)}
+        tasks: list[dict[str, Any]] = []
+        for old in order:
+            task = self.tasks[old]
+            doc: dict[str, Any] = {}
+            if task.id is not None:
+                doc["id"] = task.id
+            doc["kind"] = task.kind
+            doc["payload"] = copy.deepcopy(task.payload)
+            doc["depends_on"] = [position[d] for d in task.depends_on]
+            tasks.append(doc)
+        return {"goal": self.goal, "tasks": tasks}
+
+
+def validate_plan(
+    raw: object,
+    kinds: KindsLike,
+    *,
+    min_tasks: int = 1,
+    max_tasks: int = 50,
+) -> list[Problem]:
+    """Every problem with ``raw``; an empty list means the plan is valid.
+
+    ``raw`` is model text (JSON, JSON in a code fence, or JSON inside prose), ``bytes``,
+    a plan document (``{"goal", "tasks"}``) or a bare list of tasks. ``kinds`` is whatever
+    :meth:`Registry.of` accepts. Bad input never raises; it yields problems.
+
+    Raises:
+        UsageError: ``kinds`` or the bounds are themselves wrong (a caller's mistake).
+    """
+    return _check(raw, kinds, min_tasks, max_tasks)[0]
+
+
+def plan_schema(kinds: KindsLike, *, min_tasks: int = 1, max_tasks: int = 50) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of the plan document for the kinds that exist.
+
+    Each task is one of a variant per kind (``anyOf``), holding that kind's payload schema;
+    pydantic ``$defs`` are hoisted to the top level (renamed per kind on a clash), so the
+    schema is self-contained. The schema is strict (every property required, no extra
+    ones), as structured-output APIs want it.
+    """
+    _check_bounds(min_tasks, max_tasks)
+    registry = _registry(kinds)
+    defs: dict[str, Any] = {}
+    variants: list[dict[str, Any]] = []
+    for spec in registry:
+        payload = _hoist_defs(copy.deepcopy(spec.payload_schema()), spec.name, defs)
+        variant: dict[str, Any] = {
+            "type": "object",
+            "properties": {
+                "kind": {"type": "string", "enum": [spec.name]},
+                "payload": payload,
+                "depends_on": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            },
+            "required": ["kind", "payload", "depends_on"],
+            "additionalProperties": False,
+        }
+        if spec.description:
+            variant["description"] = spec.description
+        variants.append(variant)
+    items: Any = {"anyOf": variants} if variants else False
+    schema: dict[str, Any] = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Plan",
+        "description": (
+            "A goal and the tasks that reach it. depends_on holds zero-based indices of "
+            "earlier tasks."
+        ),
+        "type": "object",
+        "properties": {
+            "goal": {"type": "string"},
+            "tasks": {
+                "type": "array",
+                "minItems": min_tasks,
+                "maxItems": max_tasks,
+                "items": items,
+            },
+        },
+        "required": ["goal", "tasks"],
+        "additionalProperties": False,
+    }
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+# --------------------------------------------------------------------------- internals
+
+
+@dataclass
+class _Draft:
+    """What pass one learned about a task entry."""
+
+    kind: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    deps: list[int | str] = field(default_factory=list)
+    id: str | None = None
+    ok: bool = True
+
+
+def _registry(kinds: KindsLike) -> Registry:
+    if isinstance(kinds, str | bytes):
+        raise UsageError(
+            "kinds must be a Registry, an iterable of kind names or a name -> payload model "
+            f"mapping, not a string; did you mean [{kinds!r}]?"
+        )
+    return Registry.of(kinds)
+
+
+def _check_bounds(min_tasks: int, max_tasks: int) -> None:
+    for name, value in (("min_tasks", min_tasks), ("max_tasks", max_tasks)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{name} must be an int, got {value!r}")
+    if min_tasks < 0:
+        raise UsageError(f"min_tasks must be >= 0, got {min_tasks}")
+    if max_tasks < max(min_tasks, 1):
+        raise UsageError(f"max_tasks must be >= max(min_tasks, 1), got {max_tasks}")
+
+
+def _raw_text(raw: object) -> list[str]:
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, bytes | bytearray):
+        return [bytes(raw).decode("utf-8", errors="replace")]
+    return []
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _describe(value: object) -> str:
+    """``integer 3``, ``string '0'``, ``array``: a short name for a value in a message."""
+    kind = _json_type(value)
+    if isinstance(value, list | tuple | Mapping):
+        return kind
+    text = repr(value) if not isinstance(value, bool | type(None)) else json.dumps(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{kind} {text}"
+
+
+def _quoted(names: Iterable[str]) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def _range(n: int) -> str:
+    return "only task 0" if n == 1 else f"0..{n - 1}"
+
+
+def _looks_like_plan(value: object) -> bool:
+    if isinstance(value, dict):
+        return "tasks" in value
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, dict) and "kind" in t for t in value)
+    )
+
+
+def _pick(candidates: list[Any]) -> Any:
+    for value in candidates:
+        if _looks_like_plan(value):
+            return value
+    return candidates[0]
+
+
+def _loads(text: str) -> tuple[bool, Any]:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return False, None
+    return isinstance(value, dict | list), value
+
+
+def _scan(text: str) -> list[Any]:
+    """Every JSON object or list embedded in ``text``, outermost first, left to right."""
+    decoder = json.JSONDecoder()
+    found: list[Any] = []
+    pos, attempts = 0, 0
+    while len(found) < _MAX_CANDIDATES and attempts < _MAX_SCAN_ATTEMPTS:
+        match = _JSON_START.search(text, pos)
+        if match is None:
+            break
+        attempts += 1
+        try:
+            value, end = decoder.raw_decode(text, match.start())
+        except (ValueError, RecursionError):
+            pos = match.start() + 1
+            continue
+        found.append(value)
+        pos = end
+    return found
+
+
+def _decode_text(text: str) -> tuple[bool, Any]:
+    """Find the plan JSON in model text: whole text, then code fences, then a scan."""
+    ok, value = _loads(text.strip())
+    if ok:
+        return True, value
+    fenced = []
+    for match in _FENCE.finditer(text):
+        ok, value = _loads(match.group(2).strip())
+        if ok:
+            fenced.append(value)
+    if fenced:
+        return True, _pick(fenced)
+    scanned = _scan(text)
+    if scanned:
+        return True, _pick(scanned)
+    return False, None
+
+
+def _suggest(name: str, choices: Sequence[str], *, cutoff: float = 0.6) -> str | None:
+    def norm(s: str) -> str:
+        return re.sub(r"[\s_\-]+", "", s.lower())
+
+    for choice in choices:
+        if norm(choice) == norm(name):
+            return choice
+    lowered = {c.lower(): c for c in choices}
+    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=cutoff)
+    return lowered[match[0]] if match else None
+
+
+def _known_kinds(registry: Registry) -> str:
+    names = registry.names
+    if not names:
+        return "no kinds are registered, so no task can run"
+    listed = _quoted(names[:_MAX_LISTED_KINDS])
+    more = len(names) - _MAX_LISTED_KINDS
+    return f"known kinds: {listed}" + (f" and {more} more" if more > 0 else "")
+
+
+def _pydantic_messages(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "(payload)"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def _payload_fields(model: type[BaseModel]) -> str:
+    parts = [
+        name if info.is_required() else f"{name} (optional)"
+        for name, info in model.model_fields.items()
+    ]
+    return ", ".join(parts) if parts else "no fields"
+
+
+def _check(
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int
+) -> tuple[list[Problem], Plan | None]:
+    _check_bounds(min_tasks, max_tasks)
+    registry = _registry(kinds)
+    problems: list[Problem] = []
+
+    doc: object = raw
+    if isinstance(raw, bytes | bytearray):
+        try:
+            doc = bytes(raw).decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            message = (
+                f"the input is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                f"send the plan as JSON: {_SHAPE_HINT}"
+            )
+            return [Problem(NOT_JSON, None, message)], None
+    if isinstance(doc, str):
+        found, doc = _decode_text(doc)
+        if not found:
+            message = (
+                "no JSON object or list found in the text; reply with the plan as JSON: "
+                + _SHAPE_HINT
+            )
+            return [Problem(NOT_JSON, None, message)], None
+
+    goal = ""
+    entries: Sequence[object] | None = None
+    if isinstance(doc, Mapping):
+        if "tasks" not in doc:
+            hint = (
+                " (this looks like a single task; put it in a list: "
+                '{"goal": "...", "tasks": [ <the task> ]})'
+                if "kind" in doc
+                else ""
+            )
+            problems.append(
+                Problem(SCHEMA, None, f"the plan has no 'tasks' list{hint}; expected {_SHAPE_HINT}")
+            )
+        elif not isinstance(doc["tasks"], list | tuple):
+            problems.append(
+                Problem(
+                    SCHEMA,
+                    None,
+                    f"'tasks' must be a list of task objects, got {_describe(doc['tasks'])}",
+                )
+            )
+        else:
+            entries = doc["tasks"]
+        if "goal" in doc:
+            if isinstance(doc["goal"], str):
+                goal = doc["goal"]
+            else:
+                problems.append(
+                    Problem(SCHEMA, None, f"'goal' must be a string, got {_describe(doc['goal'])}")
+                )
+    elif isinstance(doc, list | tuple):
+        entries = doc
+    else:
+        problems.append(
+            Problem(
+                SCHEMA,
+                None,
+                f"expected a plan object {_SHAPE_HINT} or a list of tasks, got {_describe(doc)}",
+            )
+        )
+    if entries is None:
+        return problems, None
+
+    n = len(entries)
+    if n < min_tasks:
+        problems.append(
+            Problem(
+                TOO_FEW_TASKS,
+                None,
+                f"the plan has {n} task{'s' if n != 1 else ''}; it needs at least {min_tasks} "
+                "— add the steps that reach the goal",
+            )
+        )
+    if n > max_tasks:
+        problems.append(
+            Problem(
+                TOO_MANY_TASKS,
+                None,
+                f"the plan has {n} tasks; at most {max_tasks} are allowed "
+                "— merge related steps into fewer tasks",
+            )
+        )
+
+    drafts = [_read_task(i, entry, registry, problems) for i, entry in enumerate(entries)]
+
+    ids: dict[str, int] = {}
+    for i, draft in enumerate(drafts):
+        if draft.id is None:
+            continue
+        if draft.id in ids:
+            problems.append(
+                Problem(
+                    SCHEMA,
+                    i,
+                    f"id {draft.id!r} is already used by task {ids[draft.id]}; "
+                    "ids must be unique — rename one",
+                )
+            )
+            draft.ok = False
+        else:
+            ids[draft.id] = i
+
+    resolved: list[list[int]] = []
+    for i, draft in enumerate(drafts):
+        resolved.append(_resolve_deps(i, draft, n, ids, problems))
+
+    cycle_problems = [_cycle_problem(c, drafts) for c in _find_cycles(resolved)]
+    problems.extend(cycle_problems)
+
+    if problems:
+        # document-level problems first, then by task index (stable: field order kept)
+        problems.sort(key=lambda p: -1 if p.task is None else p.task)
+        return problems, None
+    tasks = tuple(
+        PlanTask(
+            kind=draft.kind or "",
+            payload=draft.payload,
+            depends_on=tuple(resolved[i]),
+            id=draft.id,
+        )
+        for i, draft in enumerate(drafts)
+    )
+    return [], Plan(goal=goal, tasks=tasks)
+
+
+def _read_task(i: int, entry: object, registry: Registry, problems: list[Problem]) -> _Draft:
+    """Pass one over task ``i``: shape, kind, payload; dependencies are kept for pass two."""
+    draft = _Draft()
+    if not isinstance(entry, Mapping):
+        problems.append(
+            Problem(
+                SCHEMA,
+                i,
+                "a task must be an object "
+                '{"kind": "...", "payload": {...}, "depends_on": [...]}, '
+                f"got {_describe(entry)}",
+            )
+        )
+        draft.ok = False
+        return draft
+
+    unknown = [k for k in entry if k not in _TASK_FIELDS]
+    if unknown:
+        hints = []
+        for key in unknown:
+            guess = _suggest(key, _TASK_FIELDS, cutoff=0.5) if isinstance(key, str) else None
+            hints.append(f"{key!r} (did you mean {guess!r}?)" if guess else repr(key))
+        problems.append(
+            Problem(
+                SCHEMA,
+                i,
+                f"unknown field(s) {', '.join(hints)}; a task has only 'kind', 'payload', "
+                "'depends_on' and an optional 'id'",
+            )
+        )
+        draft.ok = False
+
+    spec: KindSpec | None = None
+    if "kind" not in entry:
+        problems.append(
+            Problem(SCHEMA, i, f"missing 'kind' (the worker kind to run); {_known_kinds(registry)}")
+        )
+        draft.ok = False
+    elif not isinstance(entry["kind"], str):
+        problems.append(
+            Problem(
+                SCHEMA,
+                i,
+                f"'kind' must be a string naming a worker kind, got {_describe(entry['kind'])}",
+            )
+        )
+        draft.ok = False
+    else:
+        kind = entry["kind"]
+        draft.kind = kind
+        if kind in registry:
+            spec = registry[kind]
+        else:
+            guess = _suggest(kind, registry.names)
+            did_you_mean = f" did you mean {guess!r}?" if guess else ""
+            problems.append(
+                Problem(
+                    UNKNOWN_KIND,
+                    i,
+                    f"unknown kind {kind!r};{did_you_mean} {_known_kinds(registry)}",
+                )
+            )
+            draft.ok = False
+
+    if "payload" in entry:
+        payload = entry["payload"]
+        if isinstance(payload, Mapping):
+            draft.payload = copy.deepcopy(dict(payload))
+        else:
+            problems.append(
+                Problem(
+                    SCHEMA,
+                    i,
+                    f"'payload' must be an object (use {{}} for none), got {_describe(payload)}",
+                )
+            )
+            draft.ok = False
+            spec = None
+    if spec is not None and spec.payload_model is not None:
+        _check_payload(i, spec, spec.payload_model, draft.payload, problems)
+
+    if "depends_on" in entry:
+        deps = entry["depends_on"]
+        if isinstance(deps, list | tuple):
+            draft.deps = _read_deps(i, deps, problems)
+        else:
+            hint = ""
+            if isinstance(deps, int) and not isinstance(deps, bool):
+                hint = f"; write [{deps}]"
+            elif isinstance(deps, str) and deps.strip().isdigit():
+                hint = f"; write [{deps.strip()}]"
+            problems.append(
+                Problem(
+                    SCHEMA,
+                    i,
+                    "'depends_on' must be a list of indices of earlier tasks (use [] for none), "
+                    f"got {_describe(deps)}{hint}",
+                )
+            )
+            draft.ok = False
+
+    if "id" in entry:
+        task_id = entry["id"]
+        if isinstance(task_id, str) and task_id:
+            draft.id = task_id
+        else:
+            problems.append(
+                Problem(SCHEMA, i, f"'id' must be a non-empty string, got {_describe(task_id)}")
+            )
+            draft.ok = False
+    return draft
+
+
+def _check_payload(
+    i: int,
+    spec: KindSpec,
+    model: type[BaseModel],
+    payload: dict[str, Any],
+    problems: list[Problem],
+) -> None:
+    try:
+        model.model_validate(payload)
+    except ValidationError as exc:
+        detail = _pydantic_messages(exc)
+    except Exception as exc:  # a custom validator may raise anything; report, never crash
+        detail = f"{type(exc).__name__}: {exc}"
+    else:
+        return
+    problems.append(
+        Problem(
+            INVALID_PAYLOAD,
+            i,
+            f"payload for {spec.name!r} is invalid: {detail} "
+            f"(payload fields: {_payload_fields(model)})",
+        )
+    )
+
+
+def _read_deps(i: int, deps: Sequence[object], problems: list[Problem]) -> list[int | str]:
+    out: list[int | str] = []
+    for j, dep in enumerate(deps):
+        if isinstance(dep, bool) or not isinstance(dep, int | str):
+            problems.append(
+                Problem(
+                    SCHEMA,
+                    i,
+                    f"depends_on[{j}] is {_describe(dep)}; an entry must be the index of an "
+                    "earlier task (an integer) or a task id (a string)",
+                )
+            )
+            continue
+        if dep not in out:
+            out.append(dep)
+    return out
+
+
+def _resolve_deps(
+    i: int, draft: _Draft, n: int, ids: Mapping[str, int], problems: list[Problem]
+) -> list[int]:
+    """Pass two: check each dependency of task ``i``; return the ones that can be edges."""
+    edges: list[int] = []
+    for dep in draft.deps:
+        if isinstance(dep, str):
+            if dep not in ids:
+                hint = ""
+                if dep.strip().lstrip("-").isdigit():
+                    hint = f"; to name task {dep.strip()} by index write {dep.strip()} unquoted"
+                known = f"known ids: {_quoted(ids)}" if ids else "no task has an id"
+                problems.append(
+                    Problem(
+                        UNKNOWN_DEPENDENCY,
+                        i,
+                        f"task {i} depends on id {dep!r}, which no task has ({known}){hint}",
+                    )
+                )
+            elif ids[dep] == i:
+                problems.append(
+                    Problem(
+                        SELF_DEPENDENCY,
+                        i,
+                        f"task {i} depends on itself (id {dep!r}); remove {dep!r} from its "
+                        "depends_on",
+                    )
+                )
+            elif ids[dep] not in edges:
+                edges.append(ids[dep])
+            continue
+        if dep == i:
+            problems.append(
+                Problem(
+                    SELF_DEPENDENCY,
+                    i,
+                    f"task {i} depends on itself; remove {i} from its depends_on",
+                )
+            )
+        elif 0 <= dep < i:
+            if dep not in edges:
+                edges.append(dep)
+        elif i < dep < n:
+            if i == 0:
+                advice = "the first task can depend on no task; reorder the tasks"
+            else:
+                earlier = "0" if i == 1 else f"0..{i - 1}"
+                advice = f"depend only on earlier tasks ({earlier})"
+            problems.append(
+                Problem(
+                    FORWARD_DEPENDENCY,
+                    i,
+                    f"task {i} depends on task {dep}, which comes later; {advice}",
+                )
+            )
+        else:
+            where = "indices start at 0" if dep < 0 else f"the plan has {n} tasks ({_range(n)})"
+            problems.append(
+                Problem(
+                    UNKNOWN_DEPENDENCY,
+                    i,
+                    f"task {i} depends on task {dep}, which does not exist; {where}",
+                )
+            )
+    return edges
+
+
+def _find_cycles(deps: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Distinct cycles among the edges, each as ``[a, b, ..., a]``, a a dependency of b."""
+    graph: dict[int, set[int]] = {i: set(d) for i, d in enumerate(deps)}
+    cycles: list[list[int]] = []
+    seen: set[frozenset[int]] = set()
+    for _ in range(sum(len(d) for d in graph.values()) + 1):
+        try:
+            graphlib.TopologicalSorter(graph).prepare()
+        except graphlib.CycleError as exc:
+            cycle = [int(node) for node in exc.args[1]]
+            key = frozenset(cycle)
+            if key not in seen:
+                seen.add(key)
+                cycles.append(cycle)
+            graph[cycle[1]].discard(cycle[0])  # break this cycle, look for another
+        else:
+            break
+    return cycles
+
+
+def _label(i: int, drafts: Sequence[_Draft]) -> str:
+    draft = drafts[i]
+    return f"task {i} ({draft.id!r})" if draft.id is not None else f"task {i}"
+
+
+def _cycle_problem(cycle: list[int], drafts: Sequence[_Draft]) -> Problem:
+    nodes = cycle[:-1]
+    chain = list(reversed(nodes))  # chain[k] depends on chain[k + 1]
+    start = chain.index(min(chain))
+    chain = chain[start:] + chain[:start]
+    text = _label(chain[0], drafts)
+    for node in chain[1:]:
+        text += f" depends on {_label(node, drafts)}, which"
+    text += f" depends on task {chain[0]}"
+    return Problem(
+        CYCLE,
+        chain[0],
+        f"dependency cycle: {text}; tasks in a cycle can never start — remove one of these "
+        f"dependencies (tasks {sorted(nodes)})",
+    )
+
+
+# ----------------------------------------------------------------- schema $defs hoisting
+
+_DEFS_PREFIX: Final = "#/$defs/"
+
+
+def _rewrite_refs(node: Any, rename: Mapping[str, str]) -> Any:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith(_DEFS_PREFIX):
+                head, sep, rest = value[len(_DEFS_PREFIX) :].partition("/")
+                name = head.replace("~1", "/").replace("~0", "~")
+                new = rename.get(name, name).replace("~", "~0").replace("/", "~1")
+                out[key] = f"{_DEFS_PREFIX}{new}{sep}{rest}"
+            else:
+                out[key] = _rewrite_refs(value, rename)
+        return out
+    if isinstance(node, list):
+        return [_rewrite_refs(v, rename) for v in node]
+    return node
+
+
+def _hoist_defs(schema: dict[str, Any], kind: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """Move ``schema``'s ``$defs`` into ``defs``; rename them all if any name clashes."""
+    local = schema.pop("$defs", None)
+    if not isinstance(local, dict) or not local:
+        return schema
+    if all(name not in defs or defs[name] == body for name, body in local.items()):
+        defs.update(local)
+        return schema
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", kind)
+    rename: dict[str, str] = {}
+    for name in local:
+        new, k = f"{safe}__{name}", 1
+        while new in defs or new in rename.values():
+            new, k = f"{safe}__{name}_{k}", k + 1
+        rename[name] = new
+    for name, body in local.items():
+        defs[rename[name]] = _rewrite_refs(body, rename)
+    rewritten: dict[str, Any] = _rewrite_refs(schema, rename)
+    return rewritten

@@ -1,0 +1,308 @@
+"""``plan_and_run``: the one call a user needs.
+
+A goal (decomposed by the model) or a ready plan (validated) runs under the supervisor on
+the app's workers, and comes back as a :class:`RunReport`: every task's status, result,
+attempts and error; counts; tokens and cost per task, per worker and for the run; timings;
+and the audit computed from the ledger.
+
+    report = plan_and_run("produce a competitive brief on the European payments market",
+                          brief.app, model=Model())
+    print(report.counts, report.usage.total.cost_usd, report.audit.clean)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from planrun.clock import Clock, RealClock
+from planrun.errors import UsageError
+from planrun.ledger import Audit, Event
+from planrun.plan import Plan
+from planrun.prompts import PromptLibrary
+from planrun.registry import Registry, WorkerSpec
+from planrun.supervisor import EffectFn, RunResult, Supervisor
+from planrun.task import Task
+from planrun.workers import ModelWorker
+
+if TYPE_CHECKING:
+    from planrun.model import Model
+    from planrun.usage import Budget, PriceTable, Usage
+
+__all__ = ["App", "RunReport", "TaskReport", "aplan_and_run", "load_app", "plan_and_run"]
+
+
+@dataclass
+class App:
+    """What a run needs besides the plan: kinds, workers and effects.
+
+    ``workers`` default to one worker doing every kind, ``concurrency`` tasks at a time.
+    ``effects`` map a kind to a function applied once per completed task of that kind, by
+    the supervisor, keyed by the task id.
+    """
+
+    registry: Registry
+    workers: Sequence[WorkerSpec] | None = None
+    effects: Mapping[str, EffectFn] = field(default_factory=dict)
+    concurrency: int = 8
+    description: str = ""
+
+    def worker_specs(self) -> list[WorkerSpec]:
+        """The workers, or the default pool."""
+        if self.workers:
+            return list(self.workers)
+        return [WorkerSpec("worker", None, self.concurrency)]
+
+    def needs_model(self) -> bool:
+        """True when some kind is done by a :class:`ModelWorker`."""
+        return any(isinstance(spec.handler, ModelWorker) for spec in self.registry)
+
+
+def load_app(ref: str) -> App:
+    """Import ``module:attribute`` and return it as an :class:`App` (a Registry is wrapped)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"--app must look like module:attribute, got {ref!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from exc
+    target = getattr(module, attr, None)
+    if callable(target) and not isinstance(target, (App, Registry)):
+        target = target()
+    if isinstance(target, Registry):
+        return App(target)
+    if isinstance(target, App):
+        return target
+    raise UsageError(f"{ref} is not a planrun App or Registry")
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """One task's outcome."""
+
+    id: str
+    kind: str
+    status: str
+    attempts: int
+    result: Any
+    error: str | None
+    cause: str | None
+    tokens: int
+    cost_usd: float
+    started_at: float | None
+    finished_at: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """Everything a run produced, for a person (``summary()``) or a program (``to_dict()``)."""
+
+    run_id: str
+    goal: str
+    plan: Plan
+    tasks: list[TaskReport]
+    counts: Mapping[str, int]
+    audit: Audit
+    usage: Usage | None
+    started_at: float
+    finished_at: float
+    budget_exhausted: bool
+    aborted_by: str | None
+    events: Sequence[Event]
+    result: RunResult
+
+    @property
+    def ok(self) -> bool:
+        """Every task completed and the audit is clean."""
+        return self.result.ok and self.audit.clean
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the start of the run to the last task's end."""
+        return self.finished_at - self.started_at
+
+    def results(self) -> dict[str, Any]:
+        """Task id -> result of every completed task."""
+        return {t.id: t.result for t in self.tasks if t.status == "completed"}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the CLI's ``--json``)."""
+        usage: dict[str, Any] | None = None
+        if self.usage is not None:
+            total = self.usage.total
+            usage = {
+                "requests": total.requests,
+                "prompt_tokens": total.prompt_tokens,
+                "cached_tokens": total.cached_tokens,
+                "completion_tokens": total.completion_tokens,
+                "total_tokens": total.total_tokens,
+                "cost_usd": round(total.cost_usd, 6),
+                "by_key": {
+                    k: {"tokens": v.total_tokens, "cost_usd": round(v.cost_usd, 6)}
+                    for k, v in sorted(self.usage.by_key().items())
+                },
+            }
+        return {
+            "run_id": self.run_id,
+            "goal": self.goal,
+            "plan": self.plan.to_document(),
+            "counts": dict(self.counts),
+            "tasks": [t.to_dict() for t in self.tasks],
+            "audit": self.audit.to_dict(),
+            "usage": usage,
+            "duration_s": round(self.duration_s, 6),
+            "budget_exhausted": self.budget_exhausted,
+            "aborted_by": self.aborted_by,
+        }
+
+    def summary(self) -> str:
+        """A few lines for a terminal."""
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
+        lines = [f"run {self.run_id}: {counts} in {self.duration_s:.1f} s"]
+        if self.usage is not None:
+            t = self.usage.total
+            lines.append(
+                f"usage: {t.requests} requests, {t.total_tokens} tokens "
+                f"({t.prompt_tokens} prompt, {t.cached_tokens} cached, "
+                f"{t.completion_tokens} completion), ${t.cost_usd:.4f}"
+            )
+        if self.budget_exhausted:
+            lines.append("budget exhausted: remaining tasks were cancelled (cause: budget)")
+        if self.aborted_by:
+            lines.append(f"aborted: task {self.aborted_by} died")
+        audit = "clean" if self.audit.clean else str(self.audit.to_dict())
+        lines.append(f"audit: {audit}")
+        return "\n".join(lines)
+
+
+async def aplan_and_run(
+    goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
+    app: App | Registry,
+    *,
+    model: Model | None = None,
+    strategy: str = "balanced",
+    budget: Budget | None = None,
+    prices: PriceTable | None = None,
+    usage: Usage | None = None,
+    min_tasks: int = 3,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    progress: Callable[[Event, Task], None] | None = None,
+    run_id: str | None = None,
+    clock: Clock | None = None,
+    **supervisor_options: Any,
+) -> RunReport:
+    """Decompose (or validate) and run; see :func:`plan_and_run`."""
+    from planrun.decompose import adecompose
+    from planrun.usage import Usage as UsageMeter
+
+    app = app if isinstance(app, App) else App(app)
+    is_goal = isinstance(goal_or_plan, str)
+    if model is None and (is_goal or app.needs_model()):
+        model = _default_model()
+    meter = usage if usage is not None else UsageMeter(prices, budget)
+    if isinstance(goal_or_plan, Plan):
+        plan = goal_or_plan
+    elif isinstance(goal_or_plan, str):
+        assert model is not None
+        plan = await adecompose(
+            goal_or_plan, app.registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
+            repair_attempts=repair_attempts, prompts=prompts, meter=meter,
+        )
+    else:
+        plan = Plan.parse(goal_or_plan, app.registry, min_tasks=1, max_tasks=max(max_tasks, 50))
+    sup = Supervisor(
+        app.registry,
+        app.worker_specs(),
+        strategy=strategy,
+        clock=clock or RealClock(),
+        run_id=run_id,
+        effects=app.effects,
+        on_event=progress,
+        extras={"model": model, "usage": meter},
+        **supervisor_options,
+    )
+    sup.add_tasks(plan.to_tasks())
+    result = await sup.arun()
+    return _report(plan, result, meter)
+
+
+def plan_and_run(
+    goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
+    app: App | Registry,
+    **options: Any,
+) -> RunReport:
+    """Turn a goal (or a ready plan) into a validated plan and run it to the end.
+
+    Args:
+        goal_or_plan: a prose goal (decomposed by ``model``), a :class:`Plan`, or a plan
+            document (validated; nothing runs if it is invalid).
+        app: the kinds, workers and effects (:class:`App`), or a bare :class:`Registry`.
+        model: the :class:`~planrun.Model`; from the environment when omitted and needed.
+        strategy, budget, prices, min_tasks, max_tasks, repair_attempts, prompts, progress,
+            run_id, clock: as named; other keywords go to :class:`Supervisor`.
+
+    Raises:
+        InvalidPlan: the plan did not validate (after repairs, for a goal).
+        ConfigError: a model is needed and none is configured (``OPENAI_API_KEY``).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        clock = options.get("clock") or RealClock()
+        return clock.run(aplan_and_run(goal_or_plan, app, **options))
+    raise UsageError("plan_and_run() was called inside a running event loop; "
+                     "use await aplan_and_run()")
+
+
+def _default_model() -> Model:
+    from planrun.model import Model
+
+    return Model()
+
+
+def _report(plan: Plan, result: RunResult, meter: Usage) -> RunReport:
+    by_key = meter.by_key()
+    tasks = []
+    for task in result.tasks.values():
+        tally = by_key.get(f"task:{task.id}")
+        tasks.append(
+            TaskReport(
+                id=task.id,
+                kind=task.kind,
+                status=task.status.value,
+                attempts=task.attempts,
+                result=task.result,
+                error=task.error,
+                cause=task.cause,
+                tokens=tally.total_tokens if tally else 0,
+                cost_usd=tally.cost_usd if tally else 0.0,
+                started_at=task.started_at,
+                finished_at=task.finished_at,
+            )
+        )
+    return RunReport(
+        run_id=result.run_id,
+        goal=plan.goal,
+        plan=plan,
+        tasks=tasks,
+        counts=result.counts,
+        audit=result.audit,
+        usage=meter,
+        started_at=result.started_at,
+        finished_at=result.finished_at,
+        budget_exhausted=result.budget_exhausted,
+        aborted_by=result.aborted_by,
+        events=result.events,
+        result=result,
+    )
+

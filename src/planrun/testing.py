@@ -1,0 +1,252 @@
+"""Test doubles that ship with planrun: a fake OpenAI chat endpoint in the exact wire format.
+
+:class:`FakeOpenAI` answers ``POST /chat/completions`` the way the OpenAI API does (ids,
+``usage`` with token details, ``x-request-id`` and rate-limit headers, error bodies), with
+content produced by *answerers*: per schema name (``classify_ticket``, ``plan``, ...) a
+function from the request to the JSON the model should return, falling back to an instance
+synthesised from the response schema. Everything is deterministic: the same request gets
+the same reply, id and token counts, so two runs produce identical ledgers.
+
+It plugs into respx as a side effect (tests) and into the stand-in HTTP server that
+synthesises the project's fixtures (``tools/standin.py``)::
+
+    fake = FakeOpenAI(answers={"classify_ticket": lambda req: {...}})
+    with respx.mock(using="httpcore2", base_url="https://api.openai.com/v1") as router:
+        router.post("/chat/completions").mock(side_effect=fake)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+__all__ = ["ChatRequest", "FakeOpenAI", "Scripted", "error_body", "synthesize"]
+
+CREATED = 1_764_460_800  # 2025-11-30T00:00:00Z: fixed, so replies are reproducible
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """The parts of a chat completion request an answerer looks at."""
+
+    body: Mapping[str, Any]
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+    @property
+    def messages(self) -> list[Mapping[str, Any]]:
+        return list(self.body.get("messages") or [])
+
+    @property
+    def prompt(self) -> str:
+        """The first user message's text (the rendered prompt)."""
+        for m in self.messages:
+            if m.get("role") == "user" and isinstance(m.get("content"), str):
+                return str(m["content"])
+        return ""
+
+    @property
+    def last_user(self) -> str:
+        """The last user message's text (a repair request, when there is one)."""
+        for m in reversed(self.messages):
+            if m.get("role") == "user" and isinstance(m.get("content"), str):
+                return str(m["content"])
+        return ""
+
+    @property
+    def schema_name(self) -> str | None:
+        fmt = self.body.get("response_format") or {}
+        if fmt.get("type") == "json_schema":
+            return str(fmt["json_schema"].get("name"))
+        return None
+
+    @property
+    def schema(self) -> Mapping[str, Any] | None:
+        fmt = self.body.get("response_format") or {}
+        if fmt.get("type") == "json_schema":
+            schema: Mapping[str, Any] = fmt["json_schema"].get("schema") or {}
+            return schema
+        return None
+
+    @property
+    def repairs(self) -> int:
+        """How many assistant turns the conversation holds (0 for a first request)."""
+        return sum(1 for m in self.messages if m.get("role") == "assistant")
+
+
+Answer = Callable[[ChatRequest], Any]
+"""An answerer: the JSON value (or, for a string result, the text) the model replies with."""
+
+
+def error_body(status: int, message: str, *, code: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error body."""
+    kind = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
+            404: "invalid_request_error", 409: "conflict_error", 422: "invalid_request_error",
+            429: "rate_limit_error"}.get(status, "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+@dataclass
+class Scripted:
+    """A reply that is not a plain success: an HTTP error, a refusal, or a cut-off reply."""
+
+    status: int = 200
+    error: str = ""
+    code: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    refusal: str | None = None
+    finish_reason: str = "stop"
+    content: str | None = None
+
+
+class FakeOpenAI:
+    """A deterministic OpenAI chat endpoint; call it with an ``httpx.Request``.
+
+    Args:
+        answers: schema name -> answerer (or a fixed value). Unnamed requests get an instance
+            synthesised from their response schema (or ``"ok"`` without one).
+        script: replies to serve first, in order, before any answerer (errors, refusals).
+        model: the model name reported back (dated, as the API does).
+    """
+
+    def __init__(
+        self,
+        answers: Mapping[str, Answer | Any] | None = None,
+        *,
+        script: Sequence[Scripted] = (),
+        model_suffix: str = "-2024-07-18",
+    ) -> None:
+        self.answers = dict(answers or {})
+        self.script = list(script)
+        self.model_suffix = model_suffix
+        self.requests: list[ChatRequest] = []
+        self.headers: list[Mapping[str, str]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content or b"{}")
+        chat = ChatRequest(body)
+        self.requests.append(chat)
+        self.headers.append(dict(request.headers))
+        digest = hashlib.sha256(request.content or b"").hexdigest()
+        headers = {
+            "x-request-id": f"req_{digest[:24]}",
+            "openai-processing-ms": "412",
+            "x-ratelimit-limit-requests": "10000",
+            "x-ratelimit-remaining-requests": "9999",
+            "x-ratelimit-limit-tokens": "10000000",
+            "x-ratelimit-remaining-tokens": "9990000",
+        }
+        scripted = self.script.pop(0) if self.script else None
+        if scripted is not None and scripted.status != 200:
+            headers.update(scripted.headers)
+            return httpx.Response(
+                scripted.status, json=error_body(scripted.status, scripted.error or "error",
+                                                 code=scripted.code), headers=headers,
+            )
+        return httpx.Response(200, json=self.completion(chat, digest, scripted), headers=headers)
+
+    def content_for(self, chat: ChatRequest) -> str:
+        """The text the fake model answers ``chat`` with."""
+        name = chat.schema_name
+        if name is not None and name in self.answers:
+            answer = self.answers[name]
+            value = answer(chat) if callable(answer) else answer
+        elif chat.schema is not None:
+            value = synthesize(chat.schema)
+        elif (chat.body.get("response_format") or {}).get("type") == "json_object":
+            value = self.answers.get("json_object", {"ok": True})
+            value = value(chat) if callable(value) else value
+        else:
+            value = self.answers.get("text", "ok")
+            value = value(chat) if callable(value) else value
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+    def completion(
+        self, chat: ChatRequest, digest: str, scripted: Scripted | None = None
+    ) -> dict[str, Any]:
+        """The chat.completion object for ``chat``."""
+        refusal = scripted.refusal if scripted else None
+        finish = scripted.finish_reason if scripted else "stop"
+        if refusal is not None:
+            content: str | None = None
+        elif scripted is not None and scripted.content is not None:
+            content = scripted.content
+        else:
+            content = self.content_for(chat)
+        prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
+        prompt_tokens = max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
+        completion_tokens = max(1, math.ceil(len(content or refusal or "") / 4))
+        cached = (prompt_tokens // 128) * 64 if prompt_tokens >= 1024 else 0
+        return {
+            "id": f"chatcmpl-{digest[:29]}",
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": f"{chat.model}{self.model_suffix}" if chat.model else "gpt-4o-mini",
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": refusal,
+                            "annotations": []},
+                "logprobs": None,
+                "finish_reason": finish,
+            }],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                              "accepted_prediction_tokens": 0,
+                                              "rejected_prediction_tokens": 0},
+            },
+            "service_tier": "default",
+            "system_fingerprint": "fp_" + digest[29:39],
+        }
+
+
+def synthesize(schema: Mapping[str, Any], root: Mapping[str, Any] | None = None) -> Any:
+    """A small valid instance of a JSON Schema (the subset structured output uses)."""
+    root = root if root is not None else schema
+    if "$ref" in schema:
+        ref = str(schema["$ref"])
+        node: Any = root
+        for part in ref.lstrip("#/").split("/"):
+            node = node[part]
+        return synthesize(node, root)
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            options = [o for o in schema[key] if o.get("type") != "null"] or schema[key]
+            return synthesize(options[0], root)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {k: synthesize(v, root) for k, v in props.items()}
+    if kind == "array":
+        count = max(1, int(schema.get("minItems", 1)))
+        return [synthesize(schema.get("items") or {}, root) for _ in range(count)]
+    if kind == "string":
+        if "JSON text" in str(schema.get("description", "")):
+            return "{}"
+        return "example"
+    if kind == "integer":
+        return int(schema.get("minimum", 0))
+    if kind == "number":
+        return float(schema.get("minimum", 0))
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return {}

@@ -1,0 +1,101 @@
+"""Model-backed workers: a prompt file, a payload model and a result model make a kind.
+
+A :class:`ModelWorker` is a handler like any function: it renders its prompt from the
+payload (and the results of the tasks it depends on), calls the model with the result
+model as the response schema, and returns the validated result. It finds the model and the
+usage meter in ``ctx.extras`` (put there by :func:`planrun.plan_and_run`) unless it was given
+its own model.
+
+    registry.register(
+        "classify_ticket",
+        ModelWorker("classify_ticket", result=Classification),
+        payload=Ticket,
+        description="Label one support ticket with category, urgency and needs_human",
+    )
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from planrun.errors import ConfigError, PermanentError
+from planrun.prompts import PromptLibrary
+from planrun.registry import TaskContext
+
+if TYPE_CHECKING:
+    from planrun.model import Model
+    from planrun.usage import Usage
+
+__all__ = ["ModelWorker"]
+
+
+class ModelWorker:
+    """A handler that asks a model, with a prompt template, for a structured result.
+
+    Args:
+        prompt: template name in the prompt library (``classify_ticket`` for
+            ``prompts/classify_ticket.md``).
+        result: pydantic model of the reply; the call uses it as a strict JSON Schema.
+        prompts: where templates come from (default: the ones shipped with planrun).
+        system: an optional system message.
+        model: a model of its own; default the run's (``ctx.extras["model"]``).
+
+    The template sees ``$payload`` (the whole payload as JSON), each payload field by
+    name, ``$inputs`` (results of the dependencies, by task id, as JSON) and ``$task_id``.
+    """
+
+    def __init__(
+        self,
+        prompt: str,
+        *,
+        result: type[BaseModel],
+        prompts: PromptLibrary | None = None,
+        system: str | None = None,
+        model: Model | None = None,
+    ) -> None:
+        self.prompt = prompt
+        self.result_model = result
+        self.prompts = prompts or PromptLibrary()
+        self.system = system
+        self.model = model
+        self.prompts.get(prompt)  # fail at registration, not mid-run, when it is missing
+
+    def __repr__(self) -> str:
+        return f"ModelWorker({self.prompt!r}, result={self.result_model.__name__})"
+
+    def render_variables(self, payload: Any, ctx: TaskContext) -> dict[str, Any]:
+        """The variables the template is rendered with."""
+        fields: Mapping[str, Any]
+        if isinstance(payload, BaseModel):
+            fields = payload.model_dump(mode="json")
+        elif isinstance(payload, Mapping):
+            fields = payload
+        else:
+            fields = {}
+        return {**fields, "payload": payload, "inputs": dict(ctx.inputs), "task_id": ctx.task_id}
+
+    async def __call__(self, payload: Any, ctx: TaskContext) -> BaseModel:
+        model: Model | None = self.model or ctx.extras.get("model")
+        if model is None:
+            raise ConfigError(f"kind {ctx.kind!r} needs a model: pass model= to plan_and_run")
+        meter: Usage | None = ctx.extras.get("usage")
+        if meter is not None:
+            meter = meter.scoped(f"task:{ctx.task_id}", f"worker:{ctx.worker}", f"kind:{ctx.kind}")
+        rendered = self.prompts.render(self.prompt, **self.render_variables(payload, ctx))
+        messages: list[dict[str, str]] = rendered.messages(self.system)
+        ctx.heartbeat()
+        completion = await model.complete(
+            messages,
+            result_model=self.result_model,
+            schema_name=ctx.kind,
+            prompt_hash=rendered.hash,
+            idempotency_key=ctx.idempotency_key,
+            meter=meter,
+        )
+        ctx.heartbeat()
+        if completion.parsed is None:
+            raise PermanentError(f"the model's reply for {ctx.kind!r} was not parsed")
+        return completion.parsed

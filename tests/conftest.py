@@ -1,0 +1,64 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import pytest_httpx2  # noqa: F401  (registers respx's "httpcore2" mocker: openai sends via httpx2)
+import respx
+
+from planrun.model import Model, RetryPolicy
+from planrun.testing import FakeOpenAI
+
+REPO = Path(__file__).resolve().parents[1]
+"""The repository root."""
+
+
+def shared_dir() -> Path:
+    """The project's shared folder: ``$PLANRUN_SHARED_DATA`` or ``<repo>/../shared``."""
+    env = os.environ.get("PLANRUN_SHARED_DATA")
+    return Path(env) if env else (REPO / ".." / "shared").resolve()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared folder (holding ``data/``); the test is skipped when it is absent."""
+    path = shared_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared data folder {path} is absent (set PLANRUN_SHARED_DATA to it)")
+    return path
+
+
+# ---- model calls: nothing leaves the machine -------------------------------------------------
+
+FAKE_BASE_URL = "https://api.openai.test/v1"
+FAKE_KEY = "sk-proj-T3stK3yN0tR3al9Qw8Er7Ty6Ui5Op4As3Df2Gh1Jk0Lz9Xc8Vb7Nm6Mq5Wn4Eb3Rv2"
+"""A real-looking key; tests assert it never appears in output, reports or errors."""
+
+
+@pytest.fixture(autouse=True)
+def _no_real_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model built from the environment points at a closed loopback port, never the API."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_ORG_ID", raising=False)
+    monkeypatch.delenv("OPENAI_PROJECT_ID", raising=False)
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    """A deterministic OpenAI endpoint at FAKE_BASE_URL, served through respx (httpcore2)."""
+    fake = FakeOpenAI()
+    with respx.mock(using="httpcore2", base_url=FAKE_BASE_URL, assert_all_called=False,
+                    assert_all_mocked=True) as router:
+        router.post("/chat/completions").mock(side_effect=fake)
+        yield fake
+
+
+def fake_model(**options: object) -> Model:
+    """A Model aimed at the fake endpoint, with fast, deterministic retries."""
+    options.setdefault("retry", RetryPolicy(attempts=4, base=1.0, cap=8.0, jitter=0.0))
+    return Model("gpt-4o-mini", api_key=FAKE_KEY, base_url=FAKE_BASE_URL, **options)  # type: ignore[arg-type]

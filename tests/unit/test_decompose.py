@@ -1,0 +1,171 @@
+"""The decomposer: strict plan schema, bounded repair loop, evidence on failure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import fake_model
+from pydantic import BaseModel
+
+from planrun.clock import VirtualClock
+from planrun.decompose import adecompose, decompose
+from planrun.errors import InvalidPlan, PermanentError, UsageError
+from planrun.registry import KindSpec, Registry
+from planrun.testing import ChatRequest, FakeOpenAI, Scripted
+from planrun.usage import Usage
+
+
+class Topic(BaseModel):
+    topic: str
+
+
+REGISTRY = Registry([
+    KindSpec("research", "Collect findings on one topic", Topic),
+    KindSpec("analyse", "Analyse findings"),
+    KindSpec("write_brief", "Write the brief"),
+])
+
+GOOD = {
+    "goal": "brief",
+    "tasks": [
+        {"kind": "research", "payload": {"topic": "Adyen"}, "depends_on": []},
+        {"kind": "research", "payload": {"topic": "Stripe"}, "depends_on": []},
+        {"kind": "analyse", "payload": {}, "depends_on": [0, 1]},
+        {"kind": "write_brief", "payload": {}, "depends_on": [2]},
+    ],
+}
+
+
+def with_tasks(*edits: tuple[int, dict[str, Any]]) -> dict[str, Any]:
+    doc = json.loads(json.dumps(GOOD))
+    for index, change in edits:
+        doc["tasks"][index].update(change)
+    return doc
+
+
+BAD: dict[str, Any] = {
+    "unknown_kind": with_tasks((2, {"kind": "verify_sources"})),
+    "forward_dependency": with_tasks((0, {"depends_on": [3]})),
+    "cycle": {"goal": "g", "tasks": [
+        {"id": "a", "kind": "research", "payload": {"topic": "x"}, "depends_on": ["c"]},
+        {"id": "b", "kind": "analyse", "payload": {}, "depends_on": ["a"]},
+        {"id": "c", "kind": "write_brief", "payload": {}, "depends_on": ["b"]},
+    ]},
+    "not_json": "Sure! Here is a plan: first research, then analyse, then write.",
+    "invalid_payload": with_tasks((0, {"payload": {"subject": "Adyen"}})),
+    "too_few_tasks": {"goal": "g", "tasks": GOOD["tasks"][:1]},
+}
+
+
+def replies(*values: Any) -> Any:
+    queue = list(values)
+
+    def answer(req: ChatRequest) -> Any:
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    return answer
+
+
+def run(coro: Any) -> Any:
+    return VirtualClock().run(coro)
+
+
+def test_valid_plan_in_one_call(fake_openai: FakeOpenAI) -> None:
+    fake_openai.answers["plan"] = GOOD
+    plan = run(adecompose("a brief on payments", REGISTRY, fake_model()))
+    assert [t.kind for t in plan.tasks] == ["research", "research", "analyse", "write_brief"]
+    assert len(fake_openai.requests) == 1
+    request = fake_openai.requests[0]
+    # The prompt lists the kinds with descriptions and states the rules.
+    for needle in ("research", "Collect findings on one topic", "3", "8", "earlier"):
+        assert needle in request.prompt
+    # The response format is the registry's plan schema, strict: no other kind can be named.
+    fmt = request.body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    kinds = {
+        v["properties"]["kind"]["enum"][0]
+        for v in fmt["json_schema"]["schema"]["properties"]["tasks"]["items"]["anyOf"]
+    }
+    assert kinds == {"research", "analyse", "write_brief"}
+
+
+@pytest.mark.parametrize("code", sorted(BAD))
+def test_each_problem_is_repaired_by_a_second_response(
+    fake_openai: FakeOpenAI, code: str
+) -> None:
+    fake_openai.answers["plan"] = replies(BAD[code], GOOD)
+    plan = run(adecompose("a brief", REGISTRY, fake_model()))
+    assert len(plan.tasks) == 4
+    assert len(fake_openai.requests) == 2
+    repair = fake_openai.requests[1]
+    roles = [m["role"] for m in repair.messages]
+    assert roles == ["user", "assistant", "user"]
+    assert code in repair.last_user  # the problem list names the code
+    assert repair.messages[0] == fake_openai.requests[0].messages[0]  # the original request
+
+
+@pytest.mark.parametrize("code", sorted(BAD))
+def test_each_problem_raises_invalid_plan_when_the_repair_fails_too(
+    fake_openai: FakeOpenAI, code: str
+) -> None:
+    fake_openai.answers["plan"] = replies(BAD[code])
+    with pytest.raises(InvalidPlan) as err:
+        run(adecompose("a brief", REGISTRY, fake_model(), repair_attempts=1))
+    assert code in {p.code for p in err.value.problems}
+    assert len(err.value.raw_outputs) == 2 and len(err.value.attempts) == 2
+    assert len(fake_openai.requests) == 2
+
+
+def test_conversation_never_grows_beyond_request_plus_last_attempt(
+    fake_openai: FakeOpenAI,
+) -> None:
+    first, second = BAD["unknown_kind"], BAD["forward_dependency"]
+    fake_openai.answers["plan"] = replies(first, second, BAD["not_json"])
+    with pytest.raises(InvalidPlan) as err:
+        run(adecompose("a brief", REGISTRY, fake_model(), repair_attempts=2))
+    third = fake_openai.requests[2]
+    assert [m["role"] for m in third.messages] == ["user", "assistant", "user"]
+    assert json.loads(third.messages[1]["content"]) == second  # the last attempt only
+    assert "forward_dependency" in third.last_user and "unknown_kind" not in third.last_user
+    assert [p.code for p in err.value.problems] == ["not_json"]
+    assert "after 3 attempt(s)" in str(err.value)
+
+
+def test_transport_errors_are_retried_not_pasted_into_the_conversation(
+    fake_openai: FakeOpenAI,
+) -> None:
+    fake_openai.script = [Scripted(500, "upstream exploded")]
+    fake_openai.answers["plan"] = GOOD
+    run(adecompose("a brief", REGISTRY, fake_model()))
+    assert len(fake_openai.requests) == 2
+    assert fake_openai.requests[0].messages == fake_openai.requests[1].messages
+    assert "exploded" not in json.dumps(fake_openai.requests[1].messages)
+
+
+def test_permanent_transport_error_propagates(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script = [Scripted(400, "bad request")]
+    with pytest.raises(PermanentError):
+        run(adecompose("a brief", REGISTRY, fake_model()))
+    assert len(fake_openai.requests) == 1
+
+
+def test_usage_of_every_attempt_is_metered_under_decompose(fake_openai: FakeOpenAI) -> None:
+    fake_openai.answers["plan"] = replies(BAD["cycle"], GOOD)
+    meter = Usage()
+    run(adecompose("a brief", REGISTRY, fake_model(), meter=meter))
+    assert meter.total.requests == 2
+    assert meter["decompose"].total_tokens == meter.total.total_tokens > 0
+
+
+def test_bad_arguments(fake_openai: FakeOpenAI) -> None:
+    with pytest.raises(UsageError, match="non-empty"):
+        run(adecompose("  ", REGISTRY, fake_model()))
+    with pytest.raises(UsageError, match="repair_attempts"):
+        run(adecompose("g", REGISTRY, fake_model(), repair_attempts=-1))
+
+
+def test_sync_decompose(fake_openai: FakeOpenAI) -> None:
+    fake_openai.answers["plan"] = GOOD
+    assert len(decompose("a brief", REGISTRY, fake_model()).tasks) == 4
