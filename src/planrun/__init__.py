@@ -1,1 +1,119 @@
-"""planrun."""
+"""planrun: turn a prose goal into a validated task plan and run it exactly once.
+
+A decomposer asks a model for a plan over the kinds of work that exist; the plan is
+validated (every problem reported, nothing dispatched until it passes); a code-enforced
+supervisor assigns each task to exactly one worker, retries what is transient, gives up on
+what is permanent, reclaims what goes silent, and applies side effects once.
+
+    from planrun import Model, plan_and_run
+    from planrun.examples import brief
+
+    report = plan_and_run(brief.GOAL, brief.app, model=Model())
+    print(report.summary())
+
+Everything public is importable from here; submodules are implementation.
+"""
+
+from importlib import metadata as _metadata
+
+from planrun.clock import Clock, RealClock, VirtualClock
+from planrun.decompose import adecompose, decompose
+from planrun.errors import (
+    BudgetExceeded,
+    ConfigError,
+    DispatchError,
+    IllegalTransition,
+    InvalidPlan,
+    ModelRefused,
+    PermanentError,
+    PlanError,
+    PlanrunError,
+    RateLimited,
+    RunAborted,
+    StallError,
+    StoreError,
+    TransientError,
+    UsageError,
+    WorkerError,
+)
+from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
+from planrun.limiter import RateLimiter
+from planrun.model import Completion, Model, RetryPolicy
+from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
+from planrun.prompts import PromptLibrary, RenderedPrompt
+from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.runner import App, RunReport, TaskReport, aplan_and_run, plan_and_run
+from planrun.sim import Scenario, SimResult, simulate
+from planrun.supervisor import Backoff, RunResult, Supervisor
+from planrun.task import Status, Task
+from planrun.usage import Budget, Price, PriceTable, Usage
+from planrun.workers import ModelWorker
+
+try:
+    __version__ = _metadata.version("planrun")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "PROBLEM_CODES",
+    "App",
+    "Audit",
+    "Backoff",
+    "Budget",
+    "BudgetExceeded",
+    "Clock",
+    "Completion",
+    "ConfigError",
+    "DispatchError",
+    "Event",
+    "IllegalTransition",
+    "InvalidPlan",
+    "KindSpec",
+    "Ledger",
+    "Model",
+    "ModelRefused",
+    "ModelWorker",
+    "PermanentError",
+    "Plan",
+    "PlanError",
+    "PlanTask",
+    "PlanrunError",
+    "Price",
+    "PriceTable",
+    "Problem",
+    "PromptLibrary",
+    "RateLimited",
+    "RateLimiter",
+    "RealClock",
+    "Registry",
+    "RenderedPrompt",
+    "RetryPolicy",
+    "RunAborted",
+    "RunReport",
+    "RunResult",
+    "Scenario",
+    "SimResult",
+    "StallError",
+    "Status",
+    "StoreError",
+    "Supervisor",
+    "Task",
+    "TaskContext",
+    "TaskReport",
+    "TransientError",
+    "Usage",
+    "UsageError",
+    "VirtualClock",
+    "WorkerError",
+    "WorkerSpec",
+    "__version__",
+    "adecompose",
+    "analyze",
+    "aplan_and_run",
+    "decompose",
+    "plan_and_run",
+    "plan_schema",
+    "read_jsonl",
+    "simulate",
+    "validate_plan",
+]

@@ -1,6 +1,10 @@
 """The ``planrun`` command line.
 
     planrun validate PLAN.json --kinds a,b,c [--json] [--min-tasks N] [--max-tasks N]
+    planrun simulate (--scenario FILE|NAME | --durations 10,2,2 --workers 3) [--strategy S] [--json]
+    planrun compare [--json]
+    planrun plan GOAL --app module:attr [--json]
+    planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N] [--json]
     planrun --version
 
 Each verb has an ``_add_<verb>(subparsers)`` that declares its arguments and sets
@@ -21,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from planrun.errors import PlanrunError
+from planrun.errors import InvalidPlan, PlanrunError
 from planrun.plan import Plan, validate_plan
 
 __all__ = ["main"]
@@ -143,6 +147,236 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------ simulate
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 10,2,2, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("expected non-negative numbers like 10,2,2")
+    return values
+
+
+def _add_simulate(subparsers: _Subparsers) -> None:
+    from planrun.routing import STRATEGIES
+
+    parser = subparsers.add_parser(
+        "simulate",
+        help="run a scenario through the real supervisor in virtual time",
+        description="Simulate workers and tasks in virtual time and report the makespan, "
+        "the mean time per task and each worker's share. Scenarios: a JSON file, or the "
+        "built-in 'article' and 'capability'.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--scenario", metavar="FILE|NAME")
+    source.add_argument("--durations", type=_float_list, metavar="10,2,2,...")
+    parser.add_argument("--workers", type=_positive_int, default=3, metavar="N",
+                        help="equal workers for --durations (default 3)")
+    parser.add_argument("--strategy", choices=[*STRATEGIES, "all"],
+                        help="override the scenario's strategy; 'all' compares the four")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true",
+                        help='print {"makespan", "mean_task_s", "strategy", "per_worker"}')
+    parser.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from planrun.routing import STRATEGIES
+    from planrun.sim import Scenario, simulate
+
+    if args.scenario is not None:
+        scenario = Scenario.load(args.scenario)
+    else:
+        scenario = Scenario.from_durations(args.durations, args.workers)
+    strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    results = [simulate(scenario, s, seed=args.seed) for s in strategies]
+    if args.json:
+        data: Any = [r.to_dict() for r in results]
+        print(json.dumps(data if len(data) > 1 else data[0]))
+        return EXIT_OK
+    for r in results:
+        shares = ", ".join(
+            f"{name} {int(w['tasks'])} tasks/{w['busy_s']:g} s" for name, w in r.per_worker.items()
+        )
+        print(f"{r.strategy:<13} makespan {r.makespan:g} s  mean task {r.mean_task_s:g} s  "
+              f"[{shares}]")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------- compare
+
+
+def _add_compare(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="the release scenario through naive peers, peers with a protocol, the supervisor",
+        description="Run the release (migrate_db, deploy_app, smoke_test) through three "
+        "systems and audit each ledger: order violations, duplicates, missing tasks.",
+    )
+    parser.add_argument("--json", action="store_true",
+                        help='print {"rows": [{"system", "order_violations", "duplicates", '
+                        '"missing"}]}')
+    parser.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from planrun.compare import compare
+
+    rows = [r.to_dict() for r in compare()]
+    if args.json:
+        print(json.dumps({"rows": rows}))
+        return EXIT_OK
+    print(f"{'system':<18} {'order violations':>16} {'duplicates':>10}  missing")
+    for row in rows:
+        print(f"{row['system']:<18} {row['order_violations']:>16} {row['duplicates']:>10}  "
+              f"{row['missing']}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- plan / run
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app", required=True, metavar="module:attr",
+                        help="the App (or Registry) to use, e.g. planrun.examples.brief:app")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--min-tasks", type=_positive_int, default=3, metavar="N")
+    parser.add_argument("--max-tasks", type=_positive_int, default=8, metavar="N")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _cassette_flags(parser)
+
+
+def _cassette_flags(parser: argparse.ArgumentParser) -> None:
+    try:
+        from planrun.fixtures_cli import add_cassette_flags
+    except ImportError:
+        return
+    add_cassette_flags(parser)
+
+
+def _cassette(args: argparse.Namespace) -> Any:
+    try:
+        from planrun.fixtures_cli import cassette_context
+    except ImportError:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return cassette_context(args)
+
+
+def _model(args: argparse.Namespace) -> Any:
+    from planrun.model import Model
+
+    return Model(args.model) if args.model else Model()
+
+
+def _add_plan(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="decompose a goal into a validated plan (nothing runs)",
+        description="Ask the model for a plan over the app's kinds, validate it (repairing "
+        "it when invalid) and print it.",
+    )
+    parser.add_argument("goal")
+    _add_model_args(parser)
+    parser.set_defaults(func=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from planrun.decompose import decompose
+    from planrun.runner import load_app
+
+    app = load_app(args.app)
+    with _cassette(args):
+        plan = decompose(args.goal, app.registry, _model(args), min_tasks=args.min_tasks,
+                         max_tasks=args.max_tasks)
+    if args.json:
+        print(json.dumps(plan.to_document(), ensure_ascii=False, indent=2))
+        return EXIT_OK
+    from rich.console import Console
+
+    from planrun.console import plan_tree
+
+    Console().print(plan_tree(plan))
+    return EXIT_OK
+
+
+def _add_run(subparsers: _Subparsers) -> None:
+    from planrun.routing import STRATEGIES
+
+    parser = subparsers.add_parser(
+        "run", help="run a goal (decomposed first) or a plan file to the end",
+        description="Decompose GOAL (or read PLAN.json), validate, run it under the "
+        "supervisor and print the report. Exit 0 when every task completed, 1 otherwise.",
+    )
+    parser.add_argument("goal", metavar="GOAL|PLAN.json")
+    _add_model_args(parser)
+    parser.add_argument("--strategy", choices=STRATEGIES, default="balanced")
+    parser.add_argument("--on-dead", choices=["cancel_dependents", "abort_run"],
+                        default="cancel_dependents")
+    parser.add_argument("--budget-tokens", type=_positive_int, metavar="N")
+    parser.add_argument("--budget-usd", type=float, metavar="X")
+    parser.add_argument("--quiet", action="store_true", help="no live progress")
+    parser.set_defaults(func=_cmd_run)
+
+
+def _plan_source(text: str) -> Any:
+    path = Path(text)
+    if text == "-" or text.endswith(".json") or path.is_file():
+        raw = _read_input(text)
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw.decode() if isinstance(raw, bytes) else raw
+    return text
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from planrun.runner import load_app
+    from planrun.usage import Budget
+
+    app = load_app(args.app)
+    source = _plan_source(args.goal)
+    budget = None
+    if args.budget_tokens or args.budget_usd:
+        budget = Budget(max_tokens=args.budget_tokens, max_cost=args.budget_usd)
+    if not isinstance(source, str):
+        from planrun.plan import Plan
+        from planrun.runner import READY_PLAN_MAX_TASKS
+
+        source = Plan.parse(source, app.registry, max_tasks=READY_PLAN_MAX_TASKS)
+    model = _model(args) if isinstance(source, str) or app.needs_model() else None
+    options: dict[str, Any] = {
+        "model": model, "strategy": args.strategy, "budget": budget,
+        "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
+    }
+    return _execute(source, app, options, args)
+
+
+def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from planrun.console import Progress, report_table
+    from planrun.runner import plan_and_run
+
+    console = Console(stderr=args.json)
+    progress = None if args.quiet or args.json else Progress(0, console)
+    with _cassette(args):
+        if progress is not None:
+            with progress:
+                report = plan_and_run(source, app, progress=progress, **options)
+        else:
+            report = plan_and_run(source, app, **options)
+    if args.json:
+        print(json.dumps(report.to_dict(), ensure_ascii=False, default=str))
+    else:
+        console.print(report_table(report))
+        console.print(report.summary())
+    return EXIT_OK if report.ok else 1
+
+
 # -------------------------------------------------------------------------------- parser
 
 
@@ -156,6 +390,10 @@ def _build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, title="commands"
     )
     _add_validate(subparsers)
+    _add_simulate(subparsers)
+    _add_compare(subparsers)
+    _add_plan(subparsers)
+    _add_run(subparsers)
     return parser
 
 
@@ -177,6 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit_code(exc.code)
     try:
         status: int = args.func(args)
+    except InvalidPlan as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"planrun: error: invalid plan: {len(exc.problems)} problem(s)", file=sys.stderr)
+        return EXIT_INVALID
     except (_CliError, PlanrunError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"planrun: error: {message}", file=sys.stderr)

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from planrun.model import Model
     from planrun.usage import Budget, PriceTable, Usage
 
+READY_PLAN_MAX_TASKS = 1_000_000
+"""A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
+
 __all__ = ["App", "RunReport", "TaskReport", "aplan_and_run", "load_app", "plan_and_run"]
 
 
@@ -206,20 +209,20 @@ async def aplan_and_run(
     from planrun.usage import Usage as UsageMeter
 
     app = app if isinstance(app, App) else App(app)
-    is_goal = isinstance(goal_or_plan, str)
-    if model is None and (is_goal or app.needs_model()):
-        model = _default_model()
-    meter = usage if usage is not None else UsageMeter(prices, budget)
+    plan: Plan | None = None
     if isinstance(goal_or_plan, Plan):
         plan = goal_or_plan
-    elif isinstance(goal_or_plan, str):
-        assert model is not None
+    elif not isinstance(goal_or_plan, str):  # a ready plan: nothing happens unless it is valid
+        plan = Plan.parse(goal_or_plan, app.registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
+    if model is None and (plan is None or app.needs_model()):
+        model = _default_model()  # a missing key fails here, before any task starts
+    meter = usage if usage is not None else UsageMeter(prices, budget)
+    if plan is None:
+        assert model is not None and isinstance(goal_or_plan, str)
         plan = await adecompose(
             goal_or_plan, app.registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
             repair_attempts=repair_attempts, prompts=prompts, meter=meter,
         )
-    else:
-        plan = Plan.parse(goal_or_plan, app.registry, min_tasks=1, max_tasks=max(max_tasks, 50))
     sup = Supervisor(
         app.registry,
         app.worker_specs(),

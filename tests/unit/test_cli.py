@@ -1,0 +1,131 @@
+"""The CLI verbs beyond validate: simulate, compare, plan, run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import FAKE_BASE_URL, FAKE_KEY
+
+from planrun.cli import main
+from planrun.examples import answers
+from planrun.examples.release import RELEASE_PLAN
+from planrun.testing import FakeOpenAI
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_simulate_json_reproduces_the_article(capsys: pytest.CaptureFixture[str]) -> None:
+    expected = {"round_robin": 30.0, "least_loaded": 16.0, "balanced": 14.0}
+    for strategy, makespan in expected.items():
+        code, out, _ = run_cli(capsys, "simulate", "--durations", "10,2,2,10,2,2,10,2,2",
+                               "--workers", "3", "--strategy", strategy, "--json")
+        data = json.loads(out)
+        assert code == 0 and data["makespan"] == makespan and data["strategy"] == strategy
+        assert set(data) == {"makespan", "mean_task_s", "strategy", "per_worker"}
+        assert set(data["per_worker"]) == {"w1", "w2", "w3"}
+
+
+def test_simulate_capability_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "simulate", "--scenario", "capability", "--strategy",
+                           "all")
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert "mean task 10 s" in lines["round_robin"] and "mean task 4 s" in lines["capability"]
+
+
+def test_simulate_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"workers": [{"name": "a", "kinds": ["x"]}],
+                                "tasks": [{"kind": "x", "estimate": 3},
+                                          {"kind": "x", "estimate": 4, "depends_on": [0]}]}))
+    code, out, _ = run_cli(capsys, "simulate", "--scenario", str(path), "--json")
+    assert code == 0 and json.loads(out)["makespan"] == 7.0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["simulate"], ["simulate", "--durations", "a,b"], ["simulate", "--scenario", "nope.json"],
+     ["simulate", "--durations", "1,2", "--workers", "0"], ["run"], ["compare", "--nope"],
+     ["run", "x", "--app", "nomodule"], ["plan", "goal", "--app", "no.such.module:app"]],
+)
+def test_bad_arguments_are_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert "Traceback" not in err and err.strip()
+
+
+def test_compare_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "compare", "--json")
+    rows = json.loads(out)["rows"]
+    assert code == 0
+    assert rows[0] == {"system": "peer (naive)", "order_violations": 1, "duplicates": 1,
+                       "missing": ["migrate_db"]}
+    assert [r["system"] for r in rows] == ["peer (naive)", "peer (protocol)", "supervisor"]
+
+
+@pytest.fixture
+def endpoint(fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> FakeOpenAI:
+    monkeypatch.setenv("OPENAI_BASE_URL", FAKE_BASE_URL)
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
+    fake_openai.answers.update(answers.answers())
+    return fake_openai
+
+
+def test_plan_prints_the_validated_plan(
+    capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI
+) -> None:
+    code, out, _ = run_cli(capsys, "plan", "a competitive brief", "--app",
+                           "planrun.examples.brief:app", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [t["kind"] for t in doc["tasks"]][-1] == "write_brief"
+    assert len(endpoint.requests) == 2  # repaired once
+    code, out, _ = run_cli(capsys, "plan", "a competitive brief", "--app",
+                           "planrun.examples.brief:app")
+    assert code == 0 and "write_brief" in out and "research" in out
+    assert FAKE_KEY not in out
+
+
+def test_run_a_plan_file(
+    capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    path = tmp_path / "release.json"
+    path.write_text(json.dumps(RELEASE_PLAN))
+    code, out, _ = run_cli(capsys, "run", str(path), "--app", "planrun.examples.release:app",
+                           "--json", "--on-dead", "abort_run")
+    report = json.loads(out)
+    assert code == 0
+    assert report["counts"]["completed"] == 3 and report["audit"]["order_violations"] == 0
+    assert report["usage"]["requests"] == 3
+
+
+def test_run_a_goal_with_live_progress(
+    capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI
+) -> None:
+    code, out, _ = run_cli(capsys, "run", "a competitive brief", "--app",
+                           "planrun.examples.brief:app")
+    assert code == 0
+    assert "completed 6" in out and "audit: clean" in out
+
+
+def test_run_an_invalid_plan_lists_every_problem(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"tasks": [{"kind": "nope", "payload": {}, "depends_on": [3]}]}))
+    code, _, err = run_cli(capsys, "run", str(path), "--app", "planrun.examples.release:app")
+    assert code == 2
+    assert "unknown_kind" in err and "unknown_dependency" in err
+
+
+def test_run_without_a_key_names_the_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "run", "a goal", "--app", "planrun.examples.brief:app")
+    assert code == 2 and "OPENAI_API_KEY" in err and len(err.strip().splitlines()) == 1
