@@ -1,0 +1,473 @@
+"""The store interface, its records, and the row mapping every backend shares.
+
+A store keeps the durable side of a run: the run itself, one row per task (every field of
+:class:`planrun.task.Task`), the append-only ledger events, the side-effect records and,
+for multi-process runs, the registered workers. It knows nothing about policy: the
+supervisor decides what a change means; the store writes it in one transaction.
+
+The three backends (:class:`~planrun.stores.memory.InMemoryStore`,
+:class:`~planrun.stores.sqlite.SQLiteStore`, :class:`~planrun.stores.postgres.PostgresStore`)
+implement :class:`Store` structurally and share the mapping below, so a task row means the
+same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from planrun.errors import StoreError
+from planrun.ledger import Event
+from planrun.task import Status, Task
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "EffectRecord",
+    "RunInfo",
+    "RunState",
+    "RunSummary",
+    "Store",
+    "mask_url",
+]
+
+SCHEMA_VERSION = 1
+"""The schema version this code creates and understands; ``open()`` refuses a newer one."""
+
+EFFECT_STARTED = "started"
+EFFECT_APPLIED = "applied"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run: what it is for and where it stands."""
+
+    id: str
+    created_at: float
+    status: str = "running"
+    goal: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run with its task counts, as :meth:`Store.list_runs` returns it."""
+
+    id: str
+    created_at: float
+    status: str
+    goal: str
+    counts: Mapping[str, int]
+    """Number of tasks per status; every status is present, zero when none."""
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    """A side effect keyed by its task: begun (``"started"``) or done (``"applied"``)."""
+
+    task_id: str
+    key: str
+    state: str
+    """``"started"`` or ``"applied"``."""
+    result: Any
+    at: float
+
+
+@dataclass(frozen=True)
+class RunState:
+    """Everything a store holds about one run, as :meth:`Store.load` returns it."""
+
+    run: RunInfo
+    tasks: list[Task]
+    """In the order the tasks were first written."""
+    events: list[Event]
+    """Ordered by ``seq``."""
+    effects: dict[str, EffectRecord]
+    """By task id."""
+
+
+class Store(Protocol):
+    """Durable task rows and ledger events, written in one transaction per call.
+
+    Every method is a coroutine, called from the supervisor's event loop (or a worker
+    process's). Every failure is a :class:`planrun.errors.StoreError`; no driver exception
+    leaves a store.
+    """
+
+    url: str
+    """Where the store lives, with any password masked."""
+
+    async def open(self) -> None:
+        """Connect, then create or migrate the schema; refuse a schema newer than this code."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; calling it twice is harmless."""
+        ...
+
+    async def create_run(self, run: RunInfo) -> None:
+        """Insert a run; an existing id is a :class:`StoreError`."""
+        ...
+
+    async def set_run_status(self, run_id: str, status: str) -> None:
+        """Change a run's status (``running``, ``completed``, ``aborted``, …)."""
+        ...
+
+    async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
+        """Insert new task rows and their events in one transaction."""
+        ...
+
+    async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
+        """Upsert every task row and append every event; the batch is all-or-nothing."""
+        ...
+
+    async def write_fenced(
+        self, run_id: str, task: Task, event: Event, expect_token: int
+    ) -> bool:
+        """Apply one change only if the stored token is ``expect_token`` and the row is not
+        finished; return whether it was applied. The event gets the run's next ``seq``."""
+        ...
+
+    async def load(self, run_id: str) -> RunState:
+        """Everything about one run; an unknown run is a :class:`StoreError`."""
+        ...
+
+    async def list_runs(self) -> list[RunSummary]:
+        """Every run, oldest first, with its task counts."""
+        ...
+
+    async def effect_begin(self, run_id: str, task_id: str, key: str, at: float) -> EffectRecord:
+        """Record that a task's effect is starting, unless it is already recorded; return
+        the stored record (the new one, or the one that was there)."""
+        ...
+
+    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
+        """Mark a begun effect applied with its result; a second call changes nothing."""
+        ...
+
+    async def register_worker(
+        self, run_id: str, name: str, kinds: Sequence[str], capacity: int, at: float
+    ) -> None:
+        """Register (or re-register) a worker process for a run."""
+        ...
+
+    async def heartbeat_worker(self, run_id: str, name: str, at: float) -> None:
+        """Record that a registered worker is alive."""
+        ...
+
+    async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
+        """Registered workers: ``name``, ``kinds``, ``capacity``, ``last_heartbeat`` and
+        ``active`` (how many tasks are assigned to or running on it)."""
+        ...
+
+    async def claim(
+        self,
+        run_id: str,
+        worker: str,
+        kinds: Sequence[str],
+        now: float,
+        lease_s: float,
+        limit: int = 1,
+    ) -> list[Task]:
+        """Atomically move up to ``limit`` ready tasks of ``kinds`` to running on ``worker``.
+
+        Ready means pending, ``not_before`` unset or reached, and every dependency
+        completed. Each claimed task gets ``token + 1``, a lease and a ``started`` event.
+        """
+        ...
+
+    async def take_assigned(
+        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+    ) -> list[Task]:
+        """Move tasks assigned to ``worker`` to running, with a lease and a ``started`` event."""
+        ...
+
+    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
+        """Extend the lease of an assigned or running task; False when ``token`` is stale."""
+        ...
+
+    async def expired(self, run_id: str, now: float) -> list[Task]:
+        """Assigned or running tasks whose lease is before ``now``."""
+        ...
+
+    async def wait_for_change(self, run_id: str, timeout: float) -> None:
+        """Return when the run may have changed, or after ``timeout`` seconds at the latest."""
+        ...
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with its password (in the netloc or a ``password=`` query) as ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    masked = url
+    if "@" in parts.netloc:
+        userinfo, _, hostinfo = parts.netloc.rpartition("@")
+        if ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            masked = masked.replace(parts.netloc, f"{user}:***@{hostinfo}", 1)
+    if "password=" in parts.query:
+        pairs = [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query, True)]
+        masked = masked.replace(parts.query, urlencode(pairs, safe="*"), 1)
+    return masked
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (drivers add DETAIL and HINT lines)."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    return text or type(exc).__name__
+
+
+# --- JSON -----------------------------------------------------------------------------------
+
+
+def dump_json(value: Any, what: str) -> str:
+    """Encode ``value`` as strict JSON; a value that cannot be stored is a StoreError."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} cannot be stored as JSON: {exc}") from exc
+
+
+def load_json(value: Any) -> Any:
+    """Decode a JSON text column (``None`` stays ``None``)."""
+    return None if value is None else json.loads(value)
+
+
+Decoder = Callable[[Any], Any]
+"""Turns a JSON column as the driver returns it into Python data."""
+
+
+def keep_json(value: Any) -> Any:
+    """The decoder for drivers that already decode JSON columns (psycopg's ``jsonb``)."""
+    return value
+
+
+# --- row mapping ----------------------------------------------------------------------------
+
+TASK_COLUMNS: tuple[str, ...] = (
+    "id", "kind", "payload", "status", "assigned_to", "attempts", "max_attempts", "result",
+    "error", "error_class", "cause", "depends_on", "estimate_s", "resources", "lease",
+    "token", "reclaims", "not_before", "created_at", "started_at", "finished_at",
+)
+"""The task columns, one per field of :class:`Task`, in declaration order."""
+
+
+def task_row(run_id: str, task: Task) -> dict[str, Any]:
+    """The row of ``task`` in run ``run_id``: JSON columns encoded, status as text."""
+    what = f"task {task.id!r}"
+    return {
+        "run_id": run_id,
+        "id": task.id,
+        "kind": task.kind,
+        "payload": dump_json(dict(task.payload), f"{what} payload"),
+        "status": Status(task.status).value,
+        "assigned_to": task.assigned_to,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "result": dump_json(task.result, f"{what} result"),
+        "error": task.error,
+        "error_class": task.error_class,
+        "cause": task.cause,
+        "depends_on": dump_json(list(task.depends_on), f"{what} depends_on"),
+        "estimate_s": task.estimate_s,
+        "resources": dump_json(list(task.resources), f"{what} resources"),
+        "lease": task.lease,
+        "token": task.token,
+        "reclaims": task.reclaims,
+        "not_before": task.not_before,
+        "created_at": task.created_at,
+        "started_at": task.started_at,
+        "finished_at": task.finished_at,
+    }
+
+
+def task_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Task:
+    """Build a task from a row; ``decode`` turns a JSON column into Python data."""
+    return Task(
+        id=row["id"],
+        kind=row["kind"],
+        payload=dict(decode(row["payload"]) or {}),
+        status=Status(row["status"]),
+        assigned_to=row["assigned_to"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        result=decode(row["result"]),
+        error=row["error"],
+        error_class=row["error_class"],
+        cause=row["cause"],
+        depends_on=tuple(decode(row["depends_on"]) or ()),
+        estimate_s=row["estimate_s"],
+        resources=tuple(decode(row["resources"]) or ()),
+        lease=row["lease"],
+        token=row["token"],
+        reclaims=row["reclaims"],
+        not_before=row["not_before"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def event_row(run_id: str, event: Event, seq: int | None = None) -> dict[str, Any]:
+    """The row of ``event``; ``seq`` replaces the event's own when the store assigns it."""
+    return {
+        "run_id": run_id,
+        "seq": event.seq if seq is None else seq,
+        "at": event.at,
+        "task": event.task,
+        "event": event.event,
+        "worker": event.worker,
+        "attempt": event.attempt,
+        "detail": dump_json(dict(event.detail), f"event {event.event!r} detail"),
+    }
+
+
+def event_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Event:
+    """Build an event from a row."""
+    return Event(
+        seq=row["seq"],
+        at=row["at"],
+        task=row["task"],
+        event=row["event"],
+        worker=row["worker"],
+        attempt=row["attempt"],
+        detail=dict(decode(row["detail"]) or {}),
+    )
+
+
+def run_row(run: RunInfo) -> dict[str, Any]:
+    """The row of a run."""
+    return {
+        "id": run.id,
+        "created_at": run.created_at,
+        "status": run.status,
+        "goal": run.goal,
+        "meta": dump_json(dict(run.meta), f"run {run.id!r} meta"),
+    }
+
+
+def run_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> RunInfo:
+    """Build a run from a row."""
+    return RunInfo(
+        id=row["id"],
+        created_at=row["created_at"],
+        status=row["status"],
+        goal=row["goal"],
+        meta=dict(decode(row["meta"]) or {}),
+    )
+
+
+def effect_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> EffectRecord:
+    """Build an effect record from a row."""
+    return EffectRecord(
+        task_id=row["task_id"],
+        key=row["key"],
+        state=row["state"],
+        result=decode(row["result"]),
+        at=row["at"],
+    )
+
+
+def worker_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> dict[str, Any]:
+    """A registered worker as the plain dict :meth:`Store.list_workers` returns."""
+    return {
+        "name": row["name"],
+        "kinds": list(decode(row["kinds"]) or ()),
+        "capacity": row["capacity"],
+        "last_heartbeat": row["last_heartbeat"],
+        "active": row["active"],
+    }
+
+
+def summarize(runs: Sequence[RunInfo], counts: Sequence[Mapping[str, Any]]) -> list[RunSummary]:
+    """Join runs with ``(run_id, status, n)`` count rows into summaries."""
+    by_run: dict[str, dict[str, int]] = {r.id: dict.fromkeys(map(str, Status), 0) for r in runs}
+    for row in counts:
+        by_run[row["run_id"]][row["status"]] = int(row["n"])
+    return [RunSummary(r.id, r.created_at, r.status, r.goal, by_run[r.id]) for r in runs]
+
+
+def started_event(task: Task, now: float, seq: int) -> Event:
+    """The ``started`` event a store appends when it moves a task to running itself."""
+    return Event(seq, now, task.id, "started", task.assigned_to, task.token)
+
+
+def unknown_run(run_id: str) -> StoreError:
+    """The error for a run the store does not hold."""
+    return StoreError(f"unknown run {run_id!r}")
+
+
+def newer_schema(url: str, found: int) -> StoreError:
+    """The error for a database stamped by a newer planrun."""
+    return StoreError(
+        f"{url}: schema version {found} is newer than this planrun understands "
+        f"({SCHEMA_VERSION}); upgrade planrun"
+    )
+
+
+# --- named queries --------------------------------------------------------------------------
+
+
+@functools.cache
+def load_queries(backend: str) -> dict[str, str]:
+    """Parse ``stores/sql/<backend>.sql`` into ``{name: sql}``.
+
+    A query starts at a ``-- name: <name>`` line and runs to the next one; the comment
+    lines right after the name document it in the file and are not sent.
+    """
+    source = resources.files("planrun.stores").joinpath("sql").joinpath(f"{backend}.sql")
+    queries: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in source.read_text(encoding="utf-8").splitlines():
+        if line.startswith("-- name:"):
+            if name is not None:
+                queries[name] = "\n".join(lines).strip()
+            name, lines = line.split(":", 1)[1].strip(), []
+        elif name is not None:
+            lines.append(line)
+    if name is not None:
+        queries[name] = "\n".join(lines).strip()
+    return {key: _strip_doc(sql) for key, sql in queries.items()}
+
+
+def _strip_doc(sql: str) -> str:
+    """Drop a query's leading comment lines: they document the file, not the statement."""
+    lines = sql.splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines).strip()
+
+
+class Waiters:
+    """In-process wake-ups for :meth:`Store.wait_for_change`, one set of futures per run."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+
+    async def wait(self, run_id: str, timeout: float) -> None:
+        """Wait until :meth:`notify` names ``run_id`` or ``timeout`` passes."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        bucket = self._waiting.setdefault(run_id, set())
+        bucket.add(future)
+        try:
+            await asyncio.wait_for(future, max(0.0, timeout))
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            bucket.discard(future)
+            if not bucket:
+                self._waiting.pop(run_id, None)
+
+    def notify(self, run_id: str) -> None:
+        """Wake everyone waiting on ``run_id``."""
+        for future in self._waiting.get(run_id, ()):
+            if not future.done():
+                future.set_result(None)

@@ -1,0 +1,370 @@
+"""The in-memory store: the same interface over dicts, for tests and simulation.
+
+It keeps the same rows the SQL stores keep (JSON columns encoded), so a value that could
+not be stored in a database fails here too, and a record read back is a copy, never the
+caller's object. Every call is recorded in :attr:`InMemoryStore.calls`, the way
+procrastinate's ``InMemoryConnector`` records its queries, so a test can assert on what the
+supervisor asked of its store. Nothing awaits inside a call, so each is atomic on its loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from planrun.errors import StoreError
+from planrun.ledger import Event
+from planrun.stores.base import (
+    EFFECT_APPLIED,
+    EFFECT_STARTED,
+    EffectRecord,
+    RunInfo,
+    RunState,
+    RunSummary,
+    Waiters,
+    dump_json,
+    effect_from_row,
+    event_from_row,
+    event_row,
+    run_from_row,
+    run_row,
+    started_event,
+    summarize,
+    task_from_row,
+    task_row,
+    unknown_run,
+    worker_from_row,
+)
+from planrun.task import FINAL, Status, Task
+
+__all__ = ["Call", "InMemoryStore"]
+
+Row = dict[str, Any]
+Call = tuple[str, dict[str, Any]]
+"""A recorded call: the method name and its arguments by name."""
+
+_FINAL = frozenset(s.value for s in FINAL)
+_IN_FLIGHT = frozenset({Status.ASSIGNED.value, Status.RUNNING.value})
+_NOT_NULL_TASK = ("id", "kind", "status", "payload", "depends_on", "resources")
+
+
+@dataclass
+class _Run:
+    row: Row
+    tasks: dict[str, Row] = field(default_factory=dict)
+    events: list[Row] = field(default_factory=list)
+    effects: dict[str, Row] = field(default_factory=dict)
+    workers: dict[str, Row] = field(default_factory=dict)
+    next_seq: int = 0
+
+
+def _checked(row: Row) -> Row:
+    """Refuse what a database's NOT NULL columns would refuse."""
+    missing = [c for c in _NOT_NULL_TASK if row[c] is None]
+    if missing:
+        raise StoreError(f"task {row['id']!r}: NOT NULL violated for {', '.join(missing)}")
+    return row
+
+
+class InMemoryStore:
+    """A :class:`~planrun.stores.base.Store` over dicts; nothing survives the process."""
+
+    url = "memory://"
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        """Every call so far, oldest first."""
+        self._runs: dict[str, _Run] = {}
+        self._waiters = Waiters()
+        self._open = False
+
+    def __repr__(self) -> str:
+        return "InMemoryStore()"
+
+    def calls_to(self, name: str) -> list[dict[str, Any]]:
+        """The arguments of every recorded call to method ``name``."""
+        return [args for called, args in self.calls if called == name]
+
+    def _record(self, method: str, /, **args: Any) -> None:
+        self.calls.append((method, args))
+
+    def _run(self, run_id: str) -> _Run:
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise unknown_run(run_id) from None
+
+    def _changed(self, run_id: str) -> None:
+        self._waiters.notify(run_id)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Nothing to connect to."""
+        self._record("open")
+        self._open = True
+
+    async def close(self) -> None:
+        """Nothing to release; the data stays until the object goes."""
+        self._record("close")
+        self._open = False
+
+    # --- runs -------------------------------------------------------------------------------
+
+    async def create_run(self, run: RunInfo) -> None:
+        """Insert a run; an existing id is a StoreError."""
+        self._record("create_run", run=run)
+        row = run_row(run)
+        if run.id in self._runs:
+            raise StoreError(f"run {run.id!r} already exists")
+        self._runs[run.id] = _Run(row)
+        self._changed(run.id)
+
+    async def set_run_status(self, run_id: str, status: str) -> None:
+        """Change a run's status."""
+        self._record("set_run_status", run_id=run_id, status=status)
+        self._run(run_id).row["status"] = status
+        self._changed(run_id)
+
+    async def load(self, run_id: str) -> RunState:
+        """Everything about one run (copies)."""
+        self._record("load", run_id=run_id)
+        run = self._run(run_id)
+        return RunState(
+            run=run_from_row(run.row),
+            tasks=[task_from_row(r) for r in run.tasks.values()],
+            events=[event_from_row(r) for r in sorted(run.events, key=lambda r: r["seq"])],
+            effects={k: effect_from_row(r) for k, r in sorted(run.effects.items())},
+        )
+
+    async def list_runs(self) -> list[RunSummary]:
+        """Every run, oldest first, with its task counts."""
+        self._record("list_runs")
+        runs = sorted(
+            (run_from_row(r.row) for r in self._runs.values()),
+            key=lambda r: (r.created_at, r.id),
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for run_id, run in self._runs.items():
+            for row in run.tasks.values():
+                key = (run_id, row["status"])
+                counts[key] = counts.get(key, 0) + 1
+        rows = [{"run_id": r, "status": s, "n": n} for (r, s), n in counts.items()]
+        return summarize(runs, rows)
+
+    # --- tasks and events -------------------------------------------------------------------
+
+    def _append(self, run: _Run, events: Sequence[Row]) -> None:
+        run.events.extend(events)
+        if events:
+            run.next_seq = max(run.next_seq, max(e["seq"] for e in events) + 1)
+
+    async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
+        """Insert new task rows and their events, all or nothing."""
+        self._record("add_tasks", run_id=run_id, tasks=list(tasks), events=list(events))
+        run = self._run(run_id)
+        rows = [_checked(task_row(run_id, t)) for t in tasks]
+        event_rows = [event_row(run_id, e) for e in events]
+        ids = [r["id"] for r in rows]
+        duplicate = next((i for i in ids if i in run.tasks), None)
+        if duplicate is None and len(set(ids)) != len(ids):
+            duplicate = next(i for i in ids if ids.count(i) > 1)
+        if duplicate is not None:
+            raise StoreError(f"task {duplicate!r} already exists in run {run_id!r}")
+        run.tasks.update((r["id"], r) for r in rows)
+        self._append(run, event_rows)
+        self._changed(run_id)
+
+    async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
+        """Upsert every task row and append every event, all or nothing."""
+        self._record("write", run_id=run_id, changes=list(changes))
+        if not changes:
+            return
+        run = self._run(run_id)
+        rows = [_checked(task_row(run_id, t)) for t, _ in changes]
+        event_rows = [event_row(run_id, e) for _, e in changes]
+        for row in rows:
+            run.tasks[row["id"]] = row
+        self._append(run, event_rows)
+        self._changed(run_id)
+
+    async def write_fenced(
+        self, run_id: str, task: Task, event: Event, expect_token: int
+    ) -> bool:
+        """Apply one change only over ``expect_token`` and an unfinished row."""
+        self._record(
+            "write_fenced", run_id=run_id, task=task, event=event, expect_token=expect_token
+        )
+        row = _checked(task_row(run_id, task))
+        run = self._runs.get(run_id)
+        stored = run.tasks.get(task.id) if run is not None else None
+        if run is None or stored is None:
+            return False
+        if stored["token"] != expect_token or stored["status"] in _FINAL:
+            return False
+        new_event = event_row(run_id, event, run.next_seq)
+        run.tasks[task.id] = row
+        self._append(run, [new_event])
+        self._changed(run_id)
+        return True
+
+    # --- effects ----------------------------------------------------------------------------
+
+    async def effect_begin(self, run_id: str, task_id: str, key: str, at: float) -> EffectRecord:
+        """Insert a ``started`` effect unless one exists; return the stored record."""
+        self._record("effect_begin", run_id=run_id, task_id=task_id, key=key, at=at)
+        effects = self._run(run_id).effects
+        row = effects.setdefault(
+            task_id,
+            {"task_id": task_id, "key": key, "state": EFFECT_STARTED, "result": "null",
+             "at": at},
+        )
+        return effect_from_row(row)
+
+    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
+        """Mark a begun effect applied; an applied one stays as it is."""
+        self._record("effect_done", run_id=run_id, task_id=task_id, result=result, at=at)
+        encoded = dump_json(result, f"effect result of task {task_id!r}")
+        run = self._runs.get(run_id)
+        row = run.effects.get(task_id) if run is not None else None
+        if row is None:
+            raise StoreError(f"no effect begun for task {task_id!r} of run {run_id!r}")
+        if row["state"] == EFFECT_STARTED:
+            row.update(state=EFFECT_APPLIED, result=encoded, at=at)
+
+    # --- workers and distribution -----------------------------------------------------------
+
+    async def register_worker(
+        self, run_id: str, name: str, kinds: Sequence[str], capacity: int, at: float
+    ) -> None:
+        """Register (or re-register) a worker for a run."""
+        self._record(
+            "register_worker", run_id=run_id, name=name, kinds=list(kinds),
+            capacity=capacity, at=at,
+        )
+        run = self._run(run_id)
+        run.workers[name] = {
+            "name": name,
+            "kinds": dump_json(list(kinds), f"kinds of worker {name!r}"),
+            "capacity": capacity,
+            "last_heartbeat": at,
+        }
+        self._changed(run_id)
+
+    async def heartbeat_worker(self, run_id: str, name: str, at: float) -> None:
+        """Record that a registered worker is alive; an unknown worker is a StoreError."""
+        self._record("heartbeat_worker", run_id=run_id, name=name, at=at)
+        run = self._runs.get(run_id)
+        row = run.workers.get(name) if run is not None else None
+        if row is None:
+            raise StoreError(f"unknown worker {name!r} in run {run_id!r}")
+        row["last_heartbeat"] = max(row["last_heartbeat"], at)
+
+    async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
+        """Registered workers with their in-flight task counts (``active``)."""
+        self._record("list_workers", run_id=run_id)
+        run = self._runs.get(run_id)
+        if run is None:
+            return []
+        out = []
+        for name in sorted(run.workers):
+            active = sum(
+                1 for t in run.tasks.values()
+                if t["assigned_to"] == name and t["status"] in _IN_FLIGHT
+            )
+            out.append(worker_from_row(run.workers[name] | {"active": active}))
+        return out
+
+    def _ready(self, run: _Run, row: Row, kinds: Sequence[str], now: float) -> bool:
+        if row["status"] != Status.PENDING.value or row["kind"] not in kinds:
+            return False
+        if row["not_before"] is not None and row["not_before"] > now:
+            return False
+        deps = json.loads(row["depends_on"])
+        return all(
+            d in run.tasks and run.tasks[d]["status"] == Status.COMPLETED.value for d in deps
+        )
+
+    def _start(
+        self, run: _Run, rows: list[Row], now: float, lease: float, claimer: str | None
+    ) -> list[Task]:
+        """Move ``rows`` to running; a claimer (pull mode) takes them with a new token."""
+        tasks = []
+        for row in rows:
+            row.update(status=Status.RUNNING.value, started_at=now, lease=lease)
+            if claimer is not None:
+                row.update(assigned_to=claimer, token=row["token"] + 1)
+            task = task_from_row(row)
+            self._append(run, [event_row(row["run_id"], started_event(task, now, run.next_seq))])
+            tasks.append(task)
+        return tasks
+
+    async def claim(
+        self,
+        run_id: str,
+        worker: str,
+        kinds: Sequence[str],
+        now: float,
+        lease_s: float,
+        limit: int = 1,
+    ) -> list[Task]:
+        """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
+        self._record(
+            "claim", run_id=run_id, worker=worker, kinds=list(kinds), now=now,
+            lease_s=lease_s, limit=limit,
+        )
+        run = self._runs.get(run_id)
+        if run is None or limit < 1:
+            return []
+        rows = [r for r in run.tasks.values() if self._ready(run, r, kinds, now)][:limit]
+        tasks = self._start(run, rows, now, now + lease_s, worker)
+        if tasks:
+            self._changed(run_id)
+        return tasks
+
+    async def take_assigned(
+        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+    ) -> list[Task]:
+        """Move tasks assigned to ``worker`` to running (push mode)."""
+        self._record(
+            "take_assigned", run_id=run_id, worker=worker, now=now, lease_s=lease_s, limit=limit
+        )
+        run = self._runs.get(run_id)
+        if run is None or limit < 1:
+            return []
+        rows = [
+            r for r in run.tasks.values()
+            if r["status"] == Status.ASSIGNED.value and r["assigned_to"] == worker
+        ][:limit]
+        tasks = self._start(run, rows, now, now + lease_s, None)
+        if tasks:
+            self._changed(run_id)
+        return tasks
+
+    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
+        """Extend a lease; False when the token is stale or the task is not in flight."""
+        self._record("renew", run_id=run_id, task_id=task_id, token=token, lease=lease)
+        run = self._runs.get(run_id)
+        row = run.tasks.get(task_id) if run is not None else None
+        if row is None or row["token"] != token or row["status"] not in _IN_FLIGHT:
+            return False
+        row["lease"] = lease
+        return True
+
+    async def expired(self, run_id: str, now: float) -> list[Task]:
+        """Assigned or running tasks whose lease is before ``now``."""
+        self._record("expired", run_id=run_id, now=now)
+        run = self._runs.get(run_id)
+        if run is None:
+            return []
+        return [
+            task_from_row(r) for r in run.tasks.values()
+            if r["status"] in _IN_FLIGHT and r["lease"] is not None and r["lease"] < now
+        ]
+
+    async def wait_for_change(self, run_id: str, timeout: float) -> None:
+        """Wait until this store changes the run, or ``timeout`` seconds."""
+        self._record("wait_for_change", run_id=run_id, timeout=timeout)
+        await self._waiters.wait(run_id, timeout)

@@ -1,0 +1,624 @@
+"""The PostgreSQL store: the same rows in a server several machines share.
+
+Connections come from a psycopg 3 ``AsyncConnectionPool``. Worker processes on any machine
+claim work with one ``UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING``,
+so two claimers never take the same task and neither waits for the other. Every change
+sends ``NOTIFY planrun, '<run id>'`` at commit; :meth:`PostgresStore.wait_for_change`
+listens on a connection of its own.
+
+A dropped connection is the pool's to replace; a call that fails with a connection error
+(or a deadlock or serialization failure) is run again, whole, a few times with backoff
+(tenacity) before it becomes a :class:`~planrun.errors.StoreError`. A retried write whose
+first commit reached the server before the connection dropped appends its events twice.
+
+psycopg is imported only when a store is made, so planrun imports without the
+``postgres`` extra; without it, :class:`PostgresStore` raises
+:class:`~planrun.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from planrun.errors import ConfigError, StoreError
+from planrun.ledger import Event
+from planrun.stores.base import (
+    SCHEMA_VERSION,
+    TASK_COLUMNS,
+    EffectRecord,
+    RunInfo,
+    RunState,
+    RunSummary,
+    Waiters,
+    dump_json,
+    effect_from_row,
+    event_from_row,
+    event_row,
+    keep_json,
+    load_queries,
+    mask_url,
+    newer_schema,
+    one_line,
+    run_from_row,
+    run_row,
+    started_event,
+    summarize,
+    task_from_row,
+    task_row,
+    unknown_run,
+    worker_from_row,
+)
+from planrun.task import Task
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection, AsyncCursor
+    from psycopg.rows import DictRow
+    from psycopg_pool import AsyncConnectionPool
+
+    Cursor = AsyncCursor[DictRow]
+
+__all__ = ["PostgresStore"]
+
+log = logging.getLogger("planrun.stores")
+
+T = TypeVar("T")
+
+Q = load_queries("postgres")
+CHANNEL = "planrun"
+
+
+@functools.cache
+def _drivers() -> SimpleNamespace:
+    """psycopg and its pool, imported on first use."""
+    try:
+        import psycopg
+        import psycopg_pool
+        from psycopg.rows import dict_row
+    except ImportError as exc:
+        raise ConfigError(
+            "the PostgreSQL store needs psycopg 3: pip install planrun[postgres]"
+        ) from exc
+    return SimpleNamespace(psycopg=psycopg, pool=psycopg_pool, dict_row=dict_row)
+
+
+def _password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
+
+
+_FLOATS = frozenset(
+    {"estimate_s", "lease", "not_before", "created_at", "started_at", "finished_at", "at"}
+)
+_INTS = frozenset({"attempts", "max_attempts", "token", "reclaims", "seq", "attempt"})
+EVENT_COLUMNS = ("seq", "at", "task", "event", "worker", "attempt", "detail")
+
+
+def _cell(column: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if column in _FLOATS:
+        return float(value)
+    if column in _INTS:
+        return int(value)
+    return value
+
+
+def _arrays(
+    run_id: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]
+) -> dict[str, Any]:
+    """Rows as one list per column: a whole batch goes in one ``unnest`` statement.
+
+    Numbers are made uniform per column (psycopg dumps a list of one type only).
+    """
+    try:
+        arrays = {c: [_cell(c, row[c]) for row in rows] for c in columns}
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"a row cannot be stored: {exc}") from exc
+    return {"run_id": run_id, **arrays}
+
+
+def _last_change_per_task(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per task id, in first-seen order, holding its last change (an upsert writes
+    every column, so this is what applying the changes one by one would leave)."""
+    return list({row["id"]: row for row in rows}.values())
+
+
+def _by_pos(rows: list[DictRow]) -> list[Task]:
+    return [task_from_row(r, keep_json) for r in sorted(rows, key=lambda r: r["pos"])]
+
+
+class PostgresStore:
+    """A :class:`~planrun.stores.base.Store` in PostgreSQL.
+
+    Args:
+        url: a libpq URL, ``postgresql://user:password@host:port/db`` (``postgres://`` too);
+            tables go to the first schema of the connection's ``search_path``, which an
+            ``?options=-csearch_path%3Dname`` query can set.
+        min_size, max_size: the connection pool's bounds.
+        connect_timeout: seconds to wait for a connection when opening.
+        pool_timeout: seconds a call waits for a free (or re-established) connection.
+        attempts: tries of a call that fails with a connection error, before StoreError.
+        application_name: how the connections appear in ``pg_stat_activity``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        connect_timeout: float = 5.0,
+        pool_timeout: float = 10.0,
+        attempts: int = 4,
+        application_name: str = "planrun",
+    ) -> None:
+        self._drivers = _drivers()
+        self._conninfo = url
+        self._secret = _password(url)
+        self.url = mask_url(url)
+        self.min_size = min_size
+        self.max_size = max_size
+        self.connect_timeout = connect_timeout
+        self.pool_timeout = pool_timeout
+        self.attempts = attempts
+        self.application_name = application_name
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._waiters = Waiters()
+        self._listener: asyncio.Task[None] | None = None
+        self._listen_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.url!r})"
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _error(self, exc: BaseException, doing: str = "") -> StoreError:
+        text = one_line(exc)
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return StoreError(f"{self.url}: {doing}{text}")
+
+    def _retryable(self, exc: BaseException) -> bool:
+        d = self._drivers
+        return isinstance(exc, d.psycopg.OperationalError) and not isinstance(
+            exc, d.pool.PoolTimeout | d.pool.PoolClosed
+        )
+
+    @staticmethod
+    def _log_retry(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("store call failed (attempt %d), retrying: %s", state.attempt_number, exc)
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        return {
+            "connect_timeout": max(1, round(self.connect_timeout)),
+            "application_name": self.application_name,
+        }
+
+    async def _connect(self, **kwargs: Any) -> AsyncConnection[Any]:
+        conn: AsyncConnection[Any] = await self._drivers.psycopg.AsyncConnection.connect(
+            self._conninfo, **self._connect_kwargs(), **kwargs
+        )
+        return conn
+
+    async def _tx(self, fn: Callable[[Cursor], Awaitable[T]], snapshot: bool = False) -> T:
+        """Run ``fn`` in one transaction, again on a connection error; translate errors."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"{self.url}: the store is not open (call open() first)")
+        d = self._drivers
+
+        async def once() -> T:
+            async with pool.connection() as conn, conn.transaction():
+                cur: Cursor
+                async with conn.cursor(row_factory=d.dict_row) as cur:
+                    if snapshot:
+                        await cur.execute(Q["snapshot"])
+                    return await fn(cur)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
+            retry=retry_if_exception(self._retryable),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            return await retrying(once)
+        except d.psycopg.Error as exc:
+            raise self._error(exc) from exc
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema, then open the pool."""
+        if self._pool is not None:
+            return
+        d = self._drivers
+        try:
+            conn = await self._connect(autocommit=True)
+        except d.psycopg.Error as exc:
+            raise self._error(exc, "cannot connect: ") from exc
+        try:
+            async with conn:
+                await self._migrate(conn)
+            pool: AsyncConnectionPool[Any] = d.pool.AsyncConnectionPool(
+                self._conninfo,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                timeout=self.pool_timeout,
+                kwargs={"autocommit": True, **self._connect_kwargs()},
+                open=False,
+                name="planrun",
+            )
+            await pool.open(wait=True, timeout=self.connect_timeout)
+        except d.psycopg.Error as exc:
+            raise self._error(exc, "cannot open: ") from exc
+        self._pool = pool
+
+    async def _migrate(self, conn: AsyncConnection[Any]) -> None:
+        async with conn.transaction(), conn.cursor(row_factory=self._drivers.dict_row) as cur:
+            await cur.execute(Q["schema_lock"])
+            await cur.execute(Q["schema_table"])
+            await cur.execute(Q["schema_version"])
+            row = await cur.fetchone()
+            found = int(row["version"] or 0) if row else 0
+            if found > SCHEMA_VERSION:
+                raise newer_schema(self.url, found)
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                await cur.execute(Q[f"migrate_{version}"])
+            if found != SCHEMA_VERSION:
+                await cur.execute(Q["clear_version"])
+                await cur.execute(Q["stamp_version"], {"version": SCHEMA_VERSION})
+
+    async def close(self) -> None:
+        """Stop listening and close the pool."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    # --- runs -------------------------------------------------------------------------------
+
+    async def create_run(self, run: RunInfo) -> None:
+        """Insert a run; an existing id is a StoreError."""
+        row = run_row(run)
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["create_run"], row)
+            await cur.execute(Q["notify"], {"run_id": run.id})
+
+        await self._tx(go)
+
+    async def set_run_status(self, run_id: str, status: str) -> None:
+        """Change a run's status."""
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["set_run_status"], {"run_id": run_id, "status": status})
+            if cur.rowcount == 0:
+                raise unknown_run(run_id)
+            await cur.execute(Q["notify"], {"run_id": run_id})
+
+        await self._tx(go)
+
+    async def load(self, run_id: str) -> RunState:
+        """Everything about one run, read in one snapshot."""
+        args = {"run_id": run_id}
+
+        async def go(cur: Cursor) -> RunState:
+            await cur.execute(Q["get_run"], args)
+            row = await cur.fetchone()
+            if row is None:
+                raise unknown_run(run_id)
+            await cur.execute(Q["get_tasks"], args)
+            tasks = [task_from_row(r, keep_json) for r in await cur.fetchall()]
+            await cur.execute(Q["get_events"], args)
+            events = [event_from_row(r, keep_json) for r in await cur.fetchall()]
+            await cur.execute(Q["get_effects"], args)
+            effects = [effect_from_row(r, keep_json) for r in await cur.fetchall()]
+            return RunState(
+                run_from_row(row, keep_json), tasks, events, {e.task_id: e for e in effects}
+            )
+
+        return await self._tx(go, snapshot=True)
+
+    async def list_runs(self) -> list[RunSummary]:
+        """Every run, oldest first, with its task counts."""
+
+        async def go(cur: Cursor) -> list[RunSummary]:
+            await cur.execute(Q["list_runs"])
+            runs = [run_from_row(r, keep_json) for r in await cur.fetchall()]
+            await cur.execute(Q["count_tasks"])
+            return summarize(runs, await cur.fetchall())
+
+        return await self._tx(go, snapshot=True)
+
+    # --- tasks and events -------------------------------------------------------------------
+
+    @staticmethod
+    async def _touch(cur: Cursor, run_id: str) -> None:
+        await cur.execute(Q["touch_run"], {"run_id": run_id})
+        if await cur.fetchone() is None:
+            raise unknown_run(run_id)
+
+    @staticmethod
+    async def _raise_next_seq(cur: Cursor, run_id: str, events: Sequence[dict[str, Any]]) -> None:
+        if events:
+            after = max(e["seq"] for e in events) + 1
+            await cur.execute(Q["raise_next_seq"], {"run_id": run_id, "after": after})
+
+    @staticmethod
+    async def _take_seqs(cur: Cursor, run_id: str, n: int) -> int:
+        await cur.execute(Q["take_seqs"], {"run_id": run_id, "n": n})
+        row = await cur.fetchone()
+        if row is None:
+            raise unknown_run(run_id)
+        return int(row["first"])
+
+    async def _append_started(
+        self, cur: Cursor, run_id: str, tasks: Sequence[Task], now: float
+    ) -> None:
+        first = await self._take_seqs(cur, run_id, len(tasks))
+        rows = [event_row(run_id, started_event(t, now, first + i)) for i, t in enumerate(tasks)]
+        await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
+        await cur.execute(Q["notify"], {"run_id": run_id})
+
+    async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
+        """Insert new task rows and their events in one transaction."""
+        task_rows = [task_row(run_id, t) for t in tasks]
+        event_rows = [event_row(run_id, e) for e in events]
+
+        tasks_in = _arrays(run_id, task_rows, TASK_COLUMNS)
+        events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
+
+        async def go(cur: Cursor) -> None:
+            await self._touch(cur, run_id)
+            if task_rows:
+                await cur.execute(Q["insert_tasks"], tasks_in)
+            if event_rows:
+                await cur.execute(Q["insert_events"], events_in)
+            await self._raise_next_seq(cur, run_id, event_rows)
+
+        await self._tx(go)
+
+    async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
+        """Upsert every task row and append every event, all or nothing."""
+        if not changes:
+            return
+        task_rows = [task_row(run_id, t) for t, _ in changes]
+        event_rows = [event_row(run_id, e) for _, e in changes]
+
+        tasks_in = _arrays(run_id, _last_change_per_task(task_rows), TASK_COLUMNS)
+        events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
+
+        async def go(cur: Cursor) -> None:
+            await self._touch(cur, run_id)
+            await cur.execute(Q["upsert_tasks"], tasks_in)
+            await cur.execute(Q["insert_events"], events_in)
+            await self._raise_next_seq(cur, run_id, event_rows)
+
+        await self._tx(go)
+
+    async def write_fenced(
+        self, run_id: str, task: Task, event: Event, expect_token: int
+    ) -> bool:
+        """Apply one change only over ``expect_token`` and an unfinished row."""
+        row = task_row(run_id, task) | {"expect_token": expect_token}
+
+        async def go(cur: Cursor) -> bool:
+            await cur.execute(Q["fenced_update"], row)
+            if await cur.fetchone() is None:
+                return False
+            seq = await self._take_seqs(cur, run_id, 1)
+            rows = [event_row(run_id, event, seq)]
+            await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
+            await cur.execute(Q["notify"], {"run_id": run_id})
+            return True
+
+        return await self._tx(go)
+
+    # --- effects ----------------------------------------------------------------------------
+
+    async def effect_begin(self, run_id: str, task_id: str, key: str, at: float) -> EffectRecord:
+        """Insert a ``started`` effect unless one exists; return the stored record."""
+        args = {"run_id": run_id, "task_id": task_id, "key": key, "at": at}
+
+        async def go(cur: Cursor) -> EffectRecord:
+            await cur.execute(Q["get_run"], args)
+            if await cur.fetchone() is None:
+                raise unknown_run(run_id)
+            await cur.execute(Q["effect_begin"], args)
+            await cur.execute(Q["get_effect"], args)
+            row = await cur.fetchone()
+            if row is None:  # only if the run was deleted in between
+                raise unknown_run(run_id)
+            return effect_from_row(row, keep_json)
+
+        return await self._tx(go)
+
+    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
+        """Mark a begun effect applied; an applied one stays as it is."""
+        args = {
+            "run_id": run_id,
+            "task_id": task_id,
+            "result": dump_json(result, f"effect result of task {task_id!r}"),
+            "at": at,
+        }
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["effect_done"], args)
+            if cur.rowcount == 0:
+                await cur.execute(Q["get_effect"], args)
+                if await cur.fetchone() is None:
+                    raise StoreError(f"no effect begun for task {task_id!r} of run {run_id!r}")
+
+        await self._tx(go)
+
+    # --- workers and distribution -----------------------------------------------------------
+
+    async def register_worker(
+        self, run_id: str, name: str, kinds: Sequence[str], capacity: int, at: float
+    ) -> None:
+        """Register (or re-register) a worker for a run."""
+        args = {
+            "run_id": run_id,
+            "name": name,
+            "kinds": dump_json(list(kinds), f"kinds of worker {name!r}"),
+            "capacity": capacity,
+            "at": at,
+        }
+
+        async def go(cur: Cursor) -> None:
+            await self._touch(cur, run_id)
+            await cur.execute(Q["register_worker"], args)
+
+        await self._tx(go)
+
+    async def heartbeat_worker(self, run_id: str, name: str, at: float) -> None:
+        """Record that a registered worker is alive; an unknown worker is a StoreError."""
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["heartbeat_worker"], {"run_id": run_id, "name": name, "at": at})
+            if cur.rowcount == 0:
+                raise StoreError(f"unknown worker {name!r} in run {run_id!r}")
+
+        await self._tx(go)
+
+    async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
+        """Registered workers with their in-flight task counts (``active``)."""
+
+        async def go(cur: Cursor) -> list[dict[str, Any]]:
+            await cur.execute(Q["list_workers"], {"run_id": run_id})
+            return [worker_from_row(r, keep_json) for r in await cur.fetchall()]
+
+        return await self._tx(go)
+
+    async def claim(
+        self,
+        run_id: str,
+        worker: str,
+        kinds: Sequence[str],
+        now: float,
+        lease_s: float,
+        limit: int = 1,
+    ) -> list[Task]:
+        """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
+        if limit < 1 or not kinds:
+            return []
+        args = {
+            "run_id": run_id,
+            "worker": worker,
+            "kinds": list(kinds),
+            "now": now,
+            "lease": now + lease_s,
+            "limit": limit,
+        }
+
+        async def go(cur: Cursor) -> list[Task]:
+            await cur.execute(Q["claim"], args)
+            tasks = _by_pos(await cur.fetchall())
+            if tasks:
+                await self._append_started(cur, run_id, tasks, now)
+            return tasks
+
+        return await self._tx(go)
+
+    async def take_assigned(
+        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+    ) -> list[Task]:
+        """Move tasks assigned to ``worker`` to running (push mode)."""
+        if limit < 1:
+            return []
+        args = {
+            "run_id": run_id,
+            "worker": worker,
+            "now": now,
+            "lease": now + lease_s,
+            "limit": limit,
+        }
+
+        async def go(cur: Cursor) -> list[Task]:
+            await cur.execute(Q["take_assigned"], args)
+            tasks = _by_pos(await cur.fetchall())
+            if tasks:
+                await self._append_started(cur, run_id, tasks, now)
+            return tasks
+
+        return await self._tx(go)
+
+    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
+        """Extend a lease; False when the token is stale or the task is not in flight."""
+        args = {"run_id": run_id, "task_id": task_id, "token": token, "lease": lease}
+
+        async def go(cur: Cursor) -> bool:
+            await cur.execute(Q["renew"], args)
+            return cur.rowcount == 1
+
+        return await self._tx(go)
+
+    async def expired(self, run_id: str, now: float) -> list[Task]:
+        """Assigned or running tasks whose lease is before ``now``."""
+
+        async def go(cur: Cursor) -> list[Task]:
+            await cur.execute(Q["expired"], {"run_id": run_id, "now": now})
+            return [task_from_row(r, keep_json) for r in await cur.fetchall()]
+
+        return await self._tx(go)
+
+    # --- notifications ----------------------------------------------------------------------
+
+    async def wait_for_change(self, run_id: str, timeout: float) -> None:
+        """Wait for a ``NOTIFY`` about the run, or ``timeout`` seconds.
+
+        Without a listening connection (it could not connect) this is a plain sleep: the
+        caller polls, as it would with SQLite.
+        """
+        if await self._listening():
+            await self._waiters.wait(run_id, timeout)
+        else:
+            await asyncio.sleep(timeout)
+
+    async def _listening(self) -> bool:
+        async with self._listen_lock:
+            if self._listener is not None and not self._listener.done():
+                return True
+            if self._pool is None:
+                return False
+            try:
+                conn = await self._connect(autocommit=True)
+                await conn.execute(f"LISTEN {CHANNEL}")
+            except self._drivers.psycopg.Error as exc:
+                log.warning("%s: cannot LISTEN, polling instead: %s", self.url, one_line(exc))
+                return False
+            self._listener = asyncio.create_task(self._listen(conn), name="planrun-listen")
+            return True
+
+    async def _listen(self, conn: AsyncConnection[Any]) -> None:
+        try:
+            async with conn:
+                async for note in conn.notifies():
+                    self._waiters.notify(note.payload)
+        except self._drivers.psycopg.Error as exc:
+            log.warning("%s: listening connection lost: %s", self.url, one_line(exc))

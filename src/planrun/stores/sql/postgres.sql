@@ -1,0 +1,307 @@
+-- Named queries of the PostgreSQL store (planrun.stores.postgres).
+-- Parameters use psycopg's %(name)s style. JSON columns are jsonb; the store sends JSON
+-- text (planrun.stores.base.dump_json) cast with ::jsonb, and psycopg decodes on reading.
+-- Tables live in the first schema of the connection's search_path.
+
+-- name: schema_lock
+-- Serialises concurrent open() calls (several worker processes starting at once).
+SELECT pg_advisory_xact_lock(4242170301);
+
+-- name: schema_table
+CREATE TABLE IF NOT EXISTS planrun_schema (version integer NOT NULL);
+
+-- name: schema_version
+SELECT max(version) AS version FROM planrun_schema;
+
+-- name: clear_version
+DELETE FROM planrun_schema;
+
+-- name: stamp_version
+INSERT INTO planrun_schema (version) VALUES (%(version)s);
+
+-- name: snapshot
+-- Reads of a whole run see one snapshot.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: migrate_1
+-- The first schema: runs, tasks (one column per Task field), events, effects, workers.
+-- Dependencies stay in the depends_on jsonb array; claim reads it in the query.
+CREATE TABLE planrun_runs (
+    id          text PRIMARY KEY,
+    created_at  double precision NOT NULL,
+    status      text NOT NULL,
+    goal        text NOT NULL,
+    meta        jsonb NOT NULL,
+    next_seq    bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE planrun_tasks (
+    run_id       text NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    id           text NOT NULL,
+    pos          bigserial NOT NULL,
+    kind         text NOT NULL,
+    payload      jsonb NOT NULL,
+    status       text NOT NULL,
+    assigned_to  text,
+    attempts     integer NOT NULL,
+    max_attempts integer NOT NULL,
+    result       jsonb,
+    error        text,
+    error_class  text,
+    cause        text,
+    depends_on   jsonb NOT NULL,
+    estimate_s   double precision NOT NULL,
+    resources    jsonb NOT NULL,
+    lease        double precision,
+    token        bigint NOT NULL,
+    reclaims     integer NOT NULL,
+    not_before   double precision,
+    created_at   double precision,
+    started_at   double precision,
+    finished_at  double precision,
+    PRIMARY KEY (run_id, id)
+);
+CREATE INDEX planrun_tasks_ready ON planrun_tasks (run_id, status, kind, pos);
+CREATE TABLE planrun_events (
+    id       bigserial PRIMARY KEY,
+    run_id   text NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    seq      bigint NOT NULL,
+    at       double precision NOT NULL,
+    task     text NOT NULL,
+    event    text NOT NULL,
+    worker   text,
+    attempt  bigint NOT NULL,
+    detail   jsonb NOT NULL
+);
+CREATE INDEX planrun_events_run ON planrun_events (run_id, seq);
+CREATE TABLE planrun_effects (
+    run_id   text NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    task_id  text NOT NULL,
+    key      text NOT NULL,
+    state    text NOT NULL,
+    result   jsonb,
+    at       double precision NOT NULL,
+    PRIMARY KEY (run_id, task_id)
+);
+CREATE TABLE planrun_workers (
+    run_id          text NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    name            text NOT NULL,
+    kinds           jsonb NOT NULL,
+    capacity        integer NOT NULL,
+    registered_at   double precision NOT NULL,
+    last_heartbeat  double precision NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+
+-- name: notify
+-- Wakes every wait_for_change() on the run; delivered when the transaction commits.
+SELECT pg_notify('planrun', %(run_id)s);
+
+-- name: touch_run
+-- Checks the run exists (no row: unknown run) and queues the change notification.
+SELECT pg_notify('planrun', id) FROM planrun_runs WHERE id = %(run_id)s;
+
+-- name: create_run
+INSERT INTO planrun_runs (id, created_at, status, goal, meta)
+VALUES (%(id)s, %(created_at)s, %(status)s, %(goal)s, %(meta)s::jsonb);
+
+-- name: set_run_status
+UPDATE planrun_runs SET status = %(status)s WHERE id = %(run_id)s;
+
+-- name: get_run
+SELECT id, created_at, status, goal, meta FROM planrun_runs WHERE id = %(run_id)s;
+
+-- name: list_runs
+SELECT id, created_at, status, goal, meta FROM planrun_runs ORDER BY created_at, id;
+
+-- name: count_tasks
+SELECT run_id, status, count(*) AS n FROM planrun_tasks GROUP BY run_id, status;
+
+-- name: insert_tasks
+-- A batch in one statement: one array per column (a task id twice is an error).
+INSERT INTO planrun_tasks (
+    run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
+    error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
+    not_before, created_at, started_at, finished_at
+)
+SELECT %(run_id)s, r.id, r.kind, r.payload::jsonb, r.status, r.assigned_to, r.attempts,
+       r.max_attempts, r.result::jsonb, r.error, r.error_class, r.cause, r.depends_on::jsonb,
+       r.estimate_s, r.resources::jsonb, r.lease, r.token, r.reclaims, r.not_before,
+       r.created_at, r.started_at, r.finished_at
+FROM unnest(
+    %(id)s::text[], %(kind)s::text[], %(payload)s::text[], %(status)s::text[],
+    %(assigned_to)s::text[], %(attempts)s::integer[], %(max_attempts)s::integer[],
+    %(result)s::text[], %(error)s::text[], %(error_class)s::text[], %(cause)s::text[],
+    %(depends_on)s::text[], %(estimate_s)s::float8[], %(resources)s::text[],
+    %(lease)s::float8[], %(token)s::bigint[], %(reclaims)s::integer[],
+    %(not_before)s::float8[], %(created_at)s::float8[], %(started_at)s::float8[],
+    %(finished_at)s::float8[]
+) WITH ORDINALITY AS r (
+    id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
+    error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
+    not_before, created_at, started_at, finished_at, n
+)
+ORDER BY r.n;
+
+-- name: upsert_tasks
+-- A batch in one statement: one array per column, at most one element per task id (the
+-- store keeps the last change of a task). Every column of the record is written; a row
+-- keeps its pos (its place in claim order).
+INSERT INTO planrun_tasks (
+    run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
+    error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
+    not_before, created_at, started_at, finished_at
+)
+SELECT %(run_id)s, r.id, r.kind, r.payload::jsonb, r.status, r.assigned_to, r.attempts,
+       r.max_attempts, r.result::jsonb, r.error, r.error_class, r.cause, r.depends_on::jsonb,
+       r.estimate_s, r.resources::jsonb, r.lease, r.token, r.reclaims, r.not_before,
+       r.created_at, r.started_at, r.finished_at
+FROM unnest(
+    %(id)s::text[], %(kind)s::text[], %(payload)s::text[], %(status)s::text[],
+    %(assigned_to)s::text[], %(attempts)s::integer[], %(max_attempts)s::integer[],
+    %(result)s::text[], %(error)s::text[], %(error_class)s::text[], %(cause)s::text[],
+    %(depends_on)s::text[], %(estimate_s)s::float8[], %(resources)s::text[],
+    %(lease)s::float8[], %(token)s::bigint[], %(reclaims)s::integer[],
+    %(not_before)s::float8[], %(created_at)s::float8[], %(started_at)s::float8[],
+    %(finished_at)s::float8[]
+) WITH ORDINALITY AS r (
+    id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
+    error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
+    not_before, created_at, started_at, finished_at, n
+)
+ORDER BY r.n
+ON CONFLICT (run_id, id) DO UPDATE SET
+    kind = EXCLUDED.kind, payload = EXCLUDED.payload, status = EXCLUDED.status,
+    assigned_to = EXCLUDED.assigned_to, attempts = EXCLUDED.attempts,
+    max_attempts = EXCLUDED.max_attempts, result = EXCLUDED.result, error = EXCLUDED.error,
+    error_class = EXCLUDED.error_class, cause = EXCLUDED.cause,
+    depends_on = EXCLUDED.depends_on, estimate_s = EXCLUDED.estimate_s,
+    resources = EXCLUDED.resources, lease = EXCLUDED.lease, token = EXCLUDED.token,
+    reclaims = EXCLUDED.reclaims, not_before = EXCLUDED.not_before,
+    created_at = EXCLUDED.created_at, started_at = EXCLUDED.started_at,
+    finished_at = EXCLUDED.finished_at;
+
+-- name: fenced_update
+-- The write of a result from another process: only over the token it was given, and
+-- never over a finished row.
+UPDATE planrun_tasks SET
+    kind = %(kind)s, payload = %(payload)s::jsonb, status = %(status)s,
+    assigned_to = %(assigned_to)s, attempts = %(attempts)s, max_attempts = %(max_attempts)s,
+    result = %(result)s::jsonb, error = %(error)s, error_class = %(error_class)s,
+    cause = %(cause)s, depends_on = %(depends_on)s::jsonb, estimate_s = %(estimate_s)s,
+    resources = %(resources)s::jsonb, lease = %(lease)s, token = %(token)s,
+    reclaims = %(reclaims)s, not_before = %(not_before)s, created_at = %(created_at)s,
+    started_at = %(started_at)s, finished_at = %(finished_at)s
+WHERE run_id = %(run_id)s AND id = %(id)s AND token = %(expect_token)s
+  AND status NOT IN ('completed', 'dead', 'cancelled')
+RETURNING id;
+
+-- name: get_tasks
+SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s ORDER BY pos;
+
+-- name: insert_events
+-- A batch in one statement, one array per column; ids follow the order given.
+INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, detail)
+SELECT %(run_id)s, e.seq, e.at, e.task, e.event, e.worker, e.attempt, e.detail::jsonb
+FROM unnest(
+    %(seq)s::bigint[], %(at)s::float8[], %(task)s::text[], %(event)s::text[],
+    %(worker)s::text[], %(attempt)s::bigint[], %(detail)s::text[]
+) WITH ORDINALITY AS e (seq, at, task, event, worker, attempt, detail, n)
+ORDER BY e.n;
+
+-- name: get_events
+SELECT seq, at, task, event, worker, attempt, detail FROM planrun_events
+WHERE run_id = %(run_id)s ORDER BY seq, id;
+
+-- name: raise_next_seq
+-- After events with caller-assigned seqs: keep the counter past the highest one.
+UPDATE planrun_runs SET next_seq = GREATEST(next_seq, %(after)s) WHERE id = %(run_id)s;
+
+-- name: take_seqs
+-- Reserve n seqs for events made inside the store. The run row stays locked until
+-- commit, so concurrent claimers get disjoint ranges.
+UPDATE planrun_runs SET next_seq = next_seq + %(n)s WHERE id = %(run_id)s
+RETURNING next_seq - %(n)s AS first;
+
+-- name: claim
+-- Pull: up to `limit` ready tasks (pending, of one of `kinds`, past not_before, every
+-- dependency completed; a missing dependency counts as not completed), skipping rows
+-- another claimer holds, move to running on `worker` with a new token. The locking
+-- subquery is a MATERIALIZED CTE so that it runs once: inlined, the planner may rescan it
+-- per row of a semi-join and update more than `limit` rows.
+WITH picked AS MATERIALIZED (
+    SELECT c.id FROM planrun_tasks AS c
+    WHERE c.run_id = %(run_id)s AND c.status = 'pending'
+      AND c.kind = ANY(%(kinds)s::text[])
+      AND (c.not_before IS NULL OR c.not_before <= %(now)s)
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_array_elements_text(c.depends_on) AS d (id)
+          LEFT JOIN planrun_tasks AS p ON p.run_id = c.run_id AND p.id = d.id
+          WHERE p.status IS DISTINCT FROM 'completed')
+    ORDER BY c.pos
+    LIMIT %(limit)s
+    FOR UPDATE OF c SKIP LOCKED)
+UPDATE planrun_tasks AS t
+SET status = 'running', assigned_to = %(worker)s, token = t.token + 1,
+    lease = %(lease)s, started_at = %(now)s
+WHERE t.run_id = %(run_id)s AND t.status = 'pending' AND t.id IN (SELECT id FROM picked)
+RETURNING t.*;
+
+-- name: take_assigned
+-- Push: tasks the supervisor assigned to `worker` (it already set their token) start.
+WITH picked AS MATERIALIZED (
+    SELECT c.id FROM planrun_tasks AS c
+    WHERE c.run_id = %(run_id)s AND c.status = 'assigned' AND c.assigned_to = %(worker)s
+    ORDER BY c.pos
+    LIMIT %(limit)s
+    FOR UPDATE OF c SKIP LOCKED)
+UPDATE planrun_tasks AS t
+SET status = 'running', lease = %(lease)s, started_at = %(now)s
+WHERE t.run_id = %(run_id)s AND t.status = 'assigned' AND t.id IN (SELECT id FROM picked)
+RETURNING t.*;
+
+-- name: renew
+UPDATE planrun_tasks SET lease = %(lease)s
+WHERE run_id = %(run_id)s AND id = %(task_id)s AND token = %(token)s
+  AND status IN ('assigned', 'running');
+
+-- name: expired
+SELECT * FROM planrun_tasks
+WHERE run_id = %(run_id)s AND status IN ('assigned', 'running') AND lease < %(now)s
+ORDER BY pos;
+
+-- name: effect_begin
+INSERT INTO planrun_effects (run_id, task_id, key, state, result, at)
+VALUES (%(run_id)s, %(task_id)s, %(key)s, 'started', 'null'::jsonb, %(at)s)
+ON CONFLICT (run_id, task_id) DO NOTHING;
+
+-- name: effect_done
+UPDATE planrun_effects SET state = 'applied', result = %(result)s::jsonb, at = %(at)s
+WHERE run_id = %(run_id)s AND task_id = %(task_id)s AND state = 'started';
+
+-- name: get_effect
+SELECT task_id, key, state, result, at FROM planrun_effects
+WHERE run_id = %(run_id)s AND task_id = %(task_id)s;
+
+-- name: get_effects
+SELECT task_id, key, state, result, at FROM planrun_effects
+WHERE run_id = %(run_id)s ORDER BY task_id;
+
+-- name: register_worker
+INSERT INTO planrun_workers (run_id, name, kinds, capacity, registered_at, last_heartbeat)
+VALUES (%(run_id)s, %(name)s, %(kinds)s::jsonb, %(capacity)s, %(at)s, %(at)s)
+ON CONFLICT (run_id, name) DO UPDATE SET
+    kinds = EXCLUDED.kinds, capacity = EXCLUDED.capacity,
+    registered_at = EXCLUDED.registered_at, last_heartbeat = EXCLUDED.last_heartbeat;
+
+-- name: heartbeat_worker
+UPDATE planrun_workers SET last_heartbeat = GREATEST(last_heartbeat, %(at)s)
+WHERE run_id = %(run_id)s AND name = %(name)s;
+
+-- name: list_workers
+SELECT w.name, w.kinds, w.capacity, w.last_heartbeat,
+       (SELECT count(*) FROM planrun_tasks AS t
+        WHERE t.run_id = w.run_id AND t.assigned_to = w.name
+          AND t.status IN ('assigned', 'running')) AS active
+FROM planrun_workers AS w
+WHERE w.run_id = %(run_id)s
+ORDER BY w.name;

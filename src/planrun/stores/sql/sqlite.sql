@@ -1,0 +1,252 @@
+-- Named queries of the SQLite store (planrun.stores.sqlite).
+-- Parameters use sqlite3's :name style. JSON columns hold text written by
+-- planrun.stores.base.dump_json; json_each() reads them inside queries.
+
+-- name: schema_table
+CREATE TABLE IF NOT EXISTS planrun_schema (version INTEGER NOT NULL);
+
+-- name: schema_version
+SELECT max(version) AS version FROM planrun_schema;
+
+-- name: clear_version
+DELETE FROM planrun_schema;
+
+-- name: stamp_version
+INSERT INTO planrun_schema (version) VALUES (:version);
+
+-- name: migrate_1
+-- The first schema: runs, tasks (one column per Task field), events, effects, workers.
+CREATE TABLE planrun_runs (
+    id          TEXT PRIMARY KEY,
+    created_at  REAL NOT NULL,
+    status      TEXT NOT NULL,
+    goal        TEXT NOT NULL,
+    meta        TEXT NOT NULL,
+    next_seq    INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE planrun_tasks (
+    run_id       TEXT NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    id           TEXT NOT NULL,
+    kind         TEXT NOT NULL,
+    payload      TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    assigned_to  TEXT,
+    attempts     INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    result       TEXT,
+    error        TEXT,
+    error_class  TEXT,
+    cause        TEXT,
+    depends_on   TEXT NOT NULL,
+    estimate_s   REAL NOT NULL,
+    resources    TEXT NOT NULL,
+    lease        REAL,
+    token        INTEGER NOT NULL,
+    reclaims     INTEGER NOT NULL,
+    not_before   REAL,
+    created_at   REAL,
+    started_at   REAL,
+    finished_at  REAL,
+    PRIMARY KEY (run_id, id)
+);
+CREATE INDEX planrun_tasks_ready ON planrun_tasks (run_id, status, kind);
+CREATE TABLE planrun_events (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id   TEXT NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    seq      INTEGER NOT NULL,
+    at       REAL NOT NULL,
+    task     TEXT NOT NULL,
+    event    TEXT NOT NULL,
+    worker   TEXT,
+    attempt  INTEGER NOT NULL,
+    detail   TEXT NOT NULL
+);
+CREATE INDEX planrun_events_run ON planrun_events (run_id, seq);
+CREATE TABLE planrun_effects (
+    run_id   TEXT NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    task_id  TEXT NOT NULL,
+    key      TEXT NOT NULL,
+    state    TEXT NOT NULL,
+    result   TEXT,
+    at       REAL NOT NULL,
+    PRIMARY KEY (run_id, task_id)
+);
+CREATE TABLE planrun_workers (
+    run_id          TEXT NOT NULL REFERENCES planrun_runs (id) ON DELETE CASCADE,
+    name            TEXT NOT NULL,
+    kinds           TEXT NOT NULL,
+    capacity        INTEGER NOT NULL,
+    registered_at   REAL NOT NULL,
+    last_heartbeat  REAL NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+
+-- name: create_run
+INSERT INTO planrun_runs (id, created_at, status, goal, meta)
+VALUES (:id, :created_at, :status, :goal, :meta);
+
+-- name: set_run_status
+UPDATE planrun_runs SET status = :status WHERE id = :run_id;
+
+-- name: get_run
+SELECT id, created_at, status, goal, meta FROM planrun_runs WHERE id = :run_id;
+
+-- name: list_runs
+SELECT id, created_at, status, goal, meta FROM planrun_runs ORDER BY created_at, id;
+
+-- name: count_tasks
+SELECT run_id, status, count(*) AS n FROM planrun_tasks GROUP BY run_id, status;
+
+-- name: insert_task
+INSERT INTO planrun_tasks (
+    run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
+    error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
+    not_before, created_at, started_at, finished_at
+) VALUES (
+    :run_id, :id, :kind, :payload, :status, :assigned_to, :attempts, :max_attempts, :result,
+    :error, :error_class, :cause, :depends_on, :estimate_s, :resources, :lease, :token,
+    :reclaims, :not_before, :created_at, :started_at, :finished_at
+);
+
+-- name: upsert_task
+-- Every column of the record; a row keeps its rowid (its place in claim order).
+INSERT INTO planrun_tasks (
+    run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
+    error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
+    not_before, created_at, started_at, finished_at
+) VALUES (
+    :run_id, :id, :kind, :payload, :status, :assigned_to, :attempts, :max_attempts, :result,
+    :error, :error_class, :cause, :depends_on, :estimate_s, :resources, :lease, :token,
+    :reclaims, :not_before, :created_at, :started_at, :finished_at
+)
+ON CONFLICT (run_id, id) DO UPDATE SET
+    kind = excluded.kind, payload = excluded.payload, status = excluded.status,
+    assigned_to = excluded.assigned_to, attempts = excluded.attempts,
+    max_attempts = excluded.max_attempts, result = excluded.result, error = excluded.error,
+    error_class = excluded.error_class, cause = excluded.cause,
+    depends_on = excluded.depends_on, estimate_s = excluded.estimate_s,
+    resources = excluded.resources, lease = excluded.lease, token = excluded.token,
+    reclaims = excluded.reclaims, not_before = excluded.not_before,
+    created_at = excluded.created_at, started_at = excluded.started_at,
+    finished_at = excluded.finished_at;
+
+-- name: fenced_update
+-- The write of a result from another process: only over the token it was given, and
+-- never over a finished row.
+UPDATE planrun_tasks SET
+    kind = :kind, payload = :payload, status = :status, assigned_to = :assigned_to,
+    attempts = :attempts, max_attempts = :max_attempts, result = :result, error = :error,
+    error_class = :error_class, cause = :cause, depends_on = :depends_on,
+    estimate_s = :estimate_s, resources = :resources, lease = :lease, token = :token,
+    reclaims = :reclaims, not_before = :not_before, created_at = :created_at,
+    started_at = :started_at, finished_at = :finished_at
+WHERE run_id = :run_id AND id = :id AND token = :expect_token
+  AND status NOT IN ('completed', 'dead', 'cancelled');
+
+-- name: get_tasks
+SELECT * FROM planrun_tasks WHERE run_id = :run_id ORDER BY rowid;
+
+-- name: get_tasks_by_ids
+SELECT * FROM planrun_tasks
+WHERE run_id = :run_id AND id IN (SELECT value FROM json_each(:ids))
+ORDER BY rowid;
+
+-- name: insert_event
+INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, detail)
+VALUES (:run_id, :seq, :at, :task, :event, :worker, :attempt, :detail);
+
+-- name: get_events
+SELECT seq, at, task, event, worker, attempt, detail FROM planrun_events
+WHERE run_id = :run_id ORDER BY seq, id;
+
+-- name: raise_next_seq
+-- After events with caller-assigned seqs: keep the counter past the highest one.
+UPDATE planrun_runs SET next_seq = max(next_seq, :after) WHERE id = :run_id;
+
+-- name: take_seqs
+-- Reserve :n seqs for events made inside the store; the first is next_seq - :n.
+UPDATE planrun_runs SET next_seq = next_seq + :n WHERE id = :run_id;
+
+-- name: get_next_seq
+SELECT next_seq FROM planrun_runs WHERE id = :run_id;
+
+-- name: claim_candidates
+-- Ready tasks: pending, of one of :kinds (a JSON list), past not_before, and every
+-- dependency completed (a missing dependency counts as not completed).
+SELECT c.id FROM planrun_tasks AS c
+WHERE c.run_id = :run_id AND c.status = 'pending'
+  AND c.kind IN (SELECT value FROM json_each(:kinds))
+  AND (c.not_before IS NULL OR c.not_before <= :now)
+  AND NOT EXISTS (
+      SELECT 1 FROM json_each(c.depends_on) AS d
+      LEFT JOIN planrun_tasks AS p ON p.run_id = c.run_id AND p.id = d.value
+      WHERE p.status IS NOT 'completed')
+ORDER BY c.rowid
+LIMIT :limit;
+
+-- name: assigned_candidates
+SELECT id FROM planrun_tasks
+WHERE run_id = :run_id AND status = 'assigned' AND assigned_to = :worker
+ORDER BY rowid
+LIMIT :limit;
+
+-- name: start_tasks
+-- Claim (pull): a new token for the new owner.
+UPDATE planrun_tasks
+SET status = 'running', assigned_to = :worker, token = token + 1, lease = :lease,
+    started_at = :now
+WHERE run_id = :run_id AND status = 'pending' AND id IN (SELECT value FROM json_each(:ids));
+
+-- name: start_assigned
+-- Push: the supervisor already gave the task its token when it assigned it.
+UPDATE planrun_tasks
+SET status = 'running', lease = :lease, started_at = :now
+WHERE run_id = :run_id AND status = 'assigned' AND assigned_to = :worker
+  AND id IN (SELECT value FROM json_each(:ids));
+
+-- name: renew
+UPDATE planrun_tasks SET lease = :lease
+WHERE run_id = :run_id AND id = :task_id AND token = :token
+  AND status IN ('assigned', 'running');
+
+-- name: expired
+SELECT * FROM planrun_tasks
+WHERE run_id = :run_id AND status IN ('assigned', 'running') AND lease < :now
+ORDER BY rowid;
+
+-- name: effect_begin
+INSERT INTO planrun_effects (run_id, task_id, key, state, result, at)
+VALUES (:run_id, :task_id, :key, 'started', 'null', :at)
+ON CONFLICT (run_id, task_id) DO NOTHING;
+
+-- name: effect_done
+UPDATE planrun_effects SET state = 'applied', result = :result, at = :at
+WHERE run_id = :run_id AND task_id = :task_id AND state = 'started';
+
+-- name: get_effect
+SELECT task_id, key, state, result, at FROM planrun_effects
+WHERE run_id = :run_id AND task_id = :task_id;
+
+-- name: get_effects
+SELECT task_id, key, state, result, at FROM planrun_effects
+WHERE run_id = :run_id ORDER BY task_id;
+
+-- name: register_worker
+INSERT INTO planrun_workers (run_id, name, kinds, capacity, registered_at, last_heartbeat)
+VALUES (:run_id, :name, :kinds, :capacity, :at, :at)
+ON CONFLICT (run_id, name) DO UPDATE SET
+    kinds = excluded.kinds, capacity = excluded.capacity,
+    registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat;
+
+-- name: heartbeat_worker
+UPDATE planrun_workers SET last_heartbeat = max(last_heartbeat, :at)
+WHERE run_id = :run_id AND name = :name;
+
+-- name: list_workers
+SELECT w.name, w.kinds, w.capacity, w.last_heartbeat,
+       (SELECT count(*) FROM planrun_tasks AS t
+        WHERE t.run_id = w.run_id AND t.assigned_to = w.name
+          AND t.status IN ('assigned', 'running')) AS active
+FROM planrun_workers AS w
+WHERE w.run_id = :run_id
+ORDER BY w.name;

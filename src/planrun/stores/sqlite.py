@@ -1,0 +1,479 @@
+"""The SQLite store: one file, one connection, one transaction per call.
+
+The file runs in WAL mode with ``synchronous=NORMAL`` (a commit survives a process crash;
+a power cut may lose the last few) and a busy timeout, so several processes can share it.
+Every write starts with ``BEGIN IMMEDIATE``: it takes the write lock up front, which makes
+:meth:`SQLiteStore.claim` atomic across processes and never turns a reader into a writer
+that deadlocks. Batches go through ``executemany``.
+
+sqlite3 blocks, so calls run on one private thread (the connection's only user) and the
+event loop stays free; ``inline=True`` runs them on the loop's thread instead, which keeps
+a :class:`planrun.clock.VirtualClock` from advancing while a query runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from planrun.errors import StoreError
+from planrun.ledger import Event
+from planrun.stores.base import (
+    SCHEMA_VERSION,
+    EffectRecord,
+    RunInfo,
+    RunState,
+    RunSummary,
+    Waiters,
+    dump_json,
+    effect_from_row,
+    event_from_row,
+    event_row,
+    load_queries,
+    newer_schema,
+    one_line,
+    run_from_row,
+    run_row,
+    started_event,
+    summarize,
+    task_from_row,
+    task_row,
+    unknown_run,
+    worker_from_row,
+)
+from planrun.task import Task
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+Q = load_queries("sqlite")
+
+
+def _dict_row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> Row:
+    return {col[0]: value for col, value in zip(cursor.description, values, strict=True)}
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+    conn.execute(begin)
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a script into statements (sqlite3's ``execute`` takes one at a time)."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending.strip()
+            pending = ""
+    if pending.strip():
+        yield pending.strip()
+
+
+def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
+    if conn.execute(Q["get_run"], {"run_id": run_id}).fetchone() is None:
+        raise unknown_run(run_id)
+
+
+def _raise_next_seq(conn: sqlite3.Connection, run_id: str, events: Sequence[Row]) -> None:
+    if events:
+        after = max(e["seq"] for e in events) + 1
+        conn.execute(Q["raise_next_seq"], {"run_id": run_id, "after": after})
+
+
+def _take_seqs(conn: sqlite3.Connection, run_id: str, n: int) -> int:
+    """Reserve ``n`` seqs of the run's counter; return the first."""
+    conn.execute(Q["take_seqs"], {"run_id": run_id, "n": n})
+    row = conn.execute(Q["get_next_seq"], {"run_id": run_id}).fetchone()
+    return int(row["next_seq"]) - n
+
+
+def _append_started(
+    conn: sqlite3.Connection, run_id: str, tasks: Sequence[Task], now: float
+) -> None:
+    first = _take_seqs(conn, run_id, len(tasks))
+    rows = [event_row(run_id, started_event(t, now, first + i)) for i, t in enumerate(tasks)]
+    conn.executemany(Q["insert_event"], rows)
+
+
+def _tasks_by_ids(conn: sqlite3.Connection, run_id: str, ids: str) -> list[Task]:
+    rows = conn.execute(Q["get_tasks_by_ids"], {"run_id": run_id, "ids": ids})
+    return [task_from_row(r) for r in rows]
+
+
+class SQLiteStore:
+    """A :class:`~planrun.stores.base.Store` in one SQLite file.
+
+    Args:
+        path: the database file (created when absent), or ``":memory:"``.
+        busy_timeout: seconds a call waits for another connection's write lock.
+        inline: run queries on the event loop's thread instead of a private one.
+    """
+
+    def __init__(self, path: str, *, busy_timeout: float = 5.0, inline: bool = False) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self.busy_timeout = busy_timeout
+        self.inline = inline
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._waiters = Waiters()
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.url!r})"
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the store's thread; translate sqlite3 errors into StoreError."""
+        try:
+            if self._executor is None:
+                return fn()
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except (sqlite3.Error, OverflowError) as exc:
+            raise StoreError(f"{self.url}: {one_line(exc)}") from exc
+
+    async def _with_conn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"{self.url}: the store is not open (call open() first)")
+        return await self._run(lambda: fn(conn))
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.row_factory = _dict_row
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        with _transaction(conn):
+            conn.execute(Q["schema_table"])
+            found = conn.execute(Q["schema_version"]).fetchone()["version"] or 0
+            if found > SCHEMA_VERSION:
+                raise newer_schema(self.url, found)
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                for statement in _statements(Q[f"migrate_{version}"]):
+                    conn.execute(statement)
+            if found != SCHEMA_VERSION:
+                conn.execute(Q["clear_version"])
+                conn.execute(Q["stamp_version"], {"version": SCHEMA_VERSION})
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the file, set WAL mode, and create or migrate the schema."""
+        if self._conn is not None:
+            return
+        if not self.inline:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="planrun-sqlite")
+        try:
+            self._conn = await self._run(self._connect)
+        except BaseException:
+            self._shutdown()
+            raise
+
+    async def close(self) -> None:
+        """Close the connection and its thread."""
+        conn, self._conn = self._conn, None
+        try:
+            if conn is not None:
+                await self._run(conn.close)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    # --- runs -------------------------------------------------------------------------------
+
+    async def create_run(self, run: RunInfo) -> None:
+        """Insert a run; an existing id is a StoreError."""
+        row = run_row(run)
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                conn.execute(Q["create_run"], row)
+
+        await self._with_conn(go)
+        self._waiters.notify(run.id)
+
+    async def set_run_status(self, run_id: str, status: str) -> None:
+        """Change a run's status."""
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                if conn.execute(Q["set_run_status"], {"run_id": run_id, "status": status}) \
+                        .rowcount == 0:
+                    raise unknown_run(run_id)
+
+        await self._with_conn(go)
+        self._waiters.notify(run_id)
+
+    async def load(self, run_id: str) -> RunState:
+        """Everything about one run, read in one snapshot."""
+
+        def go(conn: sqlite3.Connection) -> RunState:
+            with _transaction(conn, "BEGIN"):
+                row = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
+                if row is None:
+                    raise unknown_run(run_id)
+                args = {"run_id": run_id}
+                tasks = [task_from_row(r) for r in conn.execute(Q["get_tasks"], args)]
+                events = [event_from_row(r) for r in conn.execute(Q["get_events"], args)]
+                effects = [effect_from_row(r) for r in conn.execute(Q["get_effects"], args)]
+            return RunState(run_from_row(row), tasks, events, {e.task_id: e for e in effects})
+
+        return await self._with_conn(go)
+
+    async def list_runs(self) -> list[RunSummary]:
+        """Every run, oldest first, with its task counts."""
+
+        def go(conn: sqlite3.Connection) -> list[RunSummary]:
+            with _transaction(conn, "BEGIN"):
+                runs = [run_from_row(r) for r in conn.execute(Q["list_runs"])]
+                counts = conn.execute(Q["count_tasks"]).fetchall()
+            return summarize(runs, counts)
+
+        return await self._with_conn(go)
+
+    # --- tasks and events -------------------------------------------------------------------
+
+    async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
+        """Insert new task rows and their events in one transaction."""
+        task_rows = [task_row(run_id, t) for t in tasks]
+        event_rows = [event_row(run_id, e) for e in events]
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                conn.executemany(Q["insert_task"], task_rows)
+                conn.executemany(Q["insert_event"], event_rows)
+                _raise_next_seq(conn, run_id, event_rows)
+
+        await self._with_conn(go)
+        self._waiters.notify(run_id)
+
+    async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
+        """Upsert every task row and append every event, all or nothing."""
+        if not changes:
+            return
+        task_rows = [task_row(run_id, t) for t, _ in changes]
+        event_rows = [event_row(run_id, e) for _, e in changes]
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                conn.executemany(Q["upsert_task"], task_rows)
+                conn.executemany(Q["insert_event"], event_rows)
+                _raise_next_seq(conn, run_id, event_rows)
+
+        await self._with_conn(go)
+        self._waiters.notify(run_id)
+
+    async def write_fenced(
+        self, run_id: str, task: Task, event: Event, expect_token: int
+    ) -> bool:
+        """Apply one change only over ``expect_token`` and an unfinished row."""
+        row = task_row(run_id, task) | {"expect_token": expect_token}
+
+        def go(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                if conn.execute(Q["fenced_update"], row).rowcount == 0:
+                    return False
+                seq = _take_seqs(conn, run_id, 1)
+                conn.execute(Q["insert_event"], event_row(run_id, event, seq))
+                return True
+
+        applied = await self._with_conn(go)
+        if applied:
+            self._waiters.notify(run_id)
+        return applied
+
+    # --- effects ----------------------------------------------------------------------------
+
+    async def effect_begin(self, run_id: str, task_id: str, key: str, at: float) -> EffectRecord:
+        """Insert a ``started`` effect unless one exists; return the stored record."""
+        args = {"run_id": run_id, "task_id": task_id, "key": key, "at": at}
+
+        def go(conn: sqlite3.Connection) -> EffectRecord:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                conn.execute(Q["effect_begin"], args)
+                return effect_from_row(conn.execute(Q["get_effect"], args).fetchone())
+
+        return await self._with_conn(go)
+
+    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
+        """Mark a begun effect applied; an applied one stays as it is."""
+        args = {
+            "run_id": run_id,
+            "task_id": task_id,
+            "result": dump_json(result, f"effect result of task {task_id!r}"),
+            "at": at,
+        }
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                if conn.execute(Q["effect_done"], args).rowcount == 0 and \
+                        conn.execute(Q["get_effect"], args).fetchone() is None:
+                    raise StoreError(f"no effect begun for task {task_id!r} of run {run_id!r}")
+
+        await self._with_conn(go)
+
+    # --- workers and distribution -----------------------------------------------------------
+
+    async def register_worker(
+        self, run_id: str, name: str, kinds: Sequence[str], capacity: int, at: float
+    ) -> None:
+        """Register (or re-register) a worker for a run."""
+        args = {
+            "run_id": run_id,
+            "name": name,
+            "kinds": dump_json(list(kinds), f"kinds of worker {name!r}"),
+            "capacity": capacity,
+            "at": at,
+        }
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                conn.execute(Q["register_worker"], args)
+
+        await self._with_conn(go)
+        self._waiters.notify(run_id)
+
+    async def heartbeat_worker(self, run_id: str, name: str, at: float) -> None:
+        """Record that a registered worker is alive; an unknown worker is a StoreError."""
+        args = {"run_id": run_id, "name": name, "at": at}
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                if conn.execute(Q["heartbeat_worker"], args).rowcount == 0:
+                    raise StoreError(f"unknown worker {name!r} in run {run_id!r}")
+
+        await self._with_conn(go)
+
+    async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
+        """Registered workers with their in-flight task counts (``active``)."""
+
+        def go(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows = conn.execute(Q["list_workers"], {"run_id": run_id})
+            return [worker_from_row(r) for r in rows]
+
+        return await self._with_conn(go)
+
+    async def claim(
+        self,
+        run_id: str,
+        worker: str,
+        kinds: Sequence[str],
+        now: float,
+        lease_s: float,
+        limit: int = 1,
+    ) -> list[Task]:
+        """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
+        if limit < 1 or not kinds:
+            return []
+        args: dict[str, Any] = {
+            "run_id": run_id,
+            "worker": worker,
+            "kinds": json.dumps(list(kinds)),
+            "now": now,
+            "lease": now + lease_s,
+            "limit": limit,
+        }
+
+        def go(conn: sqlite3.Connection) -> list[Task]:
+            with _transaction(conn):
+                ids = [r["id"] for r in conn.execute(Q["claim_candidates"], args)]
+                if not ids:
+                    return []
+                args["ids"] = json.dumps(ids)
+                conn.execute(Q["start_tasks"], args)
+                tasks = _tasks_by_ids(conn, run_id, args["ids"])
+                _append_started(conn, run_id, tasks, now)
+                return tasks
+
+        tasks = await self._with_conn(go)
+        if tasks:
+            self._waiters.notify(run_id)
+        return tasks
+
+    async def take_assigned(
+        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+    ) -> list[Task]:
+        """Move tasks assigned to ``worker`` to running (push mode)."""
+        if limit < 1:
+            return []
+        args: dict[str, Any] = {
+            "run_id": run_id,
+            "worker": worker,
+            "now": now,
+            "lease": now + lease_s,
+            "limit": limit,
+        }
+
+        def go(conn: sqlite3.Connection) -> list[Task]:
+            with _transaction(conn):
+                ids = [r["id"] for r in conn.execute(Q["assigned_candidates"], args)]
+                if not ids:
+                    return []
+                args["ids"] = json.dumps(ids)
+                conn.execute(Q["start_assigned"], args)
+                tasks = _tasks_by_ids(conn, run_id, args["ids"])
+                _append_started(conn, run_id, tasks, now)
+                return tasks
+
+        tasks = await self._with_conn(go)
+        if tasks:
+            self._waiters.notify(run_id)
+        return tasks
+
+    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
+        """Extend a lease; False when the token is stale or the task is not in flight."""
+        args = {"run_id": run_id, "task_id": task_id, "token": token, "lease": lease}
+
+        def go(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                return conn.execute(Q["renew"], args).rowcount == 1
+
+        return await self._with_conn(go)
+
+    async def expired(self, run_id: str, now: float) -> list[Task]:
+        """Assigned or running tasks whose lease is before ``now``."""
+
+        def go(conn: sqlite3.Connection) -> list[Task]:
+            rows = conn.execute(Q["expired"], {"run_id": run_id, "now": now})
+            return [task_from_row(r) for r in rows]
+
+        return await self._with_conn(go)
+
+    async def wait_for_change(self, run_id: str, timeout: float) -> None:
+        """Poll: wait ``timeout`` seconds, or less when this store itself writes the run."""
+        await self._waiters.wait(run_id, timeout)

@@ -1,0 +1,703 @@
+"""The store contract, run against every backend (memory, SQLite, PostgreSQL).
+
+PostgreSQL comes from ``PLANRUN_TEST_PG`` (default ``postgresql://postgres@127.0.0.1:5432/
+test``); each test gets a schema of its own, dropped afterwards. When no server answers,
+the PostgreSQL cases are skipped with the reason.
+
+The fixtures live here rather than in a ``conftest.py``: a second module named
+``conftest`` would shadow ``tests/conftest.py`` for the tests that import from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import multiprocessing
+import os
+import random
+import sqlite3
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from planrun.errors import StoreError
+from planrun.ledger import Event
+from planrun.stores import (
+    SCHEMA_VERSION,
+    PostgresStore,
+    RunInfo,
+    SQLiteStore,
+    Store,
+    mask_url,
+    open_store,
+)
+from planrun.task import Status, Task, transition
+
+PG_URL = os.environ.get("PLANRUN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+"""Parameters of the ``backend`` fixture."""
+
+PERSISTENT = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+"""The backends with a schema and a life beyond the process."""
+
+Connect = Callable[[], Awaitable[Store]]
+"""Opens another connection to the test's store (the same object for ``memory://``)."""
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@functools.cache
+def pg_unreachable() -> str | None:
+    """Why the test server cannot be used, or None when it answers."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install planrun[postgres])"
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return f"no PostgreSQL server at {mask_url(PG_URL)}: {str(exc).splitlines()[0]}"
+    return None
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` with a libpq ``options`` query that puts ``schema`` first on the search path."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A URL whose tables land in a fresh schema, dropped after the test."""
+    reason = pg_unreachable()
+    if reason is not None:
+        if os.environ.get("PLANRUN_REQUIRE_PG"):  # CI: a missing server is a failure
+            pytest.fail(reason)
+        pytest.skip(reason)
+    import psycopg
+
+    schema = f"planrun_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield with_search_path(PG_URL, schema)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test: ``memory``, ``sqlite`` or ``postgres``."""
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A URL of an empty store of ``backend``."""
+    if backend == "memory":
+        return "memory://"
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+async def connect(store_url: str) -> AsyncIterator[Connect]:
+    """Open stores on the test's database; all are closed after the test."""
+    opened: list[Store] = []
+    shared: Store | None = None
+
+    async def make() -> Store:
+        nonlocal shared
+        if store_url == "memory://" and shared is not None:
+            return shared
+        store = open_store(store_url)
+        await store.open()
+        opened.append(store)
+        shared = store
+        return store
+
+    yield make
+    for store in opened:
+        await store.close()
+
+
+@pytest.fixture
+async def store(connect: Connect) -> Store:
+    """An open, empty store of the backend under test."""
+    return await connect()
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:10]}"
+
+
+async def make_run(store: Store, tasks: list[Task], goal: str = "test") -> str:
+    """Create a run holding ``tasks`` (with one ``created`` event each); return its id."""
+    run_id = new_run_id()
+    await store.create_run(RunInfo(run_id, 1.0, goal=goal))
+    events = [Event(i, 1.0, t.id, "created") for i, t in enumerate(tasks)]
+    await store.add_tasks(run_id, tasks, events)
+    return run_id
+
+
+def chain(n: int, kind: str = "k") -> list[Task]:
+    """``n`` tasks, each depending on the one before."""
+    return [
+        Task(f"t{i}", kind, {"i": i}, depends_on=(f"t{i - 1}",) if i else ())
+        for i in range(n)
+    ]
+
+
+def completed(task: Task, at: float = 5.0) -> Task:
+    running = transition(transition(task, Status.ASSIGNED, assigned_to="w"), Status.RUNNING)
+    return transition(running, Status.COMPLETED, result={"ok": True}, finished_at=at)
+
+
+async def complete(store: Store, run_id: str, task: Task, seq: int) -> None:
+    await store.write(run_id, [(completed(task), Event(seq, 5.0, task.id, "completed"))])
+
+
+# --- runs, tasks, events --------------------------------------------------------------------
+
+
+async def test_round_trip_keeps_every_field(store: Store) -> None:
+    full = Task(
+        id="full",
+        kind="deploy",
+        payload={"nested": {"list": [1, 2.5, "x", None, True]}, "unicode": "ünï"},
+        status=Status.FAILED,
+        assigned_to="w1",
+        attempts=2,
+        max_attempts=5,
+        result={"partial": [1, 2]},
+        error="boom",
+        error_class="transient",
+        cause=None,
+        depends_on=("a", "b"),
+        estimate_s=2.5,
+        resources=("db", "cache"),
+        lease=12.5,
+        token=3,
+        reclaims=1,
+        not_before=20.0,
+        created_at=1.0,
+        started_at=2.0,
+        finished_at=3.0,
+    )
+    tasks = [Task("a", "k"), Task("b", "k", result="a plain string"), full]
+    run = RunInfo(new_run_id(), 123.5, goal="ship it", meta={"model": "m", "n": 3})
+    await store.create_run(run)
+    events = [
+        Event(0, 1.0, "a", "created"),
+        Event(1, 1.5, "full", "failed", worker="w1", attempt=3, detail={"retry_at": 20.0}),
+    ]
+    await store.add_tasks(run.id, tasks, events)
+
+    state = await store.load(run.id)
+
+    assert state.run == run
+    assert state.tasks == tasks
+    assert state.events == events
+    assert state.effects == {}
+
+
+async def test_write_upserts_rows_and_appends_events(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    a = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w", token=1)
+    b_new = Task("c", "k", {"late": True})
+    await store.write(
+        run_id,
+        [(a, Event(2, 2.0, "a", "assigned", "w", 1)), (b_new, Event(3, 2.0, "c", "created"))],
+    )
+    a_run = transition(a, Status.RUNNING, started_at=3.0)
+    await store.write(run_id, [(a_run, Event(4, 3.0, "a", "started", "w", 1))])
+
+    state = await store.load(run_id)
+
+    assert [t.id for t in state.tasks] == ["a", "b", "c"]
+    assert state.tasks[0] == a_run
+    assert state.tasks[2] == b_new
+    assert [(e.seq, e.event) for e in state.events] == [
+        (0, "created"), (1, "created"), (2, "assigned"), (3, "created"), (4, "started")
+    ]
+
+
+async def test_a_batch_may_change_a_task_twice(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    assigned = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w", token=1)
+    running = transition(assigned, Status.RUNNING, started_at=2.0)
+    added = Task("c", "k")
+    await store.write(
+        run_id,
+        [
+            (assigned, Event(2, 2.0, "a", "assigned", "w", 1)),
+            (added, Event(3, 2.0, "c", "created")),
+            (running, Event(4, 2.0, "a", "started", "w", 1)),
+        ],
+    )
+
+    state = await store.load(run_id)
+
+    assert state.tasks == [running, Task("b", "k"), added]
+    assert [e.event for e in state.events] == ["created", "created", "assigned", "created",
+                                               "started"]
+
+
+async def test_a_batch_with_a_bad_row_writes_nothing(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    before = await store.load(run_id)
+    good = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w")
+    bad = Task("b", None)  # type: ignore[arg-type]  # a NOT NULL column, refused by the DB
+
+    with pytest.raises(StoreError):
+        await store.write(
+            run_id, [(good, Event(2, 2.0, "a", "assigned")), (bad, Event(3, 2.0, "b", "x"))]
+        )
+
+    assert await store.load(run_id) == before
+
+
+async def test_a_value_that_is_not_json_writes_nothing(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    before = await store.load(run_id)
+    good = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w")
+    bad = Task("b", "k", {"when": object()})
+
+    with pytest.raises(StoreError, match="'b' payload cannot be stored as JSON"):
+        await store.write(
+            run_id, [(good, Event(1, 2.0, "a", "assigned")), (bad, Event(2, 2.0, "b", "x"))]
+        )
+
+    assert await store.load(run_id) == before
+
+
+async def test_add_tasks_refuses_a_duplicate_id_and_writes_nothing(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    before = await store.load(run_id)
+
+    with pytest.raises(StoreError):
+        await store.add_tasks(run_id, [Task("b", "k"), Task("a", "k")], [])
+
+    assert await store.load(run_id) == before
+
+
+async def test_an_unknown_run_is_named(store: Store) -> None:
+    with pytest.raises(StoreError, match="unknown run 'nope'"):
+        await store.load("nope")
+    with pytest.raises(StoreError, match="unknown run 'nope'"):
+        await store.write("nope", [(Task("a", "k"), Event(0, 1.0, "a", "created"))])
+    with pytest.raises(StoreError, match="unknown run 'nope'"):
+        await store.set_run_status("nope", "completed")
+    assert await store.claim("nope", "w", ["k"], 1.0, 10.0) == []
+
+
+async def test_a_run_id_is_created_once(store: Store) -> None:
+    run = RunInfo(new_run_id(), 1.0)
+    await store.create_run(run)
+    with pytest.raises(StoreError):
+        await store.create_run(run)
+
+
+async def test_list_runs_counts_tasks_by_status(store: Store) -> None:
+    first = await make_run(store, chain(3), goal="first")
+    second = await make_run(store, [Task("x", "k")], goal="second")
+    await complete(store, first, chain(3)[0], seq=3)
+    await store.set_run_status(second, "completed")
+
+    summaries = {s.id: s for s in await store.list_runs()}
+
+    assert summaries[first].goal == "first"
+    assert summaries[first].counts["completed"] == 1
+    assert summaries[first].counts["pending"] == 2
+    assert summaries[first].counts["dead"] == 0
+    assert summaries[second].status == "completed"
+    assert sum(summaries[second].counts.values()) == 1
+
+
+# --- fencing, leases, claims ----------------------------------------------------------------
+
+
+async def test_fenced_write_applies_over_the_current_token_only(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    [claimed] = await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0)
+    assert claimed.token == 1
+    done = transition(claimed, Status.COMPLETED, result=42, attempts=1, finished_at=3.0)
+    event = Event(-1, 3.0, "a", "completed", "w", 1)
+
+    assert not await store.write_fenced(run_id, done, event, expect_token=0)
+    assert (await store.load(run_id)).tasks[0] == claimed
+
+    assert await store.write_fenced(run_id, done, event, expect_token=1)
+    state = await store.load(run_id)
+    assert state.tasks[0] == done
+    assert [(e.seq, e.event) for e in state.events] == [
+        (0, "created"), (1, "started"), (2, "completed")
+    ]
+
+    # A finished row takes nothing more, even with the right token.
+    assert not await store.write_fenced(run_id, done, event, expect_token=1)
+    assert len((await store.load(run_id)).events) == 3
+    assert not await store.write_fenced(run_id, Task("ghost", "k"), event, expect_token=0)
+
+
+async def test_claim_waits_for_every_dependency(store: Store) -> None:
+    tasks = [Task("a", "k"), Task("b", "k"), Task("c", "k", depends_on=("a", "b"))]
+    run_id = await make_run(store, tasks)
+
+    first = await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0, limit=10)
+    assert [t.id for t in first] == ["a", "b"]
+    await complete(store, run_id, tasks[0], seq=10)
+    assert await store.claim(run_id, "w", ["k"], now=3.0, lease_s=30.0) == []
+    await complete(store, run_id, tasks[1], seq=11)
+    [c] = await store.claim(run_id, "w", ["k"], now=4.0, lease_s=30.0)
+    assert c.id == "c"
+
+
+async def test_a_missing_dependency_is_never_ready(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k", depends_on=("ghost",))])
+    assert await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0) == []
+
+
+async def test_claim_respects_kinds_not_before_and_limit(store: Store) -> None:
+    tasks = [
+        Task("late", "k", not_before=100.0),
+        Task("other", "other"),
+        Task("k1", "k"),
+        Task("k2", "k"),
+        Task("k3", "k"),
+    ]
+    run_id = await make_run(store, tasks)
+
+    got = await store.claim(run_id, "w", ["k"], now=50.0, lease_s=30.0, limit=2)
+    assert [t.id for t in got] == ["k1", "k2"]
+    got = await store.claim(run_id, "w", ["k"], now=50.0, lease_s=30.0, limit=5)
+    assert [t.id for t in got] == ["k3"]
+    got = await store.claim(run_id, "w", ["k", "other"], now=100.0, lease_s=30.0, limit=5)
+    assert [t.id for t in got] == ["late", "other"]
+    assert await store.claim(run_id, "w", ["k", "other"], now=100.0, lease_s=30.0) == []
+
+
+async def test_claim_starts_tasks_with_a_new_token_lease_and_event(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k", token=4)])
+
+    [task] = await store.claim(run_id, "w9", ["k"], now=10.0, lease_s=30.0)
+
+    assert task.status is Status.RUNNING
+    assert (task.assigned_to, task.token, task.lease, task.started_at) == ("w9", 5, 40.0, 10.0)
+    state = await store.load(run_id)
+    assert state.tasks == [task]
+    assert state.events[-1] == Event(1, 10.0, "a", "started", "w9", 5)
+
+
+async def test_store_made_events_follow_the_callers_seqs(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    await store.write(run_id, [(Task("c", "k"), Event(41, 1.0, "c", "created"))])
+
+    got = await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0, limit=3)
+
+    assert len(got) == 3
+    assert [e.seq for e in (await store.load(run_id)).events] == [0, 1, 41, 42, 43, 44]
+
+
+async def test_take_assigned_starts_only_this_workers_tasks(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
+    mine = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w1", token=1)
+    theirs = transition(Task("b", "k"), Status.ASSIGNED, assigned_to="w2", token=1)
+    await store.write(
+        run_id,
+        [(mine, Event(3, 2.0, "a", "assigned", "w1", 1)),
+         (theirs, Event(4, 2.0, "b", "assigned", "w2", 1))],
+    )
+
+    [task] = await store.take_assigned(run_id, "w1", now=5.0, lease_s=10.0, limit=5)
+
+    assert task.id == "a"
+    assert (task.status, task.token, task.lease, task.started_at) == (Status.RUNNING, 1, 15.0, 5.0)
+    assert await store.take_assigned(run_id, "w1", now=6.0, lease_s=10.0) == []
+    assert (await store.load(run_id)).events[-1] == Event(5, 5.0, "a", "started", "w1", 1)
+
+
+async def test_renew_needs_the_current_token(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    [task] = await store.claim(run_id, "w", ["k"], now=0.0, lease_s=10.0)
+
+    assert await store.renew(run_id, "a", task.token, lease=50.0)
+    assert not await store.renew(run_id, "a", task.token - 1, lease=99.0)
+    assert (await store.load(run_id)).tasks[0].lease == 50.0
+    done = transition(task, Status.COMPLETED, finished_at=1.0)
+    await store.write(run_id, [(done, Event(5, 1.0, "a", "completed"))])
+    assert not await store.renew(run_id, "a", task.token, lease=99.0)
+    assert not await store.renew(run_id, "ghost", 1, lease=99.0)
+
+
+async def test_expired_lists_in_flight_tasks_past_their_lease(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
+    _, b, c = await store.claim(run_id, "w", ["k"], now=0.0, lease_s=10.0, limit=3)
+    await store.renew(run_id, "b", b.token, lease=100.0)
+    done = transition(c, Status.COMPLETED)
+    await store.write(run_id, [(done, Event(9, 1.0, "c", "completed"))])
+
+    assert [t.id for t in await store.expired(run_id, now=20.0)] == ["a"]
+    assert await store.expired(run_id, now=5.0) == []
+    assert [t.id for t in await store.expired(run_id, now=200.0)] == ["a", "b"]
+
+
+# --- effects and workers --------------------------------------------------------------------
+
+
+async def test_effects_begin_once_and_finish_once(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+
+    first = await store.effect_begin(run_id, "a", "key-1", at=1.0)
+    again = await store.effect_begin(run_id, "a", "key-2", at=2.0)
+    assert (first.state, first.key, first.result, first.at) == ("started", "key-1", None, 1.0)
+    assert again == first
+
+    await store.effect_done(run_id, "a", {"sent": 1}, at=3.0)
+    await store.effect_done(run_id, "a", {"sent": 2}, at=4.0)
+    record = (await store.load(run_id)).effects["a"]
+    assert (record.state, record.key, record.result, record.at) == (
+        "applied", "key-1", {"sent": 1}, 3.0
+    )
+    assert await store.effect_begin(run_id, "a", "key-3", at=5.0) == record
+
+    with pytest.raises(StoreError, match="no effect begun"):
+        await store.effect_done(run_id, "zzz", None, at=6.0)
+
+
+async def test_workers_register_heartbeat_and_count_active_tasks(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    await store.register_worker(run_id, "w1", ["k", "j"], capacity=2, at=1.0)
+    await store.register_worker(run_id, "w0", ["j"], capacity=1, at=1.0)
+    await store.claim(run_id, "w1", ["k"], now=2.0, lease_s=10.0, limit=2)
+    await store.heartbeat_worker(run_id, "w1", at=5.0)
+
+    workers = await store.list_workers(run_id)
+
+    assert workers == [
+        {"name": "w0", "kinds": ["j"], "capacity": 1, "last_heartbeat": 1.0, "active": 0},
+        {"name": "w1", "kinds": ["k", "j"], "capacity": 2, "last_heartbeat": 5.0, "active": 2},
+    ]
+    with pytest.raises(StoreError, match="unknown worker"):
+        await store.heartbeat_worker(run_id, "ghost", at=6.0)
+    await store.register_worker(run_id, "w0", ["k"], capacity=4, at=7.0)
+    assert (await store.list_workers(run_id))[0]["capacity"] == 4
+
+
+async def test_wait_for_change_times_out_when_nothing_changes(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    started = time.monotonic()
+    await store.wait_for_change(run_id, timeout=0.2)
+    assert 0.15 <= time.monotonic() - started < 2.0
+
+
+async def test_wait_for_change_wakes_on_a_write(backend: str, connect: Connect) -> None:
+    waiter = await connect()
+    # PostgreSQL wakes waiters in every process (NOTIFY); the others wake their own.
+    writer = await connect() if backend == "postgres" else waiter
+    run_id = await make_run(writer, [Task("a", "k")])
+    await waiter.wait_for_change(run_id, timeout=0.01)  # let a listener start
+
+    async def write_soon() -> None:
+        await asyncio.sleep(0.2)
+        await writer.claim(run_id, "w", ["k"], now=1.0, lease_s=10.0)
+
+    started = time.monotonic()
+    await asyncio.gather(waiter.wait_for_change(run_id, timeout=10.0), write_soon())
+    assert time.monotonic() - started < 5.0
+
+
+# --- concurrency ----------------------------------------------------------------------------
+
+
+async def claim_everything(store: Store, run_id: str, worker: str, seed: int) -> list[str]:
+    """Claim in small random batches until nothing is left; return the ids claimed."""
+    rng = random.Random(seed)
+    got: list[str] = []
+    while True:
+        batch = await store.claim(run_id, worker, ["k"], time.time(), 60.0, rng.randint(1, 5))
+        if not batch:
+            return got
+        got += [t.id for t in batch]
+
+
+def claim_in_process(url: str, run_id: str, worker: str) -> list[str]:
+    """Entry point of a claiming process."""
+
+    async def go() -> list[str]:
+        store = open_store(url)
+        await store.open()
+        try:
+            return await claim_everything(store, run_id, worker, hash(worker))
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+async def assert_claimed_once(store: Store, run_id: str, claims: list[list[str]]) -> None:
+    every = [task_id for batch in claims for task_id in batch]
+    assert len(every) == 200, Counter(every).most_common(3)
+    assert set(every) == {f"t{i}" for i in range(200)}
+    state = await store.load(run_id)
+    assert all(t.status is Status.RUNNING and t.token == 1 for t in state.tasks)
+    started = [e for e in state.events if e.event == "started"]
+    assert len(started) == 200
+    assert len({e.seq for e in state.events}) == len(state.events) == 400
+
+
+async def test_concurrent_claimers_take_each_task_exactly_once(connect: Connect) -> None:
+    first = await connect()
+    run_id = await make_run(first, [Task(f"t{i}", "k") for i in range(200)])
+    stores = [first] + [await connect() for _ in range(7)]
+
+    claims = await asyncio.gather(
+        *(claim_everything(s, run_id, f"w{i}", i) for i, s in enumerate(stores))
+    )
+
+    await assert_claimed_once(first, run_id, list(claims))
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_claimers_in_separate_processes_take_each_task_exactly_once(
+    store_url: str, connect: Connect
+) -> None:
+    store = await connect()
+    run_id = await make_run(store, [Task(f"t{i}", "k") for i in range(200)])
+    ctx = multiprocessing.get_context("spawn")
+
+    with ctx.Pool(4) as pool:
+        claims = pool.starmap(claim_in_process, [(store_url, run_id, f"p{i}") for i in range(4)])
+
+    await assert_claimed_once(store, run_id, claims)
+
+
+# --- schema, URLs and failures --------------------------------------------------------------
+
+
+def stamp(store_url: str, version: int) -> None:
+    """Set the schema version the way a newer planrun would have left it."""
+    if store_url.startswith("sqlite"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            conn.execute("UPDATE planrun_schema SET version = ?", (version,))
+        return
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute("UPDATE planrun_schema SET version = %s", (version,))
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_reopening_keeps_the_data_and_the_schema(store_url: str) -> None:
+    store = open_store(store_url)
+    await store.open()
+    run_id = await make_run(store, chain(2))
+    await store.close()
+
+    again = open_store(store_url)
+    await again.open()
+    try:
+        assert [t.id for t in (await again.load(run_id)).tasks] == ["t0", "t1"]
+    finally:
+        await again.close()
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_a_newer_schema_is_refused(store_url: str) -> None:
+    store = open_store(store_url)
+    await store.open()
+    await store.close()
+    stamp(store_url, SCHEMA_VERSION + 1)
+
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1} is newer"):
+        await open_store(store_url).open()
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_a_store_that_is_not_open_says_so(store_url: str) -> None:
+    store = open_store(store_url)
+    with pytest.raises(StoreError, match="not open"):
+        await store.list_runs()
+
+
+async def test_sqlite_cannot_open_a_file_in_a_missing_folder(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "x.db"
+    with pytest.raises(StoreError, match=str(path)):
+        await open_store(f"sqlite:///{path}").open()
+
+
+async def test_sqlite_inline_mode_runs_on_the_loop_thread(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "inline.db"), inline=True)
+    await store.open()
+    try:
+        run_id = await make_run(store, chain(2))
+        assert [t.id for t in await store.claim(run_id, "w", ["k"], 1.0, 5.0)] == ["t0"]
+    finally:
+        await store.close()
+
+
+async def test_postgres_unreachable_fails_fast_with_the_password_masked() -> None:
+    url = "postgresql://planrun:s3cret@127.0.0.1:1/nowhere"
+    store = open_store(url)
+    assert store.url == "postgresql://planrun:***@127.0.0.1:1/nowhere"
+    started = time.monotonic()
+
+    with pytest.raises(StoreError) as caught:
+        await store.open()
+
+    assert time.monotonic() - started < 5.0
+    message = str(caught.value)
+    assert "postgresql://planrun:***@127.0.0.1:1/nowhere" in message
+    assert "s3cret" not in message
+    assert "\n" not in message
+
+
+@pytest.mark.postgres
+async def test_postgres_survives_a_dropped_connection(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import psycopg
+
+    name = f"planrun-test-{uuid.uuid4().hex[:8]}"
+    store = PostgresStore(pg_url, application_name=name, min_size=2)
+    await store.open()
+    try:
+        run_id = await make_run(store, chain(3))
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (name,),
+            ).fetchall()
+        assert len(killed) >= 2
+        with caplog.at_level(logging.WARNING, logger="planrun.stores"):
+            await complete(store, run_id, chain(3)[0], seq=3)
+        assert "retrying" in caplog.text
+        assert (await store.load(run_id)).tasks[0].status is Status.COMPLETED
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_accepts_the_postgres_scheme(pg_url: str) -> None:
+    store = open_store(pg_url.replace("postgresql://", "postgres://", 1))
+    await store.open()
+    try:
+        assert isinstance(await store.list_runs(), list)
+    finally:
+        await store.close()
+

@@ -1,0 +1,184 @@
+"""The in-memory store's own behaviour, ``open_store`` URLs, masking and the SQL files.
+
+The contract every backend shares is tested in ``tests/integration/test_stores.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+
+import pytest
+
+from planrun.errors import ConfigError, StoreError, UsageError
+from planrun.ledger import Event
+from planrun.stores import (
+    InMemoryStore,
+    PostgresStore,
+    RunInfo,
+    SQLiteStore,
+    Store,
+    mask_url,
+    open_store,
+)
+from planrun.stores import postgres as postgres_module
+from planrun.stores.base import TASK_COLUMNS, load_queries
+from planrun.task import Status, Task, transition
+
+
+async def test_every_call_is_recorded() -> None:
+    store = InMemoryStore()
+    await store.open()
+    await store.create_run(RunInfo("r", 1.0))
+    await store.add_tasks("r", [Task("a", "k")], [Event(0, 1.0, "a", "created")])
+    await store.claim("r", "w", ["k"], now=2.0, lease_s=5.0)
+
+    assert [name for name, _ in store.calls] == ["open", "create_run", "add_tasks", "claim"]
+    assert store.calls_to("claim") == [
+        {"run_id": "r", "worker": "w", "kinds": ["k"], "now": 2.0, "lease_s": 5.0, "limit": 1}
+    ]
+
+
+async def test_records_read_back_are_copies() -> None:
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0))
+    payload = {"items": [1]}
+    await store.add_tasks("r", [Task("a", "k", payload)], [])
+    payload["items"].append(2)
+
+    loaded = (await store.load("r")).tasks[0]
+    loaded.payload["items"].append(3)
+
+    assert (await store.load("r")).tasks[0].payload == {"items": [1]}
+
+
+async def test_a_nan_is_refused_like_a_database_would() -> None:
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0))
+    with pytest.raises(StoreError, match="cannot be stored as JSON"):
+        await store.add_tasks("r", [Task("a", "k", {"x": float("nan")})], [])
+
+
+async def test_wait_for_change_returns_when_the_run_changes() -> None:
+    import asyncio
+
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0))
+    waiting = asyncio.create_task(store.wait_for_change("r", timeout=30.0))
+    await asyncio.sleep(0)
+    await store.add_tasks("r", [Task("a", "k")], [])
+    await asyncio.wait_for(waiting, timeout=1.0)
+
+
+def test_every_backend_has_the_protocols_methods_with_the_same_signatures() -> None:
+    wanted = {
+        name: inspect.signature(member)
+        for name, member in vars(Store).items()
+        if inspect.iscoroutinefunction(member)
+    }
+    assert len(wanted) == 19
+    for cls in (InMemoryStore, SQLiteStore, PostgresStore):
+        for name, signature in wanted.items():
+            assert inspect.signature(getattr(cls, name)) == signature, (cls, name)
+
+
+def test_the_row_mapping_covers_every_task_field() -> None:
+    assert tuple(f.name for f in dataclasses.fields(Task)) == TASK_COLUMNS
+
+
+@pytest.mark.parametrize(
+    ("backend", "writes"),
+    [
+        ("sqlite", ("insert_task", "upsert_task", "fenced_update")),
+        ("postgres", ("insert_tasks", "upsert_tasks", "fenced_update")),
+    ],
+)
+def test_the_sql_files_write_every_task_column(backend: str, writes: tuple[str, ...]) -> None:
+    queries = load_queries(backend)
+    for name in writes:
+        missing = [c for c in TASK_COLUMNS if c not in queries[name]]
+        assert not missing, (name, missing)
+    assert all(sql and not sql.startswith("--") for sql in queries.values())
+
+
+def test_both_sql_files_share_their_core_queries() -> None:
+    core = {
+        "schema_table", "schema_version", "clear_version", "stamp_version", "migrate_1",
+        "create_run", "set_run_status", "get_run", "list_runs", "count_tasks",
+        "fenced_update", "get_tasks", "get_events",
+        "raise_next_seq", "take_seqs", "renew", "expired", "effect_begin", "effect_done",
+        "get_effect", "get_effects", "register_worker", "heartbeat_worker", "list_workers",
+    }
+    assert core <= set(load_queries("sqlite"))
+    assert core <= set(load_queries("postgres"))
+
+
+# --- open_store and URLs --------------------------------------------------------------------
+
+
+def test_open_store_picks_the_backend_from_the_url() -> None:
+    assert isinstance(open_store("memory://"), InMemoryStore)
+    relative = open_store("sqlite:///runs/planrun.db")
+    assert isinstance(relative, SQLiteStore)
+    assert relative.path == "runs/planrun.db"
+    absolute = open_store("sqlite:////var/lib/planrun.db")
+    assert isinstance(absolute, SQLiteStore)
+    assert absolute.path == "/var/lib/planrun.db"
+    assert absolute.url == "sqlite:////var/lib/planrun.db"
+    assert isinstance(open_store("postgresql://u@h/db"), PostgresStore)
+    assert isinstance(open_store("postgres://u@h/db"), PostgresStore)
+
+
+def test_open_store_reads_planrun_db_only_without_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLANRUN_DB", "memory://")
+    assert isinstance(open_store(None), InMemoryStore)
+    monkeypatch.delenv("PLANRUN_DB")
+    with pytest.raises(ConfigError, match="PLANRUN_DB"):
+        open_store(None)
+
+
+@pytest.mark.parametrize("url", ["mysql://u:pw@h/db", "planrun.db", "sqlite://", "sqlite:///"])
+def test_open_store_refuses_what_it_does_not_know(url: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        open_store(url)
+    assert "pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("postgresql://user:secret@host/db", "postgresql://user:***@host/db"),
+        ("postgresql://user:secret@host:5432/db?sslmode=require",
+         "postgresql://user:***@host:5432/db?sslmode=require"),
+        ("postgresql://user@host/db", "postgresql://user@host/db"),
+        ("postgresql://host/db?user=u&password=secret", "postgresql://host/db?user=u&password=***"),
+        ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+    ],
+)
+def test_mask_url_hides_passwords(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
+
+
+def test_postgres_store_url_is_masked() -> None:
+    assert open_store("postgresql://u:hunter2@h/db").url == "postgresql://u:***@h/db"
+
+
+def test_a_missing_psycopg_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    postgres_module._drivers.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"pip install planrun\[postgres\]"):
+            open_store("postgresql://u@h/db")
+    finally:
+        postgres_module._drivers.cache_clear()
+
+
+async def test_claim_bypasses_assigned_and_keeps_the_transition_rules_elsewhere() -> None:
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0))
+    await store.add_tasks("r", [Task("a", "k")], [])
+    [task] = await store.claim("r", "w", ["k"], now=1.0, lease_s=1.0)
+    assert task.status is Status.RUNNING
+    # The record it returns continues through the state machine as usual.
+    assert transition(task, Status.COMPLETED).finished
