@@ -4,7 +4,11 @@
     planrun simulate (--scenario FILE|NAME | --durations 10,2,2 --workers 3) [--strategy S] [--json]
     planrun compare [--json]
     planrun plan GOAL --app module:attr [--json]
-    planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N] [--json]
+    planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
+                [--db URL] [--json]
+    planrun resume RUN_ID --db URL [--app module:attr]
+    planrun runs --db URL [--json]
+    planrun status RUN_ID --db URL [--watch] [--json]
     planrun --version
 
 Each verb has an ``_add_<verb>(subparsers)`` that declares its arguments and sets
@@ -319,6 +323,7 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--budget-tokens", type=_positive_int, metavar="N")
     parser.add_argument("--budget-usd", type=float, metavar="X")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
+    _db_flag(parser, required=False)
     parser.set_defaults(func=_cmd_run)
 
 
@@ -351,7 +356,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "model": model, "strategy": args.strategy, "budget": budget,
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
+        "meta": {"app": args.app, "on_dead": args.on_dead, "strategy": args.strategy},
     }
+    if args.db:
+        options["store"] = args.db
     return _execute(source, app, options, args)
 
 
@@ -363,18 +371,157 @@ def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Name
 
     console = Console(stderr=args.json)
     progress = None if args.quiet or args.json else Progress(0, console)
+    run = options.pop("_runner", plan_and_run)
     with _cassette(args):
         if progress is not None:
             with progress:
-                report = plan_and_run(source, app, progress=progress, **options)
+                report = run(source, app, progress=progress, **options)
         else:
-            report = plan_and_run(source, app, **options)
+            report = run(source, app, **options)
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False, default=str))
     else:
         console.print(report_table(report))
         console.print(report.summary())
     return EXIT_OK if report.ok else 1
+
+
+# ------------------------------------------------------------------- resume / runs / status
+
+
+def _db_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    import os
+
+    default = os.environ.get("PLANRUN_DB")
+    parser.add_argument("--db", default=default, required=required and default is None,
+                        metavar="URL",
+                        help="store URL: sqlite:///runs.db or postgresql://... "
+                        "(default $PLANRUN_DB)")
+
+
+def _add_resume(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "resume", help="carry on a stored run after a crash",
+        description="Load the run's unfinished tasks and carry on: completed tasks keep their "
+        "results, tasks in flight under the dead supervisor are reclaimed.",
+    )
+    parser.add_argument("run_id", metavar="RUN_ID")
+    _db_flag(parser)
+    parser.add_argument("--app", metavar="module:attr",
+                        help="the App; default the one the run was started with")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    _cassette_flags(parser)
+    parser.set_defaults(func=_cmd_resume)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from planrun.runner import load_app
+
+    meta = _run_meta(args.db, args.run_id)
+    ref = args.app or meta.get("app")
+    if not ref:
+        raise _CliError(f"run {args.run_id} does not name its app; pass --app module:attr")
+    app = load_app(ref)
+    options: dict[str, Any] = {"store": args.db, "_runner": _resume_runner(args.run_id)}
+    if meta.get("on_dead"):
+        options["on_dead"] = meta["on_dead"]
+    if meta.get("strategy"):
+        options["strategy"] = meta["strategy"]
+    if app.needs_model():
+        options["model"] = _model(args)
+    return _execute(None, app, options, args)
+
+
+def _resume_runner(run_id: str) -> Any:
+    from planrun.runner import resume_run
+
+    def run(_: Any, app: Any, **options: Any) -> Any:
+        store = options.pop("store")
+        return resume_run(run_id, app, store, **options)
+
+    return run
+
+
+def _with_store(url: str, fn: Any) -> Any:
+    import asyncio
+
+    from planrun.stores import open_store
+
+    async def go() -> Any:
+        store = open_store(url)
+        await store.open()
+        try:
+            return await fn(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def _run_meta(url: str, run_id: str) -> dict[str, Any]:
+    async def get(store: Any) -> dict[str, Any]:
+        state = await store.load(run_id)
+        return dict(state.run.meta)
+
+    result: dict[str, Any] = _with_store(url, get)
+    return result
+
+
+def _add_runs(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser("runs", help="list stored runs with status counts")
+    _db_flag(parser)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_runs)
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    async def get(store: Any) -> Any:
+        return await store.list_runs()
+
+    runs = _with_store(args.db, get)
+    if args.json:
+        print(json.dumps([{"id": r.id, "created_at": r.created_at, "status": r.status,
+                           "goal": r.goal, "counts": dict(r.counts)} for r in runs]))
+        return EXIT_OK
+    if not runs:
+        print("no runs")
+    for r in runs:
+        counts = ", ".join(f"{k} {v}" for k, v in r.counts.items() if v)
+        print(f"{r.id}  {r.status:<9} {counts}  {r.goal[:60]}")
+    return EXIT_OK
+
+
+def _add_status(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "status", help="tasks by status, per-worker active count, oldest unfinished task age",
+    )
+    parser.add_argument("run_id", metavar="RUN_ID")
+    _db_flag(parser)
+    parser.add_argument("--watch", action="store_true", help="refresh until the run ends")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="S")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_status)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    from planrun.status import run_status
+
+    async def get(store: Any) -> Any:
+        return run_status(await store.load(args.run_id), time.time())
+
+    while True:
+        status = _with_store(args.db, get)
+        if args.json:
+            print(json.dumps(status.to_dict()))
+        else:
+            print(status.render())
+        if not args.watch or status.finished:
+            return EXIT_OK
+        time.sleep(args.interval)
 
 
 # -------------------------------------------------------------------------------- parser
@@ -394,6 +541,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_compare(subparsers)
     _add_plan(subparsers)
     _add_run(subparsers)
+    _add_resume(subparsers)
+    _add_runs(subparsers)
+    _add_status(subparsers)
     return parser
 
 

@@ -68,7 +68,8 @@ class Ledger:
     """An append-only list of events with a running sequence number."""
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
-        self._events: list[Event] = list(events)
+        self._events: list[Event] = sorted(events, key=lambda e: e.seq)
+        self._next = self._events[-1].seq + 1 if self._events else 0
 
     def append(
         self,
@@ -81,7 +82,8 @@ class Ledger:
         detail: Mapping[str, Any] | None = None,
     ) -> Event:
         """Append one event and return it."""
-        entry = Event(len(self._events), at, task, event, worker, attempt, detail or {})
+        entry = Event(self._next, at, task, event, worker, attempt, detail or {})
+        self._next += 1
         self._events.append(entry)
         return entry
 

@@ -13,8 +13,9 @@ and the audit computed from the ledger.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +31,22 @@ from planrun.workers import ModelWorker
 
 if TYPE_CHECKING:
     from planrun.model import Model
+    from planrun.stores.base import Store
     from planrun.usage import Budget, PriceTable, Usage
 
 READY_PLAN_MAX_TASKS = 1_000_000
 """A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
 
-__all__ = ["App", "RunReport", "TaskReport", "aplan_and_run", "load_app", "plan_and_run"]
+__all__ = [
+    "App",
+    "RunReport",
+    "TaskReport",
+    "aplan_and_run",
+    "aresume_run",
+    "load_app",
+    "plan_and_run",
+    "resume_run",
+]
 
 
 @dataclass
@@ -202,6 +213,8 @@ async def aplan_and_run(
     progress: Callable[[Event, Task], None] | None = None,
     run_id: str | None = None,
     clock: Clock | None = None,
+    store: Store | str | None = None,
+    meta: Mapping[str, Any] | None = None,
     **supervisor_options: Any,
 ) -> RunReport:
     """Decompose (or validate) and run; see :func:`plan_and_run`."""
@@ -223,20 +236,82 @@ async def aplan_and_run(
             goal_or_plan, app.registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
             repair_attempts=repair_attempts, prompts=prompts, meter=meter,
         )
-    sup = Supervisor(
-        app.registry,
-        app.worker_specs(),
-        strategy=strategy,
-        clock=clock or RealClock(),
-        run_id=run_id,
-        effects=app.effects,
-        on_event=progress,
-        extras={"model": model, "usage": meter},
-        **supervisor_options,
-    )
-    sup.add_tasks(plan.to_tasks())
-    result = await sup.arun()
+    async with _opened(store) as opened:
+        sup = Supervisor(
+            app.registry,
+            app.worker_specs(),
+            strategy=strategy,
+            clock=clock or RealClock(),
+            run_id=run_id,
+            effects=app.effects,
+            on_event=progress,
+            extras={"model": model, "usage": meter},
+            store=opened,
+            goal=plan.goal,
+            meta={"plan": plan.to_document(), **(meta or {})},
+            **supervisor_options,
+        )
+        sup.add_tasks(plan.to_tasks())
+        result = await sup.arun()
     return _report(plan, result, meter)
+
+
+async def aresume_run(
+    run_id: str,
+    app: App | Registry,
+    store: Store | str,
+    *,
+    model: Model | None = None,
+    budget: Budget | None = None,
+    prices: PriceTable | None = None,
+    progress: Callable[[Event, Task], None] | None = None,
+    clock: Clock | None = None,
+    **supervisor_options: Any,
+) -> RunReport:
+    """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`."""
+    from planrun.usage import Usage as UsageMeter
+
+    app = app if isinstance(app, App) else App(app)
+    if model is None and app.needs_model():
+        model = _default_model()
+    meter = UsageMeter(prices, budget)
+    async with _opened(store) as opened:
+        sup = Supervisor(
+            app.registry, app.worker_specs(), clock=clock or RealClock(), run_id=run_id,
+            effects=app.effects, on_event=progress, extras={"model": model, "usage": meter},
+            store=opened, **supervisor_options,
+        )
+        result = await sup.aresume()
+        document = sup.meta.get("plan") or {"goal": sup.goal, "tasks": []}
+    plan = Plan.parse(document, app.registry, min_tasks=0, max_tasks=READY_PLAN_MAX_TASKS)
+    return _report(plan, result, meter)
+
+
+def resume_run(run_id: str, app: App | Registry, store: Store | str, **options: Any) -> RunReport:
+    """Synchronous :func:`aresume_run`."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        clock = options.get("clock") or RealClock()
+        return clock.run(aresume_run(run_id, app, store, **options))
+    raise UsageError("resume_run() was called inside a running event loop; "
+                     "use await aresume_run()")
+
+
+@contextlib.asynccontextmanager
+async def _opened(store: Store | str | None) -> AsyncIterator[Store | None]:
+    """A store object as given, or one opened from a URL (and closed after)."""
+    if store is None or not isinstance(store, str):
+        yield store
+        return
+    from planrun.stores import open_store
+
+    opened = open_store(store)
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
 
 
 def plan_and_run(
@@ -251,8 +326,10 @@ def plan_and_run(
             document (validated; nothing runs if it is invalid).
         app: the kinds, workers and effects (:class:`App`), or a bare :class:`Registry`.
         model: the :class:`~planrun.Model`; from the environment when omitted and needed.
+        store: a store, or its URL (``sqlite:///runs.db``, ``postgresql://...``): the run is
+            durable and :func:`resume_run` carries it on after a crash.
         strategy, budget, prices, min_tasks, max_tasks, repair_attempts, prompts, progress,
-            run_id, clock: as named; other keywords go to :class:`Supervisor`.
+            run_id, clock, meta: as named; other keywords go to :class:`Supervisor`.
 
     Raises:
         InvalidPlan: the plan did not validate (after repairs, for a goal).

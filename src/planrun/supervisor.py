@@ -21,7 +21,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,6 +34,7 @@ from planrun.errors import (
     PermanentError,
     RunAborted,
     StallError,
+    StoreError,
     TransientError,
     UsageError,
     classify,
@@ -42,6 +43,9 @@ from planrun.ledger import Audit, Event, Ledger, analyze
 from planrun.registry import Handler, KindSpec, Registry, TaskContext, WorkerSpec
 from planrun.routing import Router, WorkerState, get_router
 from planrun.task import FINAL, Status, Task, transition
+
+if TYPE_CHECKING:
+    from planrun.stores.base import Store
 
 __all__ = ["Backoff", "EffectFn", "RunResult", "Supervisor"]
 
@@ -129,6 +133,12 @@ class Supervisor:
         on_event: called with each ledger event and the task record after it.
         extras: objects handed to every handler through ``TaskContext.extras``.
         seed: seed of the jitter's random generator (for reproducible runs).
+        store: an opened :class:`~planrun.stores.Store`; every transition and its event are
+            written to it (in batches, each batch one transaction) so a run survives a
+            crash and :meth:`resume` carries it on.
+        goal, meta: recorded with the run in the store.
+        store_patience: seconds a failing store is retried (a database restart) before the
+            run stops with :class:`StoreError`.
     """
 
     def __init__(
@@ -151,6 +161,10 @@ class Supervisor:
         on_event: Callable[[Event, Task], None] | None = None,
         extras: Mapping[str, Any] | None = None,
         seed: int | None = None,
+        store: Store | None = None,
+        goal: str = "",
+        meta: Mapping[str, Any] | None = None,
+        store_patience: float = 120.0,
     ) -> None:
         if on_dead not in ("cancel_dependents", "abort_run"):
             raise UsageError(f"on_dead must be 'cancel_dependents' or 'abort_run', not {on_dead!r}")
@@ -191,6 +205,7 @@ class Supervisor:
         self._background: set[asyncio.Task[Any]] = set()
         self._zombies: set[asyncio.Task[None]] = set()
         self._applied: set[str] = set()
+        self._effect_logged: set[str] = set()
         self._unfinished = 0
         self._retries_used = 0
         self._aborted_by: str | None = None
@@ -198,6 +213,17 @@ class Supervisor:
         self._wake: asyncio.Event | None = None
         self._last_change = 0.0
         self._started = False
+        self.store = store
+        self.goal = goal
+        self.meta = dict(meta or {})
+        self.store_patience = store_patience
+        self._resumed = False
+        self._closing = False
+        self._effect_records: dict[str, Any] = {}
+        self._pending: list[tuple[Task, Event]] = []
+        self._dirty: asyncio.Event | None = None
+        self._flush_lock: asyncio.Lock | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     # ---- setup -----------------------------------------------------------------------------
 
@@ -236,18 +262,22 @@ class Supervisor:
             if task.max_attempts == Task.__dataclass_fields__["max_attempts"].default:
                 changes["max_attempts"] = self.max_attempts
             task = task.evolve(**changes)
-            self._tasks[task.id] = task
-            self._order[task.id] = len(self._order)
-            self._dependents[task.id] = []
-            for dep in task.depends_on:
-                self._dependents[dep].append(task.id)
-            self._waiting[task.id] = sum(
-                1 for d in task.depends_on if self._tasks[d].status is not Status.COMPLETED
-            )
-            self._unfinished += 1
+            self._insert(task)
             self._log(task, "created")
             added.append(task)
         return added
+
+    def _insert(self, task: Task) -> None:
+        self._tasks[task.id] = task
+        self._order[task.id] = len(self._order)
+        self._dependents[task.id] = []
+        for dep in task.depends_on:
+            self._dependents[dep].append(task.id)
+        self._waiting[task.id] = sum(
+            1 for d in task.depends_on if self._tasks[d].status is not Status.COMPLETED
+        )
+        if task.status not in FINAL:
+            self._unfinished += 1
 
     @property
     def tasks(self) -> Mapping[str, Task]:
@@ -279,19 +309,142 @@ class Supervisor:
         started = self.clock.now()
         self._last_change = started
         self._compute_priorities()
-        for task_id in self._tasks:
-            if self._waiting[task_id] == 0:
-                self._push_ready(task_id)
+        await self._open_run(started)
+        status = "failed"
         try:
+            if self._resumed:
+                self._recover()
+            for task_id, task in self._tasks.items():
+                if self._waiting[task_id] == 0 and task.status is Status.PENDING:
+                    self._push_ready(task_id)
             self._dispatch()
             await self._loop()
+            status = "aborted" if self._aborted_by else "finished"
         finally:
             leftovers = [*self._running.values(), *self._background, *self._zombies]
             for handle in leftovers:
                 handle.cancel()
             if leftovers:
                 await asyncio.gather(*leftovers, return_exceptions=True)
+            await self._close_run(status)
         return self._result(started)
+
+    async def aresume(self) -> RunResult:
+        """Carry on the run ``run_id`` from the store after a crash or a stop.
+
+        Completed tasks keep their results and never run again; tasks that were assigned
+        or running under the dead supervisor are reclaimed (no attempt is consumed; the
+        reclaim counts toward ``max_reclaims``); backoff deadlines are kept; effects begun
+        but not recorded are applied again with the same key.
+        """
+        if self.store is None:
+            raise UsageError("resume needs a store")
+        if self._tasks:
+            raise UsageError("resume loads its tasks from the store; add none")
+        state = await self.store.load(self.run_id)
+        self.goal = self.goal or state.run.goal
+        self.meta = {**state.run.meta, **self.meta}
+        self.ledger = Ledger(state.events)
+        self._effect_records = dict(state.effects)
+        self._effect_logged = {e.task for e in state.events if e.event == "effect"}
+        for task in _dependency_order(list(state.tasks)):
+            self._insert(task)
+        self._resumed = True
+        return await self.arun()
+
+    def resume(self) -> RunResult:
+        """Synchronous :meth:`aresume`."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self.clock.run(self.aresume())
+        raise UsageError("resume() was called inside a running event loop; use await aresume()")
+
+    # ---- durability ----------------------------------------------------------------------
+
+    async def _open_run(self, now: float) -> None:
+        if self.store is None:
+            return
+        from planrun.stores.base import RunInfo
+
+        self._dirty = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        if self._resumed:
+            await self.store.set_run_status(self.run_id, "running")
+        else:
+            await self.store.create_run(RunInfo(self.run_id, now, "running", self.goal, self.meta))
+            await self.store.add_tasks(self.run_id, list(self._tasks.values()),
+                                       list(self.ledger.events))
+        self._flusher = asyncio.ensure_future(self._flush_forever())
+        self._flusher.add_done_callback(lambda _: self._wake_up())
+
+    async def _close_run(self, status: str) -> None:
+        if self.store is None:
+            return
+        if self._flusher is not None and self._dirty is not None:
+            # Never cancel a write in flight: a cancelled batch may or may not have been
+            # committed. Ask the flusher to drain and finish instead.
+            self._closing = True
+            self._dirty.set()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._flush()
+        await self.store.set_run_status(self.run_id, status)
+
+    async def _flush_forever(self) -> None:
+        assert self._dirty is not None
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self._flush()
+            if self._closing and not self._pending:
+                return
+
+    async def _flush(self) -> None:
+        """Write what changed, batch by batch; ride out a store that is briefly down."""
+        if self.store is None or self._flush_lock is None:
+            return
+        async with self._flush_lock:
+            delay, deadline = 0.2, self.clock.now() + self.store_patience
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await self.store.write(self.run_id, batch)
+                except StoreError:
+                    self._pending[:0] = batch  # keep order; nothing is lost
+                    if self.clock.now() >= deadline:
+                        raise
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+
+    def _recover(self) -> None:
+        """Turn the state a dead supervisor left into a state this one can run."""
+        now = self.clock.now()
+        loop = asyncio.get_running_loop()
+        for task in list(self._tasks.values()):
+            if task.status in (Status.ASSIGNED, Status.RUNNING):
+                if task.reclaims >= self.max_reclaims:
+                    error = f"reclaimed {task.reclaims} times without a result; giving up"
+                    task = self._set(task, Status.DEAD, "dead", worker=task.assigned_to,
+                                     error=error, error_class=ErrorClass.TRANSIENT,
+                                     finished_at=now, lease=None, detail={"error": error})
+                    self._after_death(task)
+                    continue
+                self._set(task, Status.PENDING, "reclaimed", worker=task.assigned_to,
+                          reclaims=task.reclaims + 1, assigned_to=None, lease=None,
+                          detail={"reason": "supervisor restart"})
+            elif task.status is Status.FAILED:
+                due = max(0.0, (task.not_before or now) - now)
+                loop.call_later(due, self._retry_due, task.id)
+            elif task.status is Status.DEAD:
+                self._after_death(task)
+        for task in self._tasks.values():
+            if task.status is Status.COMPLETED and task.kind in self.effects:
+                record = self._effect_records.get(task.id)
+                if record is None or record.state != "applied":
+                    self._spawn(self._apply_effect(task))
+                else:
+                    self._applied.add(task.id)
+                    self._note_effect(task, record.key, recovered=True)
 
     async def _loop(self) -> None:
         """Sleep until the run ends, the next lease deadline, or the stall deadline.
@@ -303,6 +456,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while self._unfinished or self._background:
             self._wake.clear()
+            if self._flusher is not None and self._flusher.done():
+                self._flusher.result()  # a store that stayed down: raise its StoreError
             now = self.clock.now()
             self._reclaim_expired(now)
             if now - self._last_change >= self.stall_after:
@@ -611,11 +766,23 @@ class Supervisor:
         handle.add_done_callback(self._background_done)
 
     async def _apply_effect(self, task: Task) -> None:
-        """Apply the kind's effect once, keyed by the task id."""
+        """Apply the kind's effect once, keyed by the task id.
+
+        With a store: the completion is written first, then the effect is recorded as
+        begun, applied with its key, and recorded as applied. A crash between applying and
+        recording leaves it begun; resume applies it again with the same key, which the
+        effect's target must accept as an idempotency key.
+        """
         if task.id in self._applied:
             return
         self._applied.add(task.id)
         key = f"{self.run_id}:{task.id}"
+        if self.store is not None:
+            await self._flush()
+            record = await self.store.effect_begin(self.run_id, task.id, key, self.clock.now())
+            if record.state == "applied":  # recorded by an earlier process
+                self._note_effect(task, key, recovered=True)
+                return
         try:
             outcome = self.effects[task.kind](task, key)
             if inspect.isawaitable(outcome):
@@ -623,7 +790,20 @@ class Supervisor:
         except Exception as exc:
             self._log(task, "effect_failed", detail={"key": key, "error": f"{exc}"})
             return
-        self._log(task, "effect", detail={"key": key})
+        if self.store is not None:
+            await self.store.effect_done(self.run_id, task.id, _jsonable(outcome),
+                                         self.clock.now())
+        self._note_effect(task, key)
+
+    def _note_effect(self, task: Task, key: str, recovered: bool = False) -> None:
+        """The ``effect`` event, once per task whatever the number of processes involved."""
+        if task.id in self._effect_logged:
+            return
+        self._effect_logged.add(task.id)
+        detail: dict[str, Any] = {"key": key}
+        if recovered:
+            detail["recovered"] = True
+        self._log(task, "effect", detail=detail)
 
     # ---- bookkeeping -------------------------------------------------------------------------
 
@@ -648,6 +828,9 @@ class Supervisor:
             self.clock.now(), task.id, event, worker=worker,
             attempt=task.token if attempt is None else attempt, detail=detail,
         )
+        if self._dirty is not None:  # durable run: the record and its event go together
+            self._pending.append((self._tasks.get(task.id, task), entry))
+            self._dirty.set()
         self._touch()
         if self.on_event is not None:
             self.on_event(entry, task)
@@ -691,6 +874,14 @@ class Supervisor:
 
 
 # ---- handler plumbing -------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if value is None or isinstance(value, str | int | float | bool | list | dict):
+        return value
+    return repr(value)
 
 
 def _dependency_order(batch: list[Task]) -> list[Task]:

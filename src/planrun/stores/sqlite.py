@@ -283,7 +283,8 @@ class SQLiteStore:
         """Upsert every task row and append every event, all or nothing."""
         if not changes:
             return
-        task_rows = [task_row(run_id, t) for t, _ in changes]
+        # A task changed several times in one batch needs only its last row written.
+        task_rows = list({t.id: task_row(run_id, t) for t, _ in changes}.values())
         event_rows = [event_row(run_id, e) for _, e in changes]
 
         def go(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,228 @@
+"""Durable runs in memory: every transition reaches the store, and resume carries on."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from planrun.clock import VirtualClock
+from planrun.errors import StoreError, TransientError, UsageError
+from planrun.ledger import analyze
+from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.stores import InMemoryStore
+from planrun.supervisor import Backoff, Supervisor
+from planrun.task import Status, Task, transition
+
+calls: list[str] = []
+
+
+async def work(payload: Any, ctx: TaskContext) -> str:
+    calls.append(ctx.task_id)
+    await asyncio.sleep(0.001)
+    return f"done {ctx.task_id}"
+
+
+def make(store: InMemoryStore, run_id: str = "r1", **options: Any) -> Supervisor:
+    registry = Registry([KindSpec("k", handler=work)])
+    options.setdefault("clock", VirtualClock())
+    return Supervisor(registry, [WorkerSpec("w", None, 2)], store=store, run_id=run_id,
+                      seed=0, **options)
+
+
+def chain(n: int) -> list[Task]:
+    return [Task(id=f"t{i}", kind="k", depends_on=(f"t{i-1}",) if i else ()) for i in range(n)]
+
+
+async def with_store(coro_fn: Any) -> Any:
+    store = InMemoryStore()
+    await store.open()
+    return await coro_fn(store)
+
+
+def test_every_transition_and_event_reaches_the_store() -> None:
+    async def go(store: InMemoryStore) -> Any:
+        sup = make(store, clock=None)
+        sup.add_tasks(chain(4))
+        result = await sup.arun()
+        return result, await store.load("r1"), await store.list_runs()
+
+    result, state, runs = asyncio.run(with_store(go))
+    assert {t.id: t for t in state.tasks} == dict(result.tasks)
+    assert [(e.seq, e.task, e.event) for e in state.events] == \
+        [(e.seq, e.task, e.event) for e in result.events]
+    assert analyze(state.tasks, state.events).clean
+    assert runs[0].status == "finished" and runs[0].counts["completed"] == 4
+
+
+def crashed_state() -> tuple[list[Task], Any]:
+    """A run as a dead supervisor left it: done, running, assigned, failed, pending."""
+    base = chain(5)
+    done = transition(transition(transition(base[0], Status.ASSIGNED, token=1),
+                                 Status.RUNNING), Status.COMPLETED, result="kept", attempts=1)
+    running = transition(transition(base[1], Status.ASSIGNED, token=1, assigned_to="w"),
+                         Status.RUNNING, lease=5.0)
+    return [done, running, *base[2:]], None
+
+
+def test_resume_keeps_results_and_reclaims_in_flight_work() -> None:
+    calls.clear()
+
+    async def go(store: InMemoryStore) -> Any:
+        from planrun.stores.base import RunInfo
+
+        tasks, _ = crashed_state()
+        await store.create_run(RunInfo("r1", 0.0, "running"))
+        await store.add_tasks("r1", tasks, [])
+        sup = make(store, clock=None)
+        return await sup.aresume(), await store.load("r1")
+
+    result, state = asyncio.run(with_store(go))
+    assert result.ok
+    assert result.tasks["t0"].result == "kept"
+    assert "t0" not in calls  # never run again
+    t1 = result.tasks["t1"]
+    assert t1.reclaims == 1 and t1.attempts == 1  # a reclaim consumes no attempt
+    assert t1.token == 2  # a new assignment: the dead supervisor's token is stale
+    reclaimed = [e for e in result.events if e.event == "reclaimed"]
+    assert [e.detail["reason"] for e in reclaimed] == ["supervisor restart"]
+    assert state.run.status == "finished"
+
+
+def test_resume_keeps_backoff_deadlines() -> None:
+    async def go(store: InMemoryStore) -> Any:
+        from planrun.stores.base import RunInfo
+
+        task = Task(id="t", kind="k", max_attempts=3)
+        failed = transition(transition(transition(task, Status.ASSIGNED, token=1),
+                                       Status.RUNNING),
+                            Status.FAILED, attempts=1, not_before=50.0, error="x")
+        await store.create_run(RunInfo("r1", 0.0, "running"))
+        await store.add_tasks("r1", [failed], [])
+        sup = make(store, clock=clock_result)
+        return await sup.aresume()
+
+    clock_result = VirtualClock()
+
+    async def outer() -> Any:
+        return await with_store(go)
+
+    result = clock_result.run(outer())
+    started = next(e.at for e in result.events if e.event == "started")
+    assert started == pytest.approx(50.0)
+
+
+def test_resume_cancels_dependents_of_a_task_that_died_before_the_crash() -> None:
+    async def go(store: InMemoryStore) -> Any:
+        from planrun.stores.base import RunInfo
+
+        tasks = chain(3)
+        dead = transition(tasks[0], Status.DEAD, error="boom")
+        await store.create_run(RunInfo("r1", 0.0, "running"))
+        await store.add_tasks("r1", [dead, *tasks[1:]], [])
+        return await make(store, clock=None).aresume()
+
+    result = asyncio.run(with_store(go))
+    assert [result.tasks[t].status for t in ("t1", "t2")] == [Status.CANCELLED] * 2
+
+
+def test_effect_begun_but_not_recorded_is_applied_again_with_the_same_key() -> None:
+    applied: list[str] = []
+
+    async def go(store: InMemoryStore) -> Any:
+        from planrun.stores.base import RunInfo
+
+        task = transition(transition(transition(Task(id="t", kind="k"), Status.ASSIGNED,
+                                                token=1), Status.RUNNING),
+                          Status.COMPLETED, result="r", attempts=1)
+        await store.create_run(RunInfo("r1", 0.0, "running"))
+        await store.add_tasks("r1", [task, Task(id="u", kind="k")], [])
+        await store.effect_begin("r1", "t", "r1:t", 1.0)  # the crash came after this
+        sup = make(store, clock=None, effects={"k": lambda t, key: applied.append(key)})
+        result = await sup.aresume()
+        return result, await store.load("r1")
+
+    result, state = asyncio.run(with_store(go))
+    assert applied.count("r1:t") == 1 and applied.count("r1:u") == 1
+    assert {k: v.state for k, v in state.effects.items()} == {"t": "applied", "u": "applied"}
+    assert result.audit.duplicate_effects == 0
+
+
+def test_resume_misuse() -> None:
+    async def go(store: InMemoryStore) -> None:
+        sup = make(store, clock=None)
+        sup.add(Task(id="x", kind="k"))
+        with pytest.raises(UsageError, match="add none"):
+            await sup.aresume()
+        with pytest.raises(StoreError, match="unknown run"):
+            await make(store, run_id="nope", clock=None).aresume()
+        with pytest.raises(UsageError, match="needs a store"):
+            registry = Registry([KindSpec("k", handler=work)])
+            await Supervisor(registry).aresume()
+
+    asyncio.run(with_store(go))
+
+
+class FlakyStore(InMemoryStore):
+    """Fails a few writes in a row, as a database restarting would."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def write(self, run_id: str, changes: Any) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreError("connection refused")
+        await super().write(run_id, changes)
+
+
+def test_a_store_briefly_down_loses_nothing() -> None:
+    async def go() -> Any:
+        store = FlakyStore(failures=3)
+        await store.open()
+        sup = make(store, clock=None, backoff=Backoff(base=0.01))
+        sup.add_tasks(chain(3))
+        result = await sup.arun()
+        return result, await store.load("r1")
+
+    result, state = asyncio.run(go())
+    assert result.ok
+    assert len(state.events) == len(result.events)
+    assert analyze(state.tasks, state.events).clean
+
+
+def test_a_store_down_for_good_stops_the_run_with_store_error() -> None:
+    async def go() -> Any:
+        store = FlakyStore(failures=10**9)
+        await store.open()
+        sup = make(store, clock=None, store_patience=0.5)
+        sup.add_tasks(chain(2))
+        await sup.arun()
+
+    with pytest.raises(StoreError, match="connection refused"):
+        asyncio.run(go())
+
+
+def test_transient_failure_is_durable_with_its_deadline() -> None:
+    attempts = 0
+
+    async def flaky(payload: Any, ctx: TaskContext) -> str:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise TransientError("again")
+        return "ok"
+
+    async def go(store: InMemoryStore) -> Any:
+        registry = Registry([KindSpec("k", handler=flaky)])
+        sup = Supervisor(registry, store=store, run_id="r1", clock=None,
+                         backoff=Backoff(base=0.01, jitter=0.0))
+        sup.add(Task(id="t", kind="k"))
+        await sup.arun()
+        return await store.load("r1")
+
+    state = asyncio.run(with_store(go))
+    failed = [e for e in state.events if e.event == "failed"]
+    assert len(failed) == 1 and "retry_at" in failed[0].detail
