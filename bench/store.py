@@ -1,6 +1,10 @@
-"""Store throughput: task transitions per second, per backend, in one run.
+"""Store throughput, and the cost of durability for a whole supervised run, in one run.
 
     python bench/store.py [--quick] [--tasks N] [--batch 256] [--pg URL]
+
+Part 2 runs the real supervisor over N no-op tasks without a store, then with each store
+(every transition and its event written, in batches), and prints the per-task time and its
+ratio to the run without a store: the per-task overhead of durability.
 
 Simulates a no-op run the way the supervisor writes it: add N tasks (one ``created``
 event each), then move every task through ``assigned``, ``running`` and ``completed``,
@@ -157,6 +161,44 @@ async def run(args: argparse.Namespace) -> list[Result]:
     return results
 
 
+async def supervised(store: Store | None, n: int) -> float:
+    """Seconds per task for a no-op supervised run of ``n`` tasks on ``store``."""
+    from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
+    from planrun.supervisor import Supervisor
+
+    async def noop(payload: object, ctx: TaskContext) -> None:
+        return None
+
+    if store is not None:
+        await store.open()
+    try:
+        sup = Supervisor(Registry([KindSpec("noop", handler=noop)]),
+                         [WorkerSpec("w", None, 64)], strategy="least_loaded", store=store)
+        sup.add_tasks(Task(id=f"t{i}", kind="noop") for i in range(n))
+        started = time.perf_counter()
+        result = await sup.arun()
+        elapsed = time.perf_counter() - started
+        assert result.ok
+    finally:
+        if store is not None:
+            await store.close()
+    return elapsed / n
+
+
+async def run_supervised(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """Per-task seconds of a supervised no-op run for no store and each backend."""
+    n = args.tasks
+    rows = [("no store", await supervised(None, n))]
+    rows.append(("memory", await supervised(open_store("memory://"), n)))
+    with tempfile.TemporaryDirectory() as tmp:
+        rows.append(("sqlite", await supervised(open_store(f"sqlite:///{Path(tmp) / 's.db'}"),
+                                                n)))
+    with pg_schema(args.pg) as pg_url:
+        if pg_url is not None:
+            rows.append(("postgres", await supervised(open_store(pg_url), n)))
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run the benchmark, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -174,6 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"planrun store bench: python {platform.python_version()} on {platform.machine()}")
     results = asyncio.run(run(args))
     print(table(results, args.batch))
+    print()
+    rows = asyncio.run(run_supervised(args))
+    base = rows[0][1]
+    print(f"supervised no-op run, {args.tasks} tasks, 4 transitions each")
+    print(f"{'store':<10} {'us/task':>9} {'vs no store':>12}")
+    for name, per_task in rows:
+        print(f"{name:<10} {per_task * 1e6:>9.1f} {per_task / base:>11.2f}x")
     return 0
 
 

@@ -227,10 +227,19 @@ def one_line(exc: BaseException) -> str:
 # --- JSON -----------------------------------------------------------------------------------
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+_EMPTY: dict[Any, str] = {}
+
+
 def dump_json(value: Any, what: str) -> str:
     """Encode ``value`` as strict JSON; a value that cannot be stored is a StoreError."""
+    # Every transition rewrites the row: the common empty values skip the encoder.
+    if value is None:
+        return "null"
+    if not value and isinstance(value, dict | list | tuple):
+        return "{}" if isinstance(value, dict) else "[]"
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"{what} cannot be stored as JSON: {exc}") from exc
 
@@ -257,6 +266,11 @@ TASK_COLUMNS: tuple[str, ...] = (
     "token", "reclaims", "not_before", "created_at", "started_at", "finished_at",
 )
 """The task columns, one per field of :class:`Task`, in declaration order."""
+
+
+def last_per_task(changes: Sequence[tuple[Task, Event]]) -> list[Task]:
+    """The last record of each task in a batch, in first-seen order (one row each)."""
+    return list({t.id: t for t, _ in changes}.values())
 
 
 def task_row(run_id: str, task: Task) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from planrun.stores.base import (
     event_from_row,
     event_row,
     keep_json,
+    last_per_task,
     load_queries,
     mask_url,
     newer_schema,
@@ -133,12 +134,6 @@ def _arrays(
     except (TypeError, ValueError) as exc:
         raise StoreError(f"a row cannot be stored: {exc}") from exc
     return {"run_id": run_id, **arrays}
-
-
-def _last_change_per_task(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per task id, in first-seen order, holding its last change (an upsert writes
-    every column, so this is what applying the changes one by one would leave)."""
-    return list({row["id"]: row for row in rows}.values())
 
 
 def _by_pos(rows: list[DictRow]) -> list[Task]:
@@ -407,10 +402,10 @@ class PostgresStore:
         """Upsert every task row and append every event, all or nothing."""
         if not changes:
             return
-        task_rows = [task_row(run_id, t) for t, _ in changes]
+        task_rows = [task_row(run_id, t) for t in last_per_task(changes)]
         event_rows = [event_row(run_id, e) for _, e in changes]
 
-        tasks_in = _arrays(run_id, _last_change_per_task(task_rows), TASK_COLUMNS)
+        tasks_in = _arrays(run_id, task_rows, TASK_COLUMNS)
         events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
 
         async def go(cur: Cursor) -> None:

@@ -34,6 +34,7 @@ from planrun.stores.base import (
     effect_from_row,
     event_from_row,
     event_row,
+    last_per_task,
     load_queries,
     newer_schema,
     one_line,
@@ -284,7 +285,7 @@ class SQLiteStore:
         if not changes:
             return
         # A task changed several times in one batch needs only its last row written.
-        task_rows = list({t.id: task_row(run_id, t) for t, _ in changes}.values())
+        task_rows = [task_row(run_id, t) for t in last_per_task(changes)]
         event_rows = [event_row(run_id, e) for _, e in changes]
 
         def go(conn: sqlite3.Connection) -> None:
