@@ -6,6 +6,8 @@
     planrun plan GOAL --app module:attr [--json]
     planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
                 [--db URL] [--json]
+    planrun run PLAN.json --app module:attr --db URL --workers external [--mode push|peer]
+    planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
     planrun resume RUN_ID --db URL [--app module:attr]
     planrun runs --db URL [--json]
     planrun status RUN_ID --db URL [--watch] [--json]
@@ -324,6 +326,13 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--budget-usd", type=float, metavar="X")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
     _db_flag(parser, required=False)
+    parser.add_argument("--workers", choices=["local", "external"], default="local",
+                        help="external: worker processes (planrun worker) do the tasks; "
+                        "this process only coordinates (needs --db)")
+    parser.add_argument("--mode", choices=["push", "peer"], default="push",
+                        help="external workers: the coordinator assigns (push) or workers "
+                        "claim ready tasks themselves (peer)")
+    parser.add_argument("--stale-after", type=float, default=30.0, metavar="S")
     parser.set_defaults(func=_cmd_run)
 
 
@@ -360,7 +369,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
     }
     if args.db:
         options["store"] = args.db
+    if args.workers == "external":
+        if not args.db:
+            raise _CliError("--workers external needs --db (the database the workers use)")
+        if isinstance(source, str):
+            from planrun.decompose import decompose
+
+            with _cassette(args):
+                source = decompose(source, app.registry, _model(args), min_tasks=args.min_tasks,
+                                   max_tasks=args.max_tasks)
+        return _coordinate(source, app, args)
     return _execute(source, app, options, args)
+
+
+def _coordinate(plan: Any, app: Any, args: argparse.Namespace) -> int:
+    from planrun.distributed import Coordinator
+
+    async def go(store: Any) -> Any:
+        coordinator = Coordinator(app.registry, store, mode=args.mode, on_dead=args.on_dead,
+                                  effects=app.effects, stale_after=args.stale_after,
+                                  goal=plan.goal, meta={"app": args.app})
+        print(f"run {coordinator.run_id}: waiting for workers "
+              f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
+        return await coordinator.arun(plan.to_tasks())
+
+    result = _with_store(args.db, go)
+    summary = {"run_id": result.run_id, "counts": result.counts,
+               "audit": result.audit.to_dict(), "workers": dict(result.workers)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
+        print(f"run {result.run_id}: {counts}")
+        print("audit: " + ("clean" if result.audit.clean else str(result.audit.to_dict())))
+    return EXIT_OK if result.ok else 1
 
 
 def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Namespace) -> int:
@@ -524,6 +566,55 @@ def _cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
+
+def _add_worker(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "worker", help="a worker process: takes tasks of running runs from the database",
+        description="Register with the database's running runs, heartbeat, take assigned tasks "
+        "(or claim ready ones in peer mode), renew leases, write results fenced by token.",
+    )
+    _db_flag(parser)
+    parser.add_argument("--app", required=True, metavar="module:attr")
+    parser.add_argument("--kinds", type=_kind_list, metavar="a,b", help="default: all")
+    parser.add_argument("--concurrency", type=_positive_int, default=4, metavar="N")
+    parser.add_argument("--name", help="unique worker name (default host-pid)")
+    parser.add_argument("--mode", choices=["push", "peer"], default="push")
+    parser.add_argument("--lease", type=float, default=30.0, metavar="S")
+    parser.add_argument("--idle-exit", type=float, metavar="S",
+                        help="exit after S seconds with no running run")
+    parser.set_defaults(func=_cmd_worker)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import signal
+
+    from planrun.distributed import WorkerProcess
+    from planrun.runner import load_app
+
+    app = load_app(args.app)
+    extras: dict[str, Any] = {}
+    if app.needs_model():
+        extras["model"] = _model(args)
+
+    async def go(store: Any) -> WorkerProcess:
+        import asyncio
+
+        worker = WorkerProcess(app.registry, store, name=args.name, kinds=args.kinds,
+                               capacity=args.concurrency, mode=args.mode, lease_s=args.lease,
+                               extras=extras, idle_exit=args.idle_exit)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        print(f"worker {worker.name}: kinds {', '.join(worker.kinds)}, "
+              f"capacity {worker.capacity}, {args.mode} mode", file=sys.stderr)
+        await worker.arun()
+        return worker
+
+    worker = _with_store(args.db, go)
+    print(f"worker {worker.name}: {worker.done} completed, {worker.rejected} refused",
+          file=sys.stderr)
+    return EXIT_OK
+
 # -------------------------------------------------------------------------------- parser
 
 
@@ -544,6 +635,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_resume(subparsers)
     _add_runs(subparsers)
     _add_status(subparsers)
+    _add_worker(subparsers)
     return parser
 
 

@@ -133,8 +133,16 @@ class Store(Protocol):
         finished; return whether it was applied. The event gets the run's next ``seq``."""
         ...
 
+    async def append_event(self, run_id: str, event: Event) -> None:
+        """Append one event that changes no task row (an ``effect``); the store numbers it."""
+        ...
+
     async def load(self, run_id: str) -> RunState:
         """Everything about one run; an unknown run is a :class:`StoreError`."""
+        ...
+
+    async def load_tasks(self, run_id: str) -> RunState:
+        """Like :meth:`load` without the events (``events`` is empty): a cheap poll."""
         ...
 
     async def list_runs(self) -> list[RunSummary]:

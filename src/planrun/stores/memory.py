@@ -139,6 +139,11 @@ class InMemoryStore:
             effects={k: effect_from_row(r) for k, r in sorted(run.effects.items())},
         )
 
+    async def load_tasks(self, run_id: str) -> RunState:
+        """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+        state = await self.load(run_id)
+        return RunState(state.run, state.tasks, [], state.effects)
+
     async def list_runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its task counts."""
         self._record("list_runs")
@@ -209,6 +214,13 @@ class InMemoryStore:
         self._append(run, [new_event])
         self._changed(run_id)
         return True
+
+    async def append_event(self, run_id: str, event: Event) -> None:
+        """Append one event that changes no row, numbered by the store."""
+        self._record("append_event", run_id=run_id, event=event)
+        run = self._run(run_id)
+        self._append(run, [event_row(run_id, event, run.next_seq)])
+        self._changed(run_id)
 
     # --- effects ----------------------------------------------------------------------------
 

@@ -339,6 +339,24 @@ class PostgresStore:
 
         return await self._tx(go, snapshot=True)
 
+    async def load_tasks(self, run_id: str) -> RunState:
+        """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+        args = {"run_id": run_id}
+
+        async def go(cur: Cursor) -> RunState:
+            await cur.execute(Q["get_run"], args)
+            row = await cur.fetchone()
+            if row is None:
+                raise unknown_run(run_id)
+            await cur.execute(Q["get_tasks"], args)
+            tasks = [task_from_row(r, keep_json) for r in await cur.fetchall()]
+            await cur.execute(Q["get_effects"], args)
+            effects = [effect_from_row(r, keep_json) for r in await cur.fetchall()]
+            return RunState(run_from_row(row, keep_json), tasks, [],
+                            {e.task_id: e for e in effects})
+
+        return await self._tx(go, snapshot=True)
+
     async def list_runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its task counts."""
 
@@ -433,6 +451,18 @@ class PostgresStore:
             return True
 
         return await self._tx(go)
+
+    async def append_event(self, run_id: str, event: Event) -> None:
+        """Append one event that changes no row, numbered by the store."""
+
+        async def go(cur: Cursor) -> None:
+            await self._touch(cur, run_id)
+            seq = await self._take_seqs(cur, run_id, 1)
+            rows = [event_row(run_id, event, seq)]
+            await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
+            await cur.execute(Q["notify"], {"run_id": run_id})
+
+        await self._tx(go)
 
     # --- effects ----------------------------------------------------------------------------
 

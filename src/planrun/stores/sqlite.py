@@ -252,6 +252,21 @@ class SQLiteStore:
 
         return await self._with_conn(go)
 
+    async def load_tasks(self, run_id: str) -> RunState:
+        """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+
+        def go(conn: sqlite3.Connection) -> RunState:
+            with _transaction(conn, "BEGIN"):
+                row = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
+                if row is None:
+                    raise unknown_run(run_id)
+                args = {"run_id": run_id}
+                tasks = [task_from_row(r) for r in conn.execute(Q["get_tasks"], args)]
+                effects = [effect_from_row(r) for r in conn.execute(Q["get_effects"], args)]
+            return RunState(run_from_row(row), tasks, [], {e.task_id: e for e in effects})
+
+        return await self._with_conn(go)
+
     async def list_runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its task counts."""
 
@@ -316,6 +331,18 @@ class SQLiteStore:
         if applied:
             self._waiters.notify(run_id)
         return applied
+
+    async def append_event(self, run_id: str, event: Event) -> None:
+        """Append one event that changes no row, numbered by the store."""
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                seq = _take_seqs(conn, run_id, 1)
+                conn.execute(Q["insert_event"], event_row(run_id, event, seq))
+
+        await self._with_conn(go)
+        self._waiters.notify(run_id)
 
     # --- effects ----------------------------------------------------------------------------
 

@@ -1,0 +1,29 @@
+"""The app that worker processes of the distributed tests load (``dist_app:app``).
+
+``triage`` drafts a reply to a ticket (a few milliseconds of pretend work); the reply is
+*sent* by the coordinator's effect, never by a worker. A ticket whose id is listed in
+``$DIST_APP_SLOW`` takes ``$DIST_APP_SLOW_S`` seconds on its first assignment (a worker
+that is killed meanwhile leaves it running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from typing import Any
+
+from planrun import App, KindSpec, Registry, TaskContext
+
+
+async def triage(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    slow = os.environ.get("DIST_APP_SLOW", "").split(",")
+    if ctx.task_id in slow and ctx.attempt == 1:
+        await asyncio.sleep(float(os.environ.get("DIST_APP_SLOW_S", "60")))
+    await asyncio.sleep(random.uniform(0.002, 0.008))
+    return {"ticket": payload["ticket"], "reply": f"Hello, about {payload['ticket']}...",
+            "worker": ctx.worker}
+
+
+registry = Registry([KindSpec("triage", "Draft the reply to one ticket", handler=triage)])
+app = App(registry)

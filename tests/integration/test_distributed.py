@@ -1,0 +1,215 @@
+"""Workers in other processes: push and peer modes, reclaim of a killed worker, fencing,
+and the headline: eight worker processes, one PostgreSQL database, 2,000 tickets, 2,000
+replies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dist_app import registry
+from test_stores import pg_unreachable, with_search_path
+
+from planrun.distributed import Coordinator, WorkerProcess
+from planrun.ledger import Event
+from planrun.errors import StoreError
+from planrun.stores import open_store
+from planrun.task import Status, Task, transition
+
+HERE = Path(__file__).resolve().parent
+PG_URL = os.environ.get("PLANRUN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def tickets(n: int) -> list[Task]:
+    return [Task(id=f"T-{i:04d}", kind="triage", payload={"ticket": f"T-{i:04d}"})
+            for i in range(n)]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'dist.db'}"
+        return
+    yield from _pg_schema()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from _pg_schema()
+
+
+def _pg_schema() -> Iterator[str]:
+    reason = pg_unreachable()
+    if reason is not None:
+        if os.environ.get("PLANRUN_REQUIRE_PG"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    import psycopg
+
+    schema = f"planrun_dist_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield with_search_path(PG_URL, schema)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+async def opened(url: str) -> Any:
+    store = open_store(url)
+    await store.open()
+    return store
+
+
+@pytest.mark.parametrize("mode", ["push", "peer"])
+def test_in_process_workers_on_separate_connections(db_url: str, mode: str) -> None:
+    sent: list[str] = []
+
+    async def go() -> Any:
+        coordinator_store = await opened(db_url)
+        worker_stores = [await opened(db_url) for _ in range(3)]
+        workers = [WorkerProcess(registry, s, name=f"w{i}", capacity=3, mode=mode, poll=0.02)
+                   for i, s in enumerate(worker_stores)]
+        handles = [asyncio.ensure_future(w.arun()) for w in workers]
+        coordinator = Coordinator(registry, coordinator_store, mode=mode, poll=0.02,
+                                  effects={"triage": lambda t, key: sent.append(key)})
+        batch = tickets(60)
+        batch[5] = batch[5].evolve(depends_on=("T-0000",))
+        result = await coordinator.arun(batch)
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*handles)
+        for s in [coordinator_store, *worker_stores]:
+            await s.close()
+        return result, workers
+
+    result, workers = asyncio.run(go())
+    assert result.ok and result.audit.clean
+    assert len(sent) == 60 == len(set(sent))
+    assert sum(w.done for w in workers) == 60
+    assert all(w.done > 0 for w in workers)
+    started = {e.task: e.at for e in result.events if e.event == "started"}
+    done = {e.task: e.at for e in result.events if e.event == "completed"}
+    assert started["T-0005"] >= done["T-0000"]  # dependencies hold across processes
+
+
+def test_a_stale_result_is_refused_by_the_database(db_url: str) -> None:
+    async def go() -> tuple[bool, bool]:
+        store = await opened(db_url)
+        coordinator = Coordinator(registry, store)
+        await store.create_run(__import__("planrun.stores", fromlist=["RunInfo"]).RunInfo(
+            coordinator.run_id, 0.0))
+        task = tickets(1)[0]
+        await store.add_tasks(coordinator.run_id, [task], [])
+        running = transition(transition(task, Status.ASSIGNED, token=1, assigned_to="a"),
+                             Status.RUNNING, lease=1.0)
+        event = Event(-1, 0.0, task.id, "started", "a", 1, {})
+        assert await store.write_fenced(coordinator.run_id, running, event, 0)
+        await coordinator._reclaim(running, now=2.0)  # the lease ran out: token moves to 2
+        late = transition(running, Status.COMPLETED, result={"late": True})
+        refused = await store.write_fenced(coordinator.run_id, late, event, 1)
+        state = await store.load(coordinator.run_id)
+        await store.close()
+        return refused, state.tasks[0].status is Status.PENDING
+
+    refused, still_pending = asyncio.run(go())
+    assert refused is False and still_pending
+
+
+def spawn_worker(url: str, name: str, concurrency: int = 4, env: dict[str, str] | None = None,
+                 mode: str = "push", lease: float = 30.0) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "planrun.cli", "worker", "--db", url, "--app", "dist_app:app",
+         "--name", name, "--concurrency", str(concurrency), "--mode", mode,
+         "--lease", str(lease), "--idle-exit", "60"],
+        env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_eight_worker_processes_2000_tickets_2000_replies(pg_url: str) -> None:
+    sent: Counter[str] = Counter()
+
+    async def go() -> Any:
+        store = await opened(pg_url)
+        coordinator = Coordinator(registry, store, poll=0.1, stale_after=30.0,
+                                  effects={"triage": lambda t, key: sent.update([key])})
+        result = await coordinator.arun(tickets(2000))
+        await store.close()
+        return result
+
+    workers = [spawn_worker(pg_url, f"w{i}") for i in range(8)]
+    try:
+        result = asyncio.run(go())
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        outputs = [w.communicate(timeout=60) for w in workers]
+    assert all(w.returncode == 0 for w in workers), [o[1][-500:] for o in outputs]
+    completed = [e for e in result.events if e.event == "completed"]
+    assert len(completed) == 2000 and result.audit.clean
+    assert len(sent) == 2000 and set(sent.values()) == {1}  # 2,000 replies, not 16,000
+    per_worker = Counter(e.worker for e in completed)
+    assert set(per_worker) == {f"w{i}" for i in range(8)}
+    mean = 2000 / 8
+    assert min(per_worker.values()) > mean * 0.5, per_worker  # nobody idle while others queue
+
+
+def test_a_killed_worker_is_reclaimed_and_its_tasks_finished_by_others(db_url: str) -> None:
+    slow = "T-0003,T-0004"
+    env = {"DIST_APP_SLOW": slow, "DIST_APP_SLOW_S": "30"}
+
+    async def go() -> Any:
+        store = await opened(db_url)
+        coordinator = Coordinator(registry, store, poll=0.05, stale_after=2.0)
+        task = asyncio.ensure_future(coordinator.arun(tickets(12)))
+        victim = spawn_worker(db_url, "victim", concurrency=12, env=env, lease=2.0)
+        # wait until the victim holds the slow tickets, then kill it mid-task
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                state = await store.load_tasks(coordinator.run_id)
+            except StoreError:  # the coordinator has not created the run yet
+                state = None
+            if state and all(t.status is Status.RUNNING and t.assigned_to == "victim"
+                             for t in state.tasks if t.id in slow.split(",")):
+                break
+            await asyncio.sleep(0.05)
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate(timeout=30)
+        helper = spawn_worker(db_url, "helper", concurrency=4, env=env, lease=2.0)
+        result = await asyncio.wait_for(task, 60)
+        helper.send_signal(signal.SIGTERM)
+        helper.communicate(timeout=30)
+        await store.close()
+        return result
+
+    result = asyncio.run(go())
+    assert result.ok and result.audit.clean
+    for tid in ("T-0003", "T-0004"):
+        events = [(e.event, e.worker) for e in result.events if e.task == tid]
+        assert ("reclaimed", "victim") in events
+        assert events[-1] == ("completed", "helper")
+        assert result.tasks[tid].reclaims == 1
+
+
+def test_worker_cli_rejects_bad_arguments(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "planrun.cli", "worker", "--db", f"sqlite:///{tmp_path}/x.db",
+         "--app", "dist_app:app", "--kinds", "nope"],
+        env={**os.environ, "PYTHONPATH": str(HERE)}, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "unknown kind" in proc.stderr
+    assert "Traceback" not in proc.stderr
