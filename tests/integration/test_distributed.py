@@ -21,8 +21,8 @@ from dist_app import registry
 from test_stores import pg_unreachable, with_search_path
 
 from planrun.distributed import Coordinator, WorkerProcess
-from planrun.ledger import Event
 from planrun.errors import StoreError
+from planrun.ledger import Event
 from planrun.stores import open_store
 from planrun.task import Status, Task, transition
 
