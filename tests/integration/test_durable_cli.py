@@ -1,0 +1,147 @@
+"""The durable side of the command line: run --db, runs, status, resume, a database down."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_stores import pg_unreachable
+
+from planrun.cli import main
+from planrun.registry import KindSpec, Registry, TaskContext
+from planrun.stores import open_store
+from planrun.supervisor import Supervisor
+from planrun.task import Task
+
+HERE = Path(__file__).resolve().parent
+PG_URL = os.environ.get("PLANRUN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def plan_file(tmp_path: Path, n: int = 40) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"goal": "tickets", "tasks": [
+        {"kind": "triage", "payload": {"ticket": f"T-{i}"}, "depends_on": []} for i in range(n)
+    ]}))
+    return path
+
+
+def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> Any:
+    return subprocess.run([sys.executable, "-m", "planrun.cli", *argv], capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})})
+
+
+def test_run_runs_status_and_resume_after_a_kill(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    plan = plan_file(tmp_path)
+    slow = {"DIST_APP_SLOW": ",".join(f"t{i}" for i in range(20, 40)), "DIST_APP_SLOW_S": "60"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planrun.cli", "run", str(plan), "--app", "dist_app:app",
+         "--db", db, "--quiet"],
+        env={**os.environ, "PYTHONPATH": str(HERE), **slow},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 60
+    run_id = None
+    while time.time() < deadline:
+        listed = cli("runs", "--db", db, "--json")
+        runs = json.loads(listed.stdout) if listed.returncode == 0 and listed.stdout else []
+        if runs and runs[0]["counts"]["completed"] >= 20:
+            run_id = runs[0]["id"]
+            break
+        time.sleep(0.2)
+    assert run_id is not None
+    proc.send_signal(signal.SIGKILL)  # the supervisor dies with 20 tasks in flight
+    proc.communicate(timeout=30)
+
+    status = cli("status", run_id, "--db", db, "--json")
+    snapshot = json.loads(status.stdout)
+    assert snapshot["counts"]["completed"] >= 20 and snapshot["run_status"] == "running"
+    assert snapshot["oldest_unfinished_s"] is not None
+    assert sum(snapshot["active_by_worker"].values()) > 0
+    text = cli("status", run_id, "--db", db).stdout
+    assert "tasks by status" in text and "oldest unfinished task" in text
+
+    resumed = cli("resume", run_id, "--db", db, "--json")  # the app comes from the run
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert report["counts"]["completed"] == 40
+    assert report["audit"]["duplicates"] == 0 and report["audit"]["missing"] == []
+    watched = cli("status", run_id, "--db", db, "--watch", "--interval", "0.1")
+    assert watched.returncode == 0 and "completed 40" in watched.stdout
+    listed = cli("runs", "--db", db)
+    assert run_id in listed.stdout and "finished" in listed.stdout
+
+
+def test_postgres_down_at_start_is_one_line_with_the_password_masked(tmp_path: Path) -> None:
+    url = "postgresql://planrun:s3cret-pass@127.0.0.1:1/nowhere"
+    for argv in (["run", str(plan_file(tmp_path)), "--app", "dist_app:app", "--db", url],
+                 ["runs", "--db", url], ["worker", "--db", url, "--app", "dist_app:app"]):
+        proc = cli(*argv, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("planrun: error:")
+        assert "127.0.0.1:1" in lines[0] and "s3cret-pass" not in proc.stderr
+        assert "***" in lines[0]
+
+
+def test_unknown_run_and_missing_db_are_clear(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["status", "nope", "--db", db]) == 2
+    assert "unknown run 'nope'" in capsys.readouterr().err
+    assert main(["resume", "nope", "--db", db]) == 2
+    assert main(["runs", "--db", "mysql://x"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown run" in err and "mysql" in err
+
+
+def test_database_restarted_mid_run_loses_no_task() -> None:
+    reason = pg_unreachable()
+    if reason is not None:
+        if os.environ.get("PLANRUN_REQUIRE_PG"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    import psycopg
+
+    app_name = f"planrun-restart-{os.getpid()}"
+    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}application_name={app_name}"
+    kicked = 0
+
+    async def work(payload: Any, ctx: TaskContext) -> int:
+        nonlocal kicked
+        await asyncio.sleep(0.005)
+        if ctx.task_id in ("t50", "t120") and kicked < 2:
+            kicked += 1
+            # Every connection of this run is cut, as a server restart would.
+            with psycopg.connect(PG_URL, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = %s", (app_name,))
+        return int(payload["n"])
+
+    async def go() -> Any:
+        store = open_store(url)
+        await store.open()
+        try:
+            sup = Supervisor(Registry([KindSpec("k", handler=work)]), store=store,
+                             store_patience=60)
+            sup.add_tasks(Task(id=f"t{i}", kind="k", payload={"n": i}) for i in range(200))
+            result = await sup.arun()
+            return result, await store.load(sup.run_id)
+        finally:
+            await store.close()
+
+    result, state = asyncio.run(go())
+    assert kicked == 2
+    assert result.ok
+    assert sum(1 for t in state.tasks if t.status.value == "completed") == 200
+    completed = [e for e in state.events if e.event == "completed"]
+    assert len({e.task for e in completed}) == 200
