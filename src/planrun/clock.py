@@ -10,14 +10,15 @@ time while keeping its order and its arithmetic exact. Simulation and tests use 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import selectors
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from planrun.errors import UsageError
 
-__all__ = ["Clock", "RealClock", "VirtualClock", "run_virtual"]
+__all__ = ["Clock", "RealClock", "VirtualClock", "run_blocking", "run_virtual"]
 
 T = TypeVar("T")
 
@@ -153,6 +154,22 @@ class VirtualClock:
             raise UsageError(
                 "a VirtualClock's run must be driven by clock.run(...) (or Supervisor.run)"
             )
+
+
+def run_blocking(clock: Clock, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``make()`` to completion under ``clock`` from synchronous code.
+
+    Outside an event loop this is ``clock.run``. Inside one (a Jupyter cell, an async
+    framework's sync callback) the coroutine runs on a private thread with a loop of its
+    own, and this call blocks until it ends: the sync API works in a notebook instead of
+    failing on "this event loop is already running".
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return clock.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="planrun-sync") as pool:
+        return pool.submit(lambda: clock.run(make())).result()
 
 
 def run_virtual(coro: Coroutine[Any, Any, T], start: float = 0.0) -> T:

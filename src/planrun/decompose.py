@@ -14,11 +14,11 @@ with every problem of the last attempt and the raw output of each attempt.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from planrun.clock import RealClock, run_blocking
 from planrun.errors import InvalidPlan, UsageError
 from planrun.plan import Plan, Problem, plan_schema
 from planrun.prompts import PromptLibrary, describe_kinds
@@ -84,6 +84,7 @@ async def adecompose(
             result_model=schema,
             schema_name="plan",
             prompt_hash=rendered.hash,
+            prompt_name=rendered.name,
             meter=scoped,
             validate=False,
         )
@@ -122,17 +123,14 @@ def decompose(
     prompts: PromptLibrary | None = None,
     meter: Usage | None = None,
 ) -> Plan:
-    """Synchronous :func:`adecompose` (not from inside a running event loop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(
-            adecompose(
-                goal, registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
-                repair_attempts=repair_attempts, prompts=prompts, meter=meter,
-            )
-        )
-    raise UsageError("decompose() was called inside a running event loop; use await adecompose()")
+    """Synchronous :func:`adecompose` (on a private thread inside a running loop)."""
+    return run_blocking(
+        RealClock(),
+        lambda: adecompose(
+            goal, registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
+            repair_attempts=repair_attempts, prompts=prompts, meter=meter,
+        ),
+    )
 
 
 def _failure_message(history: Sequence[Sequence[Problem]], attempts: int) -> str:

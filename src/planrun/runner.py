@@ -12,14 +12,13 @@ and the audit computed from the ledger.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from planrun.clock import Clock, RealClock
+from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import UsageError
 from planrun.ledger import Audit, Event
 from planrun.plan import Plan
@@ -289,13 +288,8 @@ async def aresume_run(
 
 def resume_run(run_id: str, app: App | Registry, store: Store | str, **options: Any) -> RunReport:
     """Synchronous :func:`aresume_run`."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        clock = options.get("clock") or RealClock()
-        return clock.run(aresume_run(run_id, app, store, **options))
-    raise UsageError("resume_run() was called inside a running event loop; "
-                     "use await aresume_run()")
+    clock = options.get("clock") or RealClock()
+    return run_blocking(clock, lambda: aresume_run(run_id, app, store, **options))
 
 
 @contextlib.asynccontextmanager
@@ -335,13 +329,8 @@ def plan_and_run(
         InvalidPlan: the plan did not validate (after repairs, for a goal).
         ConfigError: a model is needed and none is configured (``OPENAI_API_KEY``).
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        clock = options.get("clock") or RealClock()
-        return clock.run(aplan_and_run(goal_or_plan, app, **options))
-    raise UsageError("plan_and_run() was called inside a running event loop; "
-                     "use await aplan_and_run()")
+    clock = options.get("clock") or RealClock()
+    return run_blocking(clock, lambda: aplan_and_run(goal_or_plan, app, **options))
 
 
 def _default_model() -> Model:

@@ -9,13 +9,15 @@ healthy).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from planrun.ledger import Event
 from planrun.stores.base import RunState
 from planrun.task import FINAL, Status
 
-__all__ = ["RunStatus", "run_status"]
+__all__ = ["RunStatus", "Sample", "run_status", "timeline"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +75,61 @@ def run_status(state: RunState, now: float) -> RunStatus:
         oldest_unfinished_s=None if oldest is None else max(0.0, now - oldest[0]),
         oldest_unfinished=None if oldest is None else oldest[1],
     )
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The three numbers at one instant of a run, computed from its ledger."""
+
+    at: float
+    """Seconds since the run's first event."""
+    counts: dict[str, int]
+    active_by_worker: dict[str, int]
+    oldest_unfinished_s: float | None
+
+
+def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
+    """Replay a ledger and sample, ``points`` times, tasks by status, per-worker active
+    count and the age of the oldest unfinished task (the article's three numbers)."""
+    ordered = sorted(events, key=lambda e: e.seq)
+    if not ordered:
+        return []
+    start = min(e.at for e in ordered)
+    end = max(e.at for e in ordered)
+    step = (end - start) / max(1, points - 1)
+    status: dict[str, str] = {}
+    created: dict[str, float] = {}
+    running_on: dict[str, str] = {}
+    samples: list[Sample] = []
+    i = 0
+    for n in range(points):
+        now = start + n * step if n < points - 1 else end
+        while i < len(ordered) and ordered[i].at <= now:
+            e = ordered[i]
+            i += 1
+            new = _EVENT_STATUS.get(e.event)
+            if e.event == "created":
+                created[e.task] = e.at
+            if new is None:
+                continue
+            status[e.task] = new
+            if new in ("assigned", "running") and e.worker:
+                running_on[e.task] = e.worker
+            else:
+                running_on.pop(e.task, None)
+        counts = {s.value: 0 for s in Status}
+        for value in status.values():
+            counts[value] += 1
+        active: Counter[str] = Counter(running_on.values())
+        open_ = [created[t] for t, s in status.items() if s not in _FINAL_NAMES and t in created]
+        samples.append(Sample(now - start, counts, dict(active),
+                              (now - min(open_)) if open_ else None))
+    return samples
+
+
+_EVENT_STATUS = {
+    "created": "pending", "assigned": "assigned", "started": "running",
+    "completed": "completed", "failed": "failed", "retry": "pending",
+    "reclaimed": "pending", "dead": "dead", "cancelled": "cancelled",
+}
+_FINAL_NAMES = frozenset(s.value for s in FINAL)

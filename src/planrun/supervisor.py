@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from planrun.clock import Clock, RealClock
+from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import (
     BudgetExceeded,
     DispatchError,
@@ -287,12 +287,11 @@ class Supervisor:
     # ---- running ---------------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        """Run to completion from synchronous code (under the supervisor's clock)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return self.clock.run(self.arun())
-        raise UsageError("run() was called inside a running event loop; use await arun()")
+        """Run to completion from synchronous code (under the supervisor's clock).
+
+        Inside a running event loop (a notebook) the run happens on a private thread.
+        """
+        return run_blocking(self.clock, self.arun)
 
     async def arun(self) -> RunResult:
         """Run every task to a final status and return the result.
@@ -353,12 +352,8 @@ class Supervisor:
         return await self.arun()
 
     def resume(self) -> RunResult:
-        """Synchronous :meth:`aresume`."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return self.clock.run(self.aresume())
-        raise UsageError("resume() was called inside a running event loop; use await aresume()")
+        """Synchronous :meth:`aresume` (on a private thread inside a running loop)."""
+        return run_blocking(self.clock, self.aresume)
 
     # ---- durability ----------------------------------------------------------------------
 

@@ -701,3 +701,28 @@ async def test_postgres_accepts_the_postgres_scheme(pg_url: str) -> None:
     finally:
         await store.close()
 
+
+
+# --- coordinator helpers ----------------------------------------------------------------------
+
+
+async def test_load_tasks_is_load_without_the_ledger(store: Store) -> None:
+    run_id = await make_run(store, chain(3))
+    await complete(store, run_id, chain(3)[0], seq=3)
+    await store.effect_begin(run_id, "t0", f"{run_id}:t0", 6.0)
+    light, full = await store.load_tasks(run_id), await store.load(run_id)
+    assert light.events == [] and len(full.events) == 4
+    assert light.tasks == full.tasks and light.effects == full.effects
+    with pytest.raises(StoreError, match="unknown run"):
+        await store.load_tasks("nope")
+
+
+async def test_append_event_is_numbered_after_everything_else(store: Store) -> None:
+    run_id = await make_run(store, chain(2))
+    await complete(store, run_id, chain(2)[0], seq=7)
+    await store.append_event(run_id, Event(-1, 9.0, "t0", "effect", None, 1, {"key": "k"}))
+    events = (await store.load(run_id)).events
+    assert [e.event for e in events][-1] == "effect"
+    assert events[-1].seq > 7 and len({e.seq for e in events}) == len(events)
+    with pytest.raises(StoreError, match="unknown run"):
+        await store.append_event("nope", Event(-1, 9.0, "t0", "effect"))
