@@ -255,22 +255,26 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     _cassette_flags(parser)
 
 
-def _cassette_flags(parser: argparse.ArgumentParser) -> None:
+def _fixtures_cli() -> Any:
+    import importlib
+
     try:
-        from planrun.fixtures_cli import add_cassette_flags
-    except ImportError:
-        return
-    add_cassette_flags(parser)
+        return importlib.import_module("planrun.fixtures_cli")
+    except ImportError:  # pragma: no cover - a stripped install without fixtures
+        return None
+
+
+def _cassette_flags(parser: argparse.ArgumentParser) -> None:
+    module = _fixtures_cli()
+    if module is not None:
+        module.add_cassette_flags(parser)
 
 
 def _cassette(args: argparse.Namespace) -> Any:
-    try:
-        from planrun.fixtures_cli import cassette_context
-    except ImportError:
-        import contextlib
+    import contextlib
 
-        return contextlib.nullcontext()
-    return cassette_context(args)
+    module = _fixtures_cli()
+    return module.cassette_context(args) if module is not None else contextlib.nullcontext()
 
 
 def _model(args: argparse.Namespace) -> Any:
