@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -20,14 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_stores import pg_unreachable, with_search_path
+from pgtest import fresh_schema
 
 from planrun.ledger import analyze
 from planrun.stores import open_store
 from planrun.task import Status
 
 JOB = Path(__file__).with_name("crash_job.py")
-PG_URL = os.environ.get("PLANRUN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 POINTS = [
     "event:assigned:40",     # work handed out, nothing started
@@ -57,21 +55,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'crash.db'}"
         return
-    reason = pg_unreachable()
-    if reason is not None:
-        if os.environ.get("PLANRUN_REQUIRE_PG"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    import psycopg
-
-    schema = f"planrun_crash_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield with_search_path(PG_URL, schema)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    yield from fresh_schema("planrun_crash")
 
 
 async def load(url: str, run_id: str) -> object:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from dist_app import registry
-from test_stores import pg_unreachable, with_search_path
+from pgtest import fresh_schema
 
 from planrun.distributed import Coordinator, WorkerProcess
 from planrun.errors import StoreError
@@ -27,7 +26,6 @@ from planrun.stores import open_store
 from planrun.task import Status, Task, transition
 
 HERE = Path(__file__).resolve().parent
-PG_URL = os.environ.get("PLANRUN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def tickets(n: int) -> list[Task]:
@@ -49,21 +47,7 @@ def pg_url() -> Iterator[str]:
 
 
 def _pg_schema() -> Iterator[str]:
-    reason = pg_unreachable()
-    if reason is not None:
-        if os.environ.get("PLANRUN_REQUIRE_PG"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    import psycopg
-
-    schema = f"planrun_dist_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield with_search_path(PG_URL, schema)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    yield from fresh_schema("planrun_dist")
 
 
 async def opened(url: str) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_stores import pg_unreachable
+from pgtest import PG_URL, require_pg
 
 from planrun.cli import main
 from planrun.registry import KindSpec, Registry, TaskContext
@@ -22,7 +22,6 @@ from planrun.supervisor import Supervisor
 from planrun.task import Task
 
 HERE = Path(__file__).resolve().parent
-PG_URL = os.environ.get("PLANRUN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def plan_file(tmp_path: Path, n: int = 40) -> Path:
@@ -105,11 +104,7 @@ def test_unknown_run_and_missing_db_are_clear(tmp_path: Path,
 
 
 def test_database_restarted_mid_run_loses_no_task() -> None:
-    reason = pg_unreachable()
-    if reason is not None:
-        if os.environ.get("PLANRUN_REQUIRE_PG"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require_pg()
     import psycopg
 
     app_name = f"planrun-restart-{os.getpid()}"

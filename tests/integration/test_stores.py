@@ -11,10 +11,8 @@ The fixtures live here rather than in a ``conftest.py``: a second module named
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import multiprocessing
-import os
 import random
 import sqlite3
 import time
@@ -22,9 +20,9 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
+from pgtest import PG_URL, fresh_schema
 
 from planrun.errors import StoreError
 from planrun.ledger import Event
@@ -34,12 +32,9 @@ from planrun.stores import (
     RunInfo,
     SQLiteStore,
     Store,
-    mask_url,
     open_store,
 )
 from planrun.task import Status, Task, transition
-
-PG_URL = os.environ.get("PLANRUN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 """Parameters of the ``backend`` fixture."""
@@ -54,45 +49,10 @@ Connect = Callable[[], Awaitable[Store]]
 # --- fixtures -------------------------------------------------------------------------------
 
 
-@functools.cache
-def pg_unreachable() -> str | None:
-    """Why the test server cannot be used, or None when it answers."""
-    try:
-        import psycopg
-    except ImportError:
-        return "psycopg is not installed (pip install planrun[postgres])"
-    try:
-        with psycopg.connect(PG_URL, connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        return f"no PostgreSQL server at {mask_url(PG_URL)}: {str(exc).splitlines()[0]}"
-    return None
-
-
-def with_search_path(url: str, schema: str) -> str:
-    """``url`` with a libpq ``options`` query that puts ``schema`` first on the search path."""
-    sep = "&" if "?" in url else "?"
-    return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
-
-
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A URL whose tables land in a fresh schema, dropped after the test."""
-    reason = pg_unreachable()
-    if reason is not None:
-        if os.environ.get("PLANRUN_REQUIRE_PG"):  # CI: a missing server is a failure
-            pytest.fail(reason)
-        pytest.skip(reason)
-    import psycopg
-
-    schema = f"planrun_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield with_search_path(PG_URL, schema)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    yield from fresh_schema()
 
 
 @pytest.fixture(params=BACKENDS)
