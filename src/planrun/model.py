@@ -48,6 +48,7 @@ from planrun.errors import (
     ConfigError,
     ModelRefused,
     PermanentError,
+    PlanrunError,
     RateLimited,
     TransientError,
     UsageError,
@@ -59,6 +60,7 @@ from planrun.usage import Usage, UsageRecord, estimate_tokens
 
 __all__ = [
     "DEFAULT_MODEL",
+    "PROMPT_HEADER",
     "Completion",
     "Model",
     "RetryPolicy",
@@ -71,6 +73,8 @@ __all__ = [
 log = logging.getLogger("planrun.model")
 
 DEFAULT_MODEL = "gpt-4o-mini"
+PROMPT_HEADER = "X-Planrun-Prompt"
+"""Request header naming the rendered prompt (``<name>:<hash>``); recorded by fixtures."""
 DEFAULT_COMPLETION_ESTIMATE = 1024
 """Completion tokens assumed by the budget and the limiter when ``max_tokens`` is unset."""
 
@@ -479,6 +483,26 @@ def translate_error(exc: BaseException, *, secrets: Sequence[str] = ()) -> Worke
     )
 
 
+def _own_error(exc: BaseException) -> PlanrunError | None:
+    """A non-worker planrun error that the SDK wrapped (it wraps transport errors), if any."""
+    seen: set[int] = set()
+    todo = [exc.__cause__, exc.__context__]
+    while todo:
+        node = todo.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        if isinstance(node, PlanrunError) and not isinstance(node, WorkerError):
+            return node
+        seen.add(id(node))
+        todo += [node.__cause__, node.__context__]
+    return None
+
+
+def _prompt_header(name: str | None, prompt_hash: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", name or "")[:64]
+    return f"{safe}:{prompt_hash}"
+
+
 def _rejects_json_schema(exc: BaseException | None) -> bool:
     if not isinstance(exc, openai.BadRequestError):
         return False
@@ -644,6 +668,7 @@ class _Call:
     validate: bool
     attempts: int = 0
     fell_back: bool = False
+    prompt_name: str | None = None
 
 
 class Model:
@@ -746,6 +771,7 @@ class Model:
         result_model: type[M],
         schema_name: str | None = None,
         prompt_hash: str | None = None,
+        prompt_name: str | None = None,
         idempotency_key: str | None = None,
         meter: Usage | None = None,
         timeout: float | None = None,
@@ -762,6 +788,7 @@ class Model:
         result_model: type[BaseModel] | Mapping[str, Any] | None = None,
         schema_name: str | None = None,
         prompt_hash: str | None = None,
+        prompt_name: str | None = None,
         idempotency_key: str | None = None,
         meter: Usage | None = None,
         timeout: float | None = None,
@@ -777,6 +804,7 @@ class Model:
         result_model: type[BaseModel] | Mapping[str, Any] | None = None,
         schema_name: str | None = None,
         prompt_hash: str | None = None,
+        prompt_name: str | None = None,
         idempotency_key: str | None = None,
         meter: Usage | None = None,
         timeout: float | None = None,
@@ -791,6 +819,10 @@ class Model:
         (``parsed`` is an instance) or a JSON Schema dict (``parsed`` is the JSON).
         ``validate=False`` skips local validation: ``parsed`` is the decoded JSON, or None
         when the reply is not JSON; the caller checks it (a repair loop wants the text).
+        ``prompt_name`` (default: a :class:`RenderedPrompt`'s name) and ``prompt_hash`` are
+        sent as the ``X-Planrun-Prompt: <name>:<hash>`` request header, which the API
+        ignores and :mod:`planrun.fixtures` stores, so a stale recording can name the
+        template that changed.
 
         Every request is recorded on ``meter`` (default: the Model's) under its keys.
         Raises :class:`TransientError`/:class:`RateLimited` once retries are spent,
@@ -798,8 +830,9 @@ class Model:
         :class:`ModelRefused` for a refusal, a ``length`` or ``content_filter`` stop, and
         :class:`BudgetExceeded` before a request the budget cannot afford.
         """
-        if isinstance(messages, RenderedPrompt) and prompt_hash is None:
-            prompt_hash = messages.hash
+        if isinstance(messages, RenderedPrompt):
+            prompt_hash = prompt_hash or messages.hash
+            prompt_name = prompt_name or messages.name
         call = _Call(
             _chat(messages),
             self._target(result_model, schema_name),
@@ -810,6 +843,7 @@ class Model:
             max_tokens or self.max_tokens,
             self.temperature if temperature is None else temperature,
             validate,
+            prompt_name=prompt_name,
         )
         retrying = AsyncRetrying(
             stop=self._stop,
@@ -877,8 +911,13 @@ class Model:
             params["max_completion_tokens"] = call.max_tokens
         if call.temperature is not None:
             params["temperature"] = call.temperature
+        headers: dict[str, str] = {}
         if call.idempotency_key:
-            params["extra_headers"] = {"Idempotency-Key": call.idempotency_key}
+            headers["Idempotency-Key"] = call.idempotency_key
+        if call.prompt_hash:
+            headers[PROMPT_HEADER] = _prompt_header(call.prompt_name, call.prompt_hash)
+        if headers:
+            params["extra_headers"] = headers
         if call.timeout is not None:
             params["timeout"] = call.timeout
         return params
@@ -904,6 +943,13 @@ class Model:
             create = self._client.chat.completions.create(**params)
             return await asyncio.wait_for(create, call.timeout)
         except (openai.OpenAIError, asyncio.TimeoutError) as exc:
+            own = _own_error(exc)
+            if own is not None:
+                if self.limiter is not None:
+                    self.limiter.reconcile(estimate, 0)
+                # A planrun error raised beneath the SDK (a fixture miss in a replaying
+                # transport) is not a connection problem: never retried, never translated.
+                raise own from None
             error = translate_error(exc, secrets=self._secrets)
             call.meter.record(self.model, prompt_hash=call.prompt_hash, error=type(error).__name__)
             if self.limiter is not None:

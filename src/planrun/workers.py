@@ -92,6 +92,7 @@ class ModelWorker:
             result_model=self.result_model,
             schema_name=ctx.kind,
             prompt_hash=rendered.hash,
+            prompt_name=rendered.name,
             idempotency_key=ctx.idempotency_key,
             meter=meter,
         )
