@@ -18,6 +18,7 @@ from importlib import metadata as _metadata
 
 from planrun.clock import Clock, RealClock, VirtualClock
 from planrun.decompose import adecompose, decompose
+from planrun.distributed import Coordinator, WorkerProcess
 from planrun.errors import (
     BudgetExceeded,
     ConfigError,
@@ -36,14 +37,24 @@ from planrun.errors import (
     UsageError,
     WorkerError,
 )
+from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
 from planrun.limiter import RateLimiter
 from planrun.model import Completion, Model, RetryPolicy
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
 from planrun.prompts import PromptLibrary, RenderedPrompt
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.runner import App, RunReport, TaskReport, aplan_and_run, plan_and_run
+from planrun.runner import (
+    App,
+    RunReport,
+    TaskReport,
+    aplan_and_run,
+    aresume_run,
+    plan_and_run,
+    resume_run,
+)
 from planrun.sim import Scenario, SimResult, simulate
+from planrun.stores import open_store
 from planrun.supervisor import Backoff, RunResult, Supervisor
 from planrun.task import Status, Task
 from planrun.usage import Budget, Price, PriceTable, Usage
@@ -63,9 +74,11 @@ __all__ = [
     "BudgetExceeded",
     "Clock",
     "Completion",
+    "Coordinator",
     "ConfigError",
     "DispatchError",
     "Event",
+    "FixtureMiss",
     "IllegalTransition",
     "InvalidPlan",
     "KindSpec",
@@ -105,15 +118,21 @@ __all__ = [
     "UsageError",
     "VirtualClock",
     "WorkerError",
+    "WorkerProcess",
     "WorkerSpec",
     "__version__",
     "adecompose",
     "analyze",
     "aplan_and_run",
+    "aresume_run",
     "decompose",
+    "open_store",
     "plan_and_run",
     "plan_schema",
     "read_jsonl",
+    "record",
+    "replay",
+    "resume_run",
     "simulate",
     "validate_plan",
 ]

@@ -9,6 +9,8 @@
     planrun run PLAN.json --app module:attr --db URL --workers external [--mode push|peer]
     planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
     planrun resume RUN_ID --db URL [--app module:attr]
+    planrun demo [brief|tickets|release] [--live]
+    planrun fixtures check [PATH...] | fixtures show PATH
     planrun runs --db URL [--json]
     planrun status RUN_ID --db URL [--watch] [--json]
     planrun --version
@@ -280,6 +282,10 @@ def _cassette(args: argparse.Namespace) -> Any:
 def _model(args: argparse.Namespace) -> Any:
     from planrun.model import Model
 
+    module = _fixtures_cli()
+    replayed = module.replay_model(args) if module is not None else None
+    if replayed is not None:  # --replay: the cassette answers; no key needed
+        return replayed
     return Model(args.model) if args.model else Model()
 
 
@@ -619,6 +625,32 @@ def _cmd_worker(args: argparse.Namespace) -> int:
           file=sys.stderr)
     return EXIT_OK
 
+
+# ---------------------------------------------------------------------------------- demo
+
+
+def _add_demo(subparsers: _Subparsers) -> None:
+    from planrun.demo import DEMOS
+
+    parser = subparsers.add_parser(
+        "demo", help="the worked examples end to end, offline from their fixtures",
+        description="Replay a worked example through the real decomposer, supervisor and "
+        "model client: the goal, the validated plan, live progress, the final report. "
+        "--live runs it against the configured endpoint instead (OPENAI_API_KEY).",
+    )
+    parser.add_argument("name", nargs="?", default="brief", choices=DEMOS,
+                        help="brief (default), tickets (200 tickets) or release")
+    parser.add_argument("--live", action="store_true", help="call the real endpoint")
+    parser.add_argument("--model", help="model name for --live")
+    parser.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from planrun.demo import run_demo
+
+    report = run_demo(args.name, live=args.live, model_name=args.model)
+    return EXIT_OK if report.audit.clean else 1
+
 # -------------------------------------------------------------------------------- parser
 
 
@@ -640,6 +672,10 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_runs(subparsers)
     _add_status(subparsers)
     _add_worker(subparsers)
+    _add_demo(subparsers)
+    module = _fixtures_cli()
+    if module is not None:
+        module.add_fixtures_parser(subparsers)
     return parser
 
 

@@ -35,11 +35,18 @@ def _label(plan: Plan, index: int) -> str:
     return f"[bold]{index}[/] {task.kind}" + (f" [dim]({payload})[/]" if payload else "")
 
 
-def plan_tree(plan: Plan) -> Tree:
-    """The plan as a tree: each task under the last of its dependencies, others noted."""
+def plan_tree(plan: Plan, limit: int | None = None) -> Tree:
+    """The plan as a tree: each task under the last of its dependencies, others noted.
+
+    With ``limit``, only the first ``limit`` tasks (in dependency order) are drawn.
+    """
     tree = Tree(f"[bold]{plan.goal or 'plan'}[/] [dim]({len(plan.tasks)} tasks)[/]")
     nodes: dict[int, Tree] = {}
-    for i in plan.topological_order():
+    order = plan.topological_order()
+    if limit is not None and len(order) > limit:
+        order = order[:limit]
+        tree.add(f"[dim]... and {len(plan.tasks) - limit} more tasks[/]")
+    for i in order:
         deps = sorted(plan.tasks[i].depends_on)
         parent = nodes[deps[-1]] if deps else tree
         extra = f" [dim]after {', '.join(map(str, deps))}[/]" if len(deps) > 1 else ""

@@ -1,0 +1,58 @@
+"""`planrun demo`: the offline main job, from the shipped fixtures."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from planrun.cli import main
+from planrun.demo import cassette_path, run_demo
+from planrun.errors import UsageError
+
+
+def console() -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, width=120, force_terminal=False), buffer
+
+
+def test_brief_demo_shows_goal_plan_progress_and_report() -> None:
+    out, buffer = console()
+    report = run_demo("brief", console=out)
+    text = buffer.getvalue()
+    assert report.ok and report.counts["completed"] == 6
+    assert "produce a competitive brief on the European payments market" in text
+    assert "validated after 2 model call(s), 1 repair(s)" in text
+    assert "write_brief" in text and "after 3, 4" in text  # the tree shows dependencies
+    assert "6/6 finished" in text  # the live progress line
+    assert "audit: clean" in text and "usage: 8 requests" in text and "$" in text
+
+
+def test_tickets_demo_sends_each_reply_once() -> None:
+    out, buffer = console()
+    report = run_demo("tickets", console=out)
+    text = buffer.getvalue()
+    assert report.counts["completed"] == 400 and report.audit.duplicate_effects == 0
+    sent = int(text.split("replies sent: ")[1].split(" ")[0])
+    flagged = int(text.split("flagged for a human: ")[1].split()[0])
+    assert sent + flagged == 200 and flagged > 0
+
+
+def test_demo_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "release"]) == 0
+    assert "audit: clean" in capsys.readouterr().out
+    assert main(["demo", "nope"]) == 2
+
+
+def test_live_demo_without_a_key_names_the_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--live"]) == 2
+    err = capsys.readouterr().err
+    assert "OPENAI_API_KEY" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_demo_and_missing_fixture() -> None:
+    with pytest.raises(UsageError, match="unknown demo"):
+        run_demo("nope")
+    with pytest.raises(UsageError, match="no fixture"):
+        cassette_path("does-not-exist")
