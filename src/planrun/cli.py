@@ -476,6 +476,18 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     if not ref:
         raise _CliError(f"run {args.run_id} does not name its app; pass --app module:attr")
     app = load_app(ref)
+    if meta.get("coordinated"):  # started with --workers external: coordinate it again
+        from planrun.distributed import Coordinator
+
+        async def again(store: Any) -> Any:
+            return await Coordinator(app.registry, store, run_id=args.run_id,
+                                     mode=meta.get("mode", "push"),
+                                     effects=app.effects).aresume()
+
+        result = _with_store(args.db, again)
+        counts = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
+        print(f"run {result.run_id}: {counts}")
+        return EXIT_OK if result.ok else 1
     options: dict[str, Any] = {"store": args.db, "_runner": _resume_runner(args.run_id)}
     if meta.get("on_dead"):
         options["on_dead"] = meta["on_dead"]

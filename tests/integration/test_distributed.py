@@ -197,3 +197,37 @@ def test_worker_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "unknown kind" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_coordinator_that_died_is_resumed(db_url: str) -> None:
+    sent: list[str] = []
+
+    async def go() -> Any:
+        stores = [await opened(db_url) for _ in range(3)]
+        workers = [WorkerProcess(registry, s, name=f"w{i}", capacity=2, poll=0.02)
+                   for i, s in enumerate(stores[1:])]
+        handles = [asyncio.ensure_future(w.arun()) for w in workers]
+        first = Coordinator(registry, stores[0], poll=0.02,
+                            effects={"triage": lambda t, key: sent.append(key)})
+        dying = asyncio.ensure_future(first.arun(tickets(30)))
+        while sum(w.done for w in workers) < 8:
+            await asyncio.sleep(0.01)
+        dying.cancel()  # the coordinator dies mid-run; workers keep what they hold
+        await asyncio.gather(dying, return_exceptions=True)
+        second = Coordinator(registry, stores[0], run_id=first.run_id, poll=0.02,
+                             effects={"triage": lambda t, key: sent.append(key)})
+        result = await second.aresume()
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*handles)
+        for s in stores:
+            await s.close()
+        return result
+
+    result = asyncio.run(go())
+    assert result.ok and result.audit.clean
+    # Every reply sent; a repeat can only be an effect the dead coordinator applied but had
+    # not yet recorded (at most the four it applies at once), and it carries the same key.
+    assert len(set(sent)) == 30 and len(sent) - 30 <= 4
+    effects = [e for e in result.events if e.event == "effect"]
+    assert len({e.task for e in effects}) == 30
