@@ -131,9 +131,17 @@ class Coordinator:
 
     async def aresume(self) -> RunResult:
         """Coordinate a stored run again (after the coordinator itself died)."""
-        state = await self.store.load_tasks(self.run_id)
+        state = await self.store.load(self.run_id)
         await self.store.set_run_status(self.run_id, "running")
-        self._applied = {k for k, v in state.effects.items() if v.state == "applied"}
+        logged = {e.task for e in state.events if e.event == "effect"}
+        by_id = {t.id: t for t in state.tasks}
+        for task_id, record in state.effects.items():
+            if record.state != "applied":
+                continue  # begun, maybe applied: the next round applies it again, same key
+            self._applied.add(task_id)
+            if task_id not in logged and task_id in by_id:  # died before writing the event
+                event = _effect_event(by_id[task_id], record.key)
+                await self.store.append_event(self.run_id, event)
         return await self._coordinate(time.time())
 
     async def _coordinate(self, started: float) -> RunResult:
