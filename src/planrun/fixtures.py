@@ -1039,7 +1039,7 @@ def check(paths: Iterable[str | os.PathLike[str]]) -> list[Stale]:
 
 
 def _check_one(path: Path) -> list[Stale]:
-    from planrun.clock import VirtualClock
+    from planrun.clock import VirtualClock, run_blocking
     from planrun.scenarios import SCENARIOS
 
     cassette = Cassette.load(path)
@@ -1061,7 +1061,7 @@ def _check_one(path: Path) -> list[Stale]:
                 await model.aclose()
 
         try:
-            clock.run(run())
+            run_blocking(clock, run)  # works inside a running loop too (a notebook cell)
         except Exception as exc:  # the scenario itself broke under replay
             found.append(Stale(str(path), None, "failed",
                                f"the scenario {name!r} raised {type(exc).__name__}: {exc}"))

@@ -90,7 +90,8 @@ class Sample:
 
 def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
     """Replay a ledger and sample, ``points`` times, tasks by status, per-worker active
-    count and the age of the oldest unfinished task (the article's three numbers)."""
+    count (tasks running on it, not those queued) and the age of the oldest unfinished
+    task: the article's three numbers."""
     ordered = sorted(events, key=lambda e: e.seq)
     if not ordered:
         return []
@@ -113,7 +114,7 @@ def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
             if new is None:
                 continue
             status[e.task] = new
-            if new in ("assigned", "running") and e.worker:
+            if new == "running" and e.worker:
                 running_on[e.task] = e.worker
             else:
                 running_on.pop(e.task, None)
