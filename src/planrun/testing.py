@@ -1,4 +1,6 @@
-"""Test doubles that ship with planrun: a fake OpenAI chat endpoint in the exact wire format.
+"""Test doubles that ship with planrun: a fake OpenAI endpoint and an in-memory store.
+
+:class:`InMemoryStore` is the store interface over dicts, recording every call.
 
 :class:`FakeOpenAI` answers ``POST /chat/completions`` the way the OpenAI API does (ids,
 ``usage`` with token details, ``x-request-id`` and rate-limit headers, error bodies), with
@@ -26,7 +28,9 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ChatRequest", "FakeOpenAI", "Scripted", "error_body", "synthesize"]
+from planrun.stores.memory import InMemoryStore
+
+__all__ = ["ChatRequest", "FakeOpenAI", "InMemoryStore", "Scripted", "error_body", "synthesize"]
 
 CREATED = 1_764_460_800  # 2025-11-30T00:00:00Z: fixed, so replies are reproducible
 
