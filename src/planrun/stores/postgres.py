@@ -320,27 +320,13 @@ class PostgresStore:
 
     async def load(self, run_id: str) -> RunState:
         """Everything about one run, read in one snapshot."""
-        args = {"run_id": run_id}
-
-        async def go(cur: Cursor) -> RunState:
-            await cur.execute(Q["get_run"], args)
-            row = await cur.fetchone()
-            if row is None:
-                raise unknown_run(run_id)
-            await cur.execute(Q["get_tasks"], args)
-            tasks = [task_from_row(r, keep_json) for r in await cur.fetchall()]
-            await cur.execute(Q["get_events"], args)
-            events = [event_from_row(r, keep_json) for r in await cur.fetchall()]
-            await cur.execute(Q["get_effects"], args)
-            effects = [effect_from_row(r, keep_json) for r in await cur.fetchall()]
-            return RunState(
-                run_from_row(row, keep_json), tasks, events, {e.task_id: e for e in effects}
-            )
-
-        return await self._tx(go, snapshot=True)
+        return await self._read(run_id, events=True)
 
     async def load_tasks(self, run_id: str) -> RunState:
         """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+        return await self._read(run_id, events=False)
+
+    async def _read(self, run_id: str, events: bool) -> RunState:
         args = {"run_id": run_id}
 
         async def go(cur: Cursor) -> RunState:
@@ -350,10 +336,15 @@ class PostgresStore:
                 raise unknown_run(run_id)
             await cur.execute(Q["get_tasks"], args)
             tasks = [task_from_row(r, keep_json) for r in await cur.fetchall()]
+            ledger = []
+            if events:
+                await cur.execute(Q["get_events"], args)
+                ledger = [event_from_row(r, keep_json) for r in await cur.fetchall()]
             await cur.execute(Q["get_effects"], args)
             effects = [effect_from_row(r, keep_json) for r in await cur.fetchall()]
-            return RunState(run_from_row(row, keep_json), tasks, [],
-                            {e.task_id: e for e in effects})
+            return RunState(
+                run_from_row(row, keep_json), tasks, ledger, {e.task_id: e for e in effects}
+            )
 
         return await self._tx(go, snapshot=True)
 

@@ -238,23 +238,13 @@ class SQLiteStore:
 
     async def load(self, run_id: str) -> RunState:
         """Everything about one run, read in one snapshot."""
-
-        def go(conn: sqlite3.Connection) -> RunState:
-            with _transaction(conn, "BEGIN"):
-                row = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
-                if row is None:
-                    raise unknown_run(run_id)
-                args = {"run_id": run_id}
-                tasks = [task_from_row(r) for r in conn.execute(Q["get_tasks"], args)]
-                events = [event_from_row(r) for r in conn.execute(Q["get_events"], args)]
-                effects = [effect_from_row(r) for r in conn.execute(Q["get_effects"], args)]
-            return RunState(run_from_row(row), tasks, events, {e.task_id: e for e in effects})
-
-        return await self._with_conn(go)
+        return await self._read(run_id, events=True)
 
     async def load_tasks(self, run_id: str) -> RunState:
         """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+        return await self._read(run_id, events=False)
 
+    async def _read(self, run_id: str, events: bool) -> RunState:
         def go(conn: sqlite3.Connection) -> RunState:
             with _transaction(conn, "BEGIN"):
                 row = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
@@ -262,8 +252,10 @@ class SQLiteStore:
                     raise unknown_run(run_id)
                 args = {"run_id": run_id}
                 tasks = [task_from_row(r) for r in conn.execute(Q["get_tasks"], args)]
+                ledger = ([event_from_row(r) for r in conn.execute(Q["get_events"], args)]
+                          if events else [])
                 effects = [effect_from_row(r) for r in conn.execute(Q["get_effects"], args)]
-            return RunState(run_from_row(row), tasks, [], {e.task_id: e for e in effects})
+            return RunState(run_from_row(row), tasks, ledger, {e.task_id: e for e in effects})
 
         return await self._with_conn(go)
 
