@@ -430,21 +430,7 @@ class SQLiteStore:
             "limit": limit,
         }
 
-        def go(conn: sqlite3.Connection) -> list[Task]:
-            with _transaction(conn):
-                ids = [r["id"] for r in conn.execute(Q["claim_candidates"], args)]
-                if not ids:
-                    return []
-                args["ids"] = json.dumps(ids)
-                conn.execute(Q["start_tasks"], args)
-                tasks = _tasks_by_ids(conn, run_id, args["ids"])
-                _append_started(conn, run_id, tasks, now)
-                return tasks
-
-        tasks = await self._with_conn(go)
-        if tasks:
-            self._waiters.notify(run_id)
-        return tasks
+        return await self._start(run_id, "claim_candidates", "start_tasks", args, now)
 
     async def take_assigned(
         self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
@@ -460,13 +446,20 @@ class SQLiteStore:
             "limit": limit,
         }
 
+        return await self._start(run_id, "assigned_candidates", "start_assigned", args, now)
+
+    async def _start(
+        self, run_id: str, candidates: str, start: str, args: dict[str, Any], now: float
+    ) -> list[Task]:
+        """Pick candidates and move them to running, with a ``started`` event each, at once."""
+
         def go(conn: sqlite3.Connection) -> list[Task]:
             with _transaction(conn):
-                ids = [r["id"] for r in conn.execute(Q["assigned_candidates"], args)]
+                ids = [r["id"] for r in conn.execute(Q[candidates], args)]
                 if not ids:
                     return []
                 args["ids"] = json.dumps(ids)
-                conn.execute(Q["start_assigned"], args)
+                conn.execute(Q[start], args)
                 tasks = _tasks_by_ids(conn, run_id, args["ids"])
                 _append_started(conn, run_id, tasks, now)
                 return tasks
