@@ -231,3 +231,53 @@ def test_a_coordinator_that_died_is_resumed(db_url: str) -> None:
     assert len(set(sent)) == 30 and len(sent) - 30 <= 4
     effects = [e for e in result.events if e.event == "effect"]
     assert len({e.task for e in effects}) == 30
+
+
+class Unreliable:
+    """A store that drops out: every call fails while ``down`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.down, self.failed = inner, False, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                self.failed += 1
+                raise StoreError("connection lost")
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_worker_that_loses_the_database_waits_and_never_drops_a_result() -> None:
+    from planrun.stores import InMemoryStore
+
+    async def go() -> Any:
+        shared = InMemoryStore()
+        await shared.open()
+        flaky = Unreliable(shared)
+        worker = WorkerProcess(registry, flaky, name="w", capacity=2, poll=0.01, lease_s=30)  # type: ignore[arg-type]
+        handle = asyncio.ensure_future(worker.arun())
+        coordinator = Coordinator(registry, shared, poll=0.01)
+        run = asyncio.ensure_future(coordinator.arun(tickets(20)))
+        while worker.done < 5:
+            await asyncio.sleep(0.005)
+        flaky.down = True  # mid-run: the worker can neither take work nor report
+        at_outage = worker.done
+        await asyncio.sleep(0.3)
+        reported_while_down = worker.done - at_outage
+        flaky.down = False
+        result = await asyncio.wait_for(run, 30)
+        worker.stop()
+        await handle
+        return result, flaky.failed, reported_while_down, worker
+
+    result, failed, reported_while_down, worker = asyncio.run(go())
+    assert failed > 0  # it did try, and backed off
+    assert result.ok and result.audit.clean
+    assert worker.done == 20 and worker.rejected == 0  # results held back, none lost
+    assert reported_while_down == 0  # nothing is reported that cannot be fenced
