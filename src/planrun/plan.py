@@ -56,6 +56,7 @@ __all__ = [
     "PlanTask",
     "Problem",
     "plan_schema",
+    "smallest_order",
     "validate_plan",
 ]
 
@@ -224,17 +225,7 @@ class Plan:
         This is the smallest such order, so a plan whose dependencies all point backwards
         comes out as ``[0, 1, ..., n-1]``.
         """
-        sorter = self._sorter()
-        ready = list(sorter.get_ready())
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            sorter.done(i)
-            for j in sorter.get_ready():
-                heapq.heappush(ready, j)
-        return order
+        return smallest_order(self._sorter())
 
     def levels(self) -> list[list[int]]:
         """Task indices in waves: each wave depends only on earlier waves (sorted within)."""
@@ -312,6 +303,22 @@ class Plan:
             doc["depends_on"] = [position[d] for d in task.depends_on]
             tasks.append(doc)
         return {"goal": self.goal, "tasks": tasks}
+
+
+def smallest_order(sorter: graphlib.TopologicalSorter[Any], key: Any = None) -> list[Any]:
+    """Drain a prepared ``sorter``: every node after its dependencies, and among the nodes
+    ready at once the smallest first (by ``key``, default the node itself)."""
+    rank = key or (lambda node: node)
+    ready = [(rank(n), n) for n in sorter.get_ready()]
+    heapq.heapify(ready)
+    order: list[Any] = []
+    while ready:
+        _, node = heapq.heappop(ready)
+        order.append(node)
+        sorter.done(node)
+        for nxt in sorter.get_ready():
+            heapq.heappush(ready, (rank(nxt), nxt))
+    return order
 
 
 def validate_plan(

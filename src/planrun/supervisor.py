@@ -897,12 +897,9 @@ def _dependency_order(batch: list[Task]) -> list[Task]:
         raise InvalidPlan(
             [Problem("cycle", None, f"tasks form a dependency cycle: {' -> '.join(cycle)}")]
         ) from exc
-    ordered: list[Task] = []
-    while sorter.is_active():
-        ready = sorted(sorter.get_ready(), key=position.__getitem__)
-        ordered.extend(by_id[i] for i in ready)
-        sorter.done(*ready)
-    return ordered
+    from planrun.plan import smallest_order
+
+    return [by_id[i] for i in smallest_order(sorter, position.__getitem__)]
 
 
 def _is_async(handler: Handler) -> bool:

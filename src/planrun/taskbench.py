@@ -30,7 +30,6 @@ What the conversion does with the data's quirks:
 from __future__ import annotations
 
 import graphlib
-import heapq
 import itertools
 import json
 import os
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from planrun.errors import UsageError
+from planrun.plan import smallest_order
 from planrun.registry import KindSpec, Registry
 
 __all__ = [
@@ -168,16 +168,7 @@ def _order(n: int, edges: set[tuple[int, int]]) -> list[int]:
         sorter.prepare()
     except graphlib.CycleError:
         return list(range(n))
-    ready = list(sorter.get_ready())
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        sorter.done(i)
-        for j in sorter.get_ready():
-            heapq.heappush(ready, j)
-    return order
+    return smallest_order(sorter)
 
 
 def _renumber(value: Any, position: Mapping[int, int]) -> Any:
