@@ -401,12 +401,14 @@ class WorkerProcess:
             free = self.capacity - len(self._running)
             if free <= 0:
                 continue
+            # now=None: the store stamps the start once it holds its write lock, so the
+            # ledger never shows a task starting before a dependency finished elsewhere.
             if self.mode == "push":
-                tasks = await self.store.take_assigned(run_id, self.name, now, self.lease_s,
+                tasks = await self.store.take_assigned(run_id, self.name, None, self.lease_s,
                                                        free)
             else:
-                tasks = await self.store.claim(run_id, self.name, self.kinds, now, self.lease_s,
-                                               free)
+                tasks = await self.store.claim(run_id, self.name, self.kinds, None,
+                                               self.lease_s, free)
             for task in tasks:
                 key = (run_id, task.id)
                 handle = asyncio.ensure_future(self._execute(run_id, task))

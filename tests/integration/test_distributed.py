@@ -83,9 +83,59 @@ def test_in_process_workers_on_separate_connections(db_url: str, mode: str) -> N
     assert len(sent) == 60 == len(set(sent))
     assert sum(w.done for w in workers) == 60
     assert all(w.done > 0 for w in workers)
-    started = {e.task: e.at for e in result.events if e.event == "started"}
-    done = {e.task: e.at for e in result.events if e.event == "completed"}
-    assert started["T-0005"] >= done["T-0000"]  # dependencies hold across processes
+    started = {e.task: e for e in result.events if e.event == "started"}
+    done = {e.task: e for e in result.events if e.event == "completed"}
+    # Dependencies hold across processes: in the ledger's order and in its clock.
+    assert started["T-0005"].seq > done["T-0000"].seq
+    assert started["T-0005"].at >= done["T-0000"].at
+
+
+class _SlowHeartbeat:
+    """A worker's store whose heartbeat is slow: while it is in flight another connection
+    completes a dependency, so the worker's round began before that completion."""
+
+    def __init__(self, store: Any, meanwhile: Any) -> None:
+        self.store, self.meanwhile = store, meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def heartbeat_worker(self, *args: Any) -> None:
+        await self.store.heartbeat_worker(*args)
+        await self.meanwhile()
+
+
+def test_a_worker_never_stamps_a_start_before_the_dependency_it_waited_for(
+        db_url: str) -> None:
+    from planrun.stores import RunInfo
+
+    async def go() -> tuple[Event, Event]:
+        store, other = await opened(db_url), await opened(db_url)
+        run_id = "run-stamp"
+        first, second = tickets(2)
+        await store.create_run(RunInfo(run_id, time.time()))
+        await store.add_tasks(run_id, [first, second.evolve(depends_on=(first.id,))], [])
+
+        async def finish_the_dependency() -> None:
+            [claimed] = await other.claim(run_id, "elsewhere", ["triage"], None, 30.0)
+            now = time.time()
+            done = transition(claimed, Status.COMPLETED, result={"ok": True}, finished_at=now,
+                              attempts=1, lease=None)
+            event = Event(-1, now, claimed.id, "completed", "elsewhere", claimed.token)
+            assert await other.write_fenced(run_id, done, event, claimed.token)
+
+        worker = WorkerProcess(registry, _SlowHeartbeat(store, finish_the_dependency),
+                               name="w", mode="peer")
+        assert await worker._round([run_id])  # claimed the dependent in the same round
+        await asyncio.gather(*(r.handle for r in list(worker._running.values())))
+        events = (await store.load(run_id)).events
+        for s in (store, other):
+            await s.close()
+        by = {(e.task, e.event): e for e in events}
+        return by[first.id, "completed"], by[second.id, "started"]
+
+    completed, started = asyncio.run(go())
+    assert started.at >= completed.at and started.seq > completed.seq
 
 
 def test_a_stale_result_is_refused_by_the_database(db_url: str) -> None:

@@ -48,18 +48,21 @@ def test_run_runs_status_and_resume_after_a_kill(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(HERE), **slow},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    deadline = time.time() + 60
-    run_id = None
-    while time.time() < deadline:
-        listed = cli("runs", "--db", db, "--json")
-        runs = json.loads(listed.stdout) if listed.returncode == 0 and listed.stdout else []
-        if runs and runs[0]["counts"]["completed"] >= 20:
-            run_id = runs[0]["id"]
-            break
-        time.sleep(0.2)
-    assert run_id is not None
-    proc.send_signal(signal.SIGKILL)  # the supervisor dies with 20 tasks in flight
-    proc.communicate(timeout=30)
+    try:
+        # `runs` opens the new file while `run` creates it: both must get through.
+        deadline = time.time() + 60
+        run_id, listed = None, None
+        while time.time() < deadline and proc.poll() is None:
+            listed = cli("runs", "--db", db, "--json")
+            runs = json.loads(listed.stdout) if listed.returncode == 0 and listed.stdout else []
+            if runs and runs[0]["counts"]["completed"] >= 20:
+                run_id = runs[0]["id"]
+                break
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the supervisor dies with 20 tasks in flight
+        _, run_err = proc.communicate(timeout=30)
+    assert run_id is not None, (run_err[-2000:], listed and listed.stderr[-2000:])
 
     status = cli("status", run_id, "--db", db, "--json")
     snapshot = json.loads(status.stdout)

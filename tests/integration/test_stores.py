@@ -391,6 +391,35 @@ async def test_take_assigned_starts_only_this_workers_tasks(store: Store) -> Non
     assert (await store.load(run_id)).events[-1] == Event(5, 5.0, "a", "started", "w1", 1)
 
 
+async def test_without_now_the_store_stamps_a_start_after_what_it_saw(connect: Connect) -> None:
+    # A claim that sees a dependency completed (written through another connection) must
+    # not stamp the start before that completion, whatever the claimer's own clock said.
+    store, other = await connect(), await connect()
+    run_id = await make_run(store, chain(2))
+    [first] = await other.claim(run_id, "w1", ["k"], None, 30.0)
+    done_at = time.time()
+    finished = transition(first, Status.COMPLETED, result={}, finished_at=done_at,
+                          attempts=1, lease=None)
+    completed = Event(-1, done_at, "t0", "completed", "w1", first.token)
+    assert await other.write_fenced(run_id, finished, completed, first.token)
+
+    before = time.time()
+    [second] = await store.claim(run_id, "w2", ["k"], None, 30.0)
+    assigned = transition(Task("t2", "k"), Status.ASSIGNED, assigned_to="w3", token=1)
+    await store.add_tasks(run_id, [assigned], [Event(-1, before, "t2", "assigned", "w3", 1)])
+    [pushed] = await other.take_assigned(run_id, "w3", None, 10.0)
+    after = time.time()
+
+    assert second.id == "t1" and pushed.id == "t2"
+    assert second.started_at is not None and pushed.started_at is not None
+    assert done_at <= before <= second.started_at <= pushed.started_at <= after
+    assert (second.lease, pushed.lease) == (second.started_at + 30.0, pushed.started_at + 10.0)
+    events = {(e.task, e.event): e for e in (await store.load(run_id)).events}
+    assert events["t1", "started"].at == second.started_at
+    assert events["t2", "started"].at == pushed.started_at
+    assert events["t1", "started"].seq > events["t0", "completed"].seq
+
+
 async def test_renew_needs_the_current_token(store: Store) -> None:
     run_id = await make_run(store, [Task("a", "k")])
     [task] = await store.claim(run_id, "w", ["k"], now=0.0, lease_s=10.0)
@@ -598,6 +627,61 @@ async def test_sqlite_cannot_open_a_file_in_a_missing_folder(tmp_path: Path) -> 
     path = tmp_path / "missing" / "x.db"
     with pytest.raises(StoreError, match=str(path)):
         await open_store(f"sqlite:///{path}").open()
+
+
+def open_in_process(url: str) -> str:
+    """Entry point of a process that opens a store and lists its runs: '' or the error."""
+
+    async def go() -> None:
+        store = open_store(url)
+        await store.open()
+        try:
+            await store.list_runs()
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(go())
+    except StoreError as exc:
+        return str(exc)
+    return ""
+
+
+def test_sqlite_a_new_file_opened_by_many_processes_at_once(tmp_path: Path) -> None:
+    # A CLI run and `planrun runs` started together both create the schema and switch the
+    # new file to WAL; SQLite answers the loser of that race "locked" without waiting.
+    urls = [f"sqlite:///{tmp_path / f'new{i}.db'}" for i in range(20)]
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        errors = pool.map(open_in_process, [u for u in urls for _ in range(8)], chunksize=1)
+    assert [e for e in errors if e] == []
+    for url in urls:
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_sqlite_switching_to_wal_waits_out_a_lock_and_nothing_else() -> None:
+    from planrun.stores.sqlite import _enable_wal
+
+    class Conn:
+        def __init__(self, errors: list[str]) -> None:
+            self.errors, self.calls = errors, 0
+
+        def execute(self, sql: str) -> None:
+            self.calls += 1
+            if self.errors:
+                raise sqlite3.OperationalError(self.errors.pop(0))
+
+    busy = Conn(["database is locked", "database is locked"])
+    _enable_wal(busy, 5.0)  # type: ignore[arg-type]
+    assert busy.calls == 3
+    broken = Conn(["disk I/O error", "database is locked"])
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _enable_wal(broken, 5.0)  # type: ignore[arg-type]
+    assert broken.calls == 1
+    stuck = Conn(["database is locked"] * 10_000)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _enable_wal(stuck, 0.05)  # type: ignore[arg-type]
+    assert 1 < stuck.calls < 100
 
 
 async def test_sqlite_inline_mode_runs_on_the_loop_thread(tmp_path: Path) -> None:

@@ -178,7 +178,7 @@ class Store(Protocol):
         run_id: str,
         worker: str,
         kinds: Sequence[str],
-        now: float,
+        now: float | None,
         lease_s: float,
         limit: int = 1,
     ) -> list[Task]:
@@ -186,13 +186,19 @@ class Store(Protocol):
 
         Ready means pending, ``not_before`` unset or reached, and every dependency
         completed. Each claimed task gets ``token + 1``, a lease and a ``started`` event.
+        ``now=None`` reads the wall clock inside the transaction, once the store holds its
+        write lock, so a ``started`` stamp never precedes the ``completed`` stamp of a
+        dependency that another connection wrote just before.
         """
         ...
 
     async def take_assigned(
-        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
     ) -> list[Task]:
-        """Move tasks assigned to ``worker`` to running, with a lease and a ``started`` event."""
+        """Move tasks assigned to ``worker`` to running, with a lease and a ``started`` event.
+
+        ``now=None`` stamps them inside the transaction, as :meth:`claim` does.
+        """
         ...
 
     async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:

@@ -10,6 +10,7 @@ supervisor asked of its store. Nothing awaits inside a call, so each is atomic o
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -318,11 +319,12 @@ class InMemoryStore:
         run_id: str,
         worker: str,
         kinds: Sequence[str],
-        now: float,
+        now: float | None,
         lease_s: float,
         limit: int = 1,
     ) -> list[Task]:
         """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
+        now = time.time() if now is None else now
         self._record(
             "claim", run_id=run_id, worker=worker, kinds=list(kinds), now=now,
             lease_s=lease_s, limit=limit,
@@ -337,9 +339,10 @@ class InMemoryStore:
         return tasks
 
     async def take_assigned(
-        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
     ) -> list[Task]:
         """Move tasks assigned to ``worker`` to running (push mode)."""
+        now = time.time() if now is None else now
         self._record(
             "take_assigned", run_id=run_id, worker=worker, now=now, lease_s=lease_s, limit=limit
         )

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -536,7 +537,7 @@ class PostgresStore:
         run_id: str,
         worker: str,
         kinds: Sequence[str],
-        now: float,
+        now: float | None,
         lease_s: float,
         limit: int = 1,
     ) -> list[Task]:
@@ -547,22 +548,24 @@ class PostgresStore:
             "run_id": run_id,
             "worker": worker,
             "kinds": list(kinds),
-            "now": now,
-            "lease": now + lease_s,
             "limit": limit,
         }
 
         async def go(cur: Cursor) -> list[Task]:
+            # Stamped inside the transaction, just before the statement whose snapshot
+            # sees the dependencies completed: their writers stamped them earlier.
+            stamp = time.time() if now is None else now
+            args.update(now=stamp, lease=stamp + lease_s)
             await cur.execute(Q["claim"], args)
             tasks = _by_pos(await cur.fetchall())
             if tasks:
-                await self._append_started(cur, run_id, tasks, now)
+                await self._append_started(cur, run_id, tasks, stamp)
             return tasks
 
         return await self._tx(go)
 
     async def take_assigned(
-        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
     ) -> list[Task]:
         """Move tasks assigned to ``worker`` to running (push mode)."""
         if limit < 1:
@@ -570,16 +573,16 @@ class PostgresStore:
         args = {
             "run_id": run_id,
             "worker": worker,
-            "now": now,
-            "lease": now + lease_s,
             "limit": limit,
         }
 
         async def go(cur: Cursor) -> list[Task]:
+            stamp = time.time() if now is None else now
+            args.update(now=stamp, lease=stamp + lease_s)
             await cur.execute(Q["take_assigned"], args)
             tasks = _by_pos(await cur.fetchall())
             if tasks:
-                await self._append_started(cur, run_id, tasks, now)
+                await self._append_started(cur, run_id, tasks, stamp)
             return tasks
 
         return await self._tx(go)

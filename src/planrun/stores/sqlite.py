@@ -16,10 +16,19 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
 
 from planrun.errors import StoreError
 from planrun.ledger import Event
@@ -71,6 +80,23 @@ def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> It
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
+def _enable_wal(conn: sqlite3.Connection, patience: float) -> None:
+    """Put the file in WAL mode (it stays so), waiting out other connections doing the same.
+
+    Switching the journal mode of a new file answers "database is locked" at once, without
+    the busy handler, while another process opens the same file: retry for ``patience`` s.
+    """
+    for attempt in Retrying(retry=retry_if_exception(_locked), reraise=True,
+                            stop=stop_after_delay(patience),
+                            wait=wait_exponential(0.005, max=0.2) + wait_random(0, 0.01)):
+        with attempt:
+            conn.execute("PRAGMA journal_mode = WAL")
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -161,7 +187,7 @@ class SQLiteStore:
         try:
             conn.row_factory = _dict_row
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _enable_wal(conn, self.busy_timeout)
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
             self._migrate(conn)
@@ -414,7 +440,7 @@ class SQLiteStore:
         run_id: str,
         worker: str,
         kinds: Sequence[str],
-        now: float,
+        now: float | None,
         lease_s: float,
         limit: int = 1,
     ) -> list[Task]:
@@ -425,43 +451,46 @@ class SQLiteStore:
             "run_id": run_id,
             "worker": worker,
             "kinds": json.dumps(list(kinds)),
-            "now": now,
-            "lease": now + lease_s,
             "limit": limit,
         }
-
-        return await self._start(run_id, "claim_candidates", "start_tasks", args, now)
+        return await self._start(run_id, "claim_candidates", "start_tasks", args, now, lease_s)
 
     async def take_assigned(
-        self, run_id: str, worker: str, now: float, lease_s: float, limit: int = 1
+        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
     ) -> list[Task]:
         """Move tasks assigned to ``worker`` to running (push mode)."""
         if limit < 1:
             return []
-        args: dict[str, Any] = {
-            "run_id": run_id,
-            "worker": worker,
-            "now": now,
-            "lease": now + lease_s,
-            "limit": limit,
-        }
-
-        return await self._start(run_id, "assigned_candidates", "start_assigned", args, now)
+        args: dict[str, Any] = {"run_id": run_id, "worker": worker, "limit": limit}
+        return await self._start(run_id, "assigned_candidates", "start_assigned", args, now,
+                                 lease_s)
 
     async def _start(
-        self, run_id: str, candidates: str, start: str, args: dict[str, Any], now: float
+        self,
+        run_id: str,
+        candidates: str,
+        start: str,
+        args: dict[str, Any],
+        now: float | None,
+        lease_s: float,
     ) -> list[Task]:
-        """Pick candidates and move them to running, with a ``started`` event each, at once."""
+        """Pick candidates and move them to running, with a ``started`` event each, at once.
+
+        Without ``now`` the stamp is read after ``BEGIN IMMEDIATE`` holds the write lock:
+        every write committed before it, a dependency's completion included, is older.
+        """
 
         def go(conn: sqlite3.Connection) -> list[Task]:
             with _transaction(conn):
+                stamp = time.time() if now is None else now
+                args.update(now=stamp, lease=stamp + lease_s)
                 ids = [r["id"] for r in conn.execute(Q[candidates], args)]
                 if not ids:
                     return []
                 args["ids"] = json.dumps(ids)
                 conn.execute(Q[start], args)
                 tasks = _tasks_by_ids(conn, run_id, args["ids"])
-                _append_started(conn, run_id, tasks, now)
+                _append_started(conn, run_id, tasks, stamp)
                 return tasks
 
         tasks = await self._with_conn(go)
