@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,21 +14,6 @@ from planrun.testing import FakeOpenAI
 
 REPO = Path(__file__).resolve().parents[1]
 """The repository root."""
-
-
-def shared_dir() -> Path:
-    """The project's shared folder: ``$PLANRUN_SHARED_DATA`` or ``<repo>/../shared``."""
-    env = os.environ.get("PLANRUN_SHARED_DATA")
-    return Path(env) if env else (REPO / ".." / "shared").resolve()
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The shared folder (holding ``data/``); the test is skipped when it is absent."""
-    path = shared_dir()
-    if not path.is_dir():
-        pytest.skip(f"shared data folder {path} is absent (set PLANRUN_SHARED_DATA to it)")
-    return path
 
 
 # ---- model calls: nothing leaves the machine -------------------------------------------------

@@ -29,12 +29,14 @@ EXPECTED = {
 }
 
 
+TASKBENCH = Path(__file__).resolve().parents[1] / "data" / "taskbench"
+"""The TaskBench files the tests read: copies kept with the tests (see its README)."""
+
+
 @pytest.fixture(scope="module")
-def taskbench(shared_data: Path) -> Path:
-    for folder in (shared_data / "data" / "taskbench", shared_data / "taskbench"):
-        if folder.is_dir():
-            return folder
-    pytest.skip(f"no data/taskbench folder under {shared_data}")
+def taskbench() -> Path:
+    assert (TASKBENCH / "data_huggingface" / "tool_desc.json").is_file(), TASKBENCH
+    return TASKBENCH
 
 
 def _sample(folder: Path, sample_id: str) -> dict[str, Any]:
