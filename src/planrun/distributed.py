@@ -133,15 +133,10 @@ class Coordinator:
         """Coordinate a stored run again (after the coordinator itself died)."""
         state = await self.store.load(self.run_id)
         await self.store.set_run_status(self.run_id, "running")
-        logged = {e.task for e in state.events if e.event == "effect"}
-        by_id = {t.id: t for t in state.tasks}
-        for task_id, record in state.effects.items():
-            if record.state != "applied":
-                continue  # begun, maybe applied: the next round applies it again, same key
-            self._applied.add(task_id)
-            if task_id not in logged and task_id in by_id:  # died before writing the event
-                event = _effect_event(by_id[task_id], record.key)
-                await self.store.append_event(self.run_id, event)
+        # An applied effect has its event (one transaction); a begun one may have been
+        # applied: the next round applies it again with the same key.
+        self._applied.update(task_id for task_id, record in state.effects.items()
+                             if record.state == "applied")
         return await self._coordinate(time.time())
 
     async def _coordinate(self, started: float) -> RunResult:
@@ -257,8 +252,10 @@ class Coordinator:
             log.warning("effect of %s failed: %s", task.id, exc)
             self._applied.discard(task.id)
             return
-        await self.store.effect_done(self.run_id, task.id, _jsonable(outcome), time.time())
-        await self.store.append_event(self.run_id, _effect_event(task, key))
+        # The record and its event in one transaction: a coordinator that died with this
+        # commit in flight and the one resuming it cannot both log the effect.
+        await self.store.effect_done(self.run_id, task.id, _jsonable(outcome), time.time(),
+                                     _effect_event(task, key))
 
     async def _fenced(
         self, task: Task, name: str, now: float, worker: str | None = None,

@@ -437,9 +437,9 @@ class Supervisor:
                 record = self._effect_records.get(task.id)
                 if record is None or record.state != "applied":
                     self._spawn(self._apply_effect(task))
-                else:
+                else:  # applied, and its event written with it
                     self._applied.add(task.id)
-                    self._note_effect(task, record.key, recovered=True)
+                    self._effect_logged.add(task.id)
 
     async def _loop(self) -> None:
         """Sleep until the run ends, the next lease deadline, or the stall deadline.
@@ -764,9 +764,10 @@ class Supervisor:
         """Apply the kind's effect once, keyed by the task id.
 
         With a store: the completion is written first, then the effect is recorded as
-        begun, applied with its key, and recorded as applied. A crash between applying and
-        recording leaves it begun; resume applies it again with the same key, which the
-        effect's target must accept as an idempotency key.
+        begun, applied with its key, and recorded as applied together with its ``effect``
+        event (one transaction). A crash between applying and recording leaves it begun;
+        resume applies it again with the same key, which the effect's target must accept
+        as an idempotency key.
         """
         if task.id in self._applied:
             return
@@ -775,8 +776,8 @@ class Supervisor:
         if self.store is not None:
             await self._flush()
             record = await self.store.effect_begin(self.run_id, task.id, key, self.clock.now())
-            if record.state == "applied":  # recorded by an earlier process
-                self._note_effect(task, key, recovered=True)
+            if record.state == "applied":  # applied and logged by an earlier process
+                self._effect_logged.add(task.id)
                 return
         try:
             outcome = self.effects[task.kind](task, key)
@@ -785,20 +786,14 @@ class Supervisor:
         except Exception as exc:
             self._log(task, "effect_failed", detail={"key": key, "error": f"{exc}"})
             return
-        if self.store is not None:
-            await self.store.effect_done(self.run_id, task.id, _jsonable(outcome),
-                                         self.clock.now())
-        self._note_effect(task, key)
-
-    def _note_effect(self, task: Task, key: str, recovered: bool = False) -> None:
-        """The ``effect`` event, once per task whatever the number of processes involved."""
         if task.id in self._effect_logged:
             return
         self._effect_logged.add(task.id)
-        detail: dict[str, Any] = {"key": key}
-        if recovered:
-            detail["recovered"] = True
-        self._log(task, "effect", detail=detail)
+        # The event goes to the store with the effect's record, not with the next batch.
+        entry = self._log(task, "effect", detail={"key": key}, batch=self.store is None)
+        if self.store is not None:
+            await self.store.effect_done(self.run_id, task.id, _jsonable(outcome),
+                                         self.clock.now(), entry)
 
     # ---- bookkeeping -------------------------------------------------------------------------
 
@@ -817,18 +812,21 @@ class Supervisor:
 
     def _log(
         self, task: Task, event: str, *, worker: str | None = None, attempt: int | None = None,
-        detail: Mapping[str, Any] | None = None,
-    ) -> None:
+        detail: Mapping[str, Any] | None = None, batch: bool = True,
+    ) -> Event:
+        """Append an event to the ledger; on a durable run (and ``batch``) queue it with
+        the task's record for the next write."""
         entry = self.ledger.append(
             self.clock.now(), task.id, event, worker=worker,
             attempt=task.token if attempt is None else attempt, detail=detail,
         )
-        if self._dirty is not None:  # durable run: the record and its event go together
+        if batch and self._dirty is not None:  # durable: the record and its event go together
             self._pending.append((self._tasks.get(task.id, task), entry))
             self._dirty.set()
         self._touch()
         if self.on_event is not None:
             self.on_event(entry, task)
+        return entry
 
     def _touch(self) -> None:
         self._last_change = self.clock.now()

@@ -23,6 +23,7 @@ from planrun.distributed import Coordinator, WorkerProcess
 from planrun.errors import StoreError
 from planrun.ledger import Event
 from planrun.stores import open_store
+from planrun.supervisor import RunResult
 from planrun.task import Status, Task, transition
 
 HERE = Path(__file__).resolve().parent
@@ -281,6 +282,52 @@ def test_a_coordinator_that_died_is_resumed(db_url: str) -> None:
     assert len(set(sent)) == 30 and len(sent) - 30 <= 4
     effects = [e for e in result.events if e.event == "effect"]
     assert len({e.task for e in effects}) == 30
+
+
+def test_an_effect_finished_by_a_dying_and_a_resuming_coordinator_is_logged_once(
+        db_url: str) -> None:
+    # The first coordinator is inside its effect when the second resumes the run: the
+    # second sees the effect begun, applies it again (same key), and meanwhile the first's
+    # record lands. One of them writes the effect and its event, never both.
+    keys: list[str] = []
+
+    async def go() -> RunResult:
+        stores = [await opened(db_url) for _ in range(3)]
+        worker = WorkerProcess(registry, stores[2], name="w", poll=0.01)
+        serving = asyncio.ensure_future(worker.arun())
+        inside, release = asyncio.Event(), asyncio.Event()
+
+        async def first_effect(task: Task, key: str) -> str:
+            keys.append(key)
+            inside.set()
+            await release.wait()
+            return "sent by the first"
+
+        first = Coordinator(registry, stores[0], poll=0.01, effects={"triage": first_effect})
+        dying = asyncio.ensure_future(first.arun(tickets(1)))
+        await inside.wait()
+
+        async def second_effect(task: Task, key: str) -> str:
+            keys.append(key)
+            release.set()  # the first's commit lands while the second applies it again
+            while (await stores[2].load(first.run_id)).effects[task.id].state != "applied":
+                await asyncio.sleep(0.005)
+            return "sent by the second"
+
+        second = Coordinator(registry, stores[1], run_id=first.run_id, poll=0.01,
+                             effects={"triage": second_effect})
+        result = await second.aresume()
+        await dying
+        worker.stop()
+        await serving
+        for s in stores:
+            await s.close()
+        return result
+
+    result = asyncio.run(go())
+    effects = [e for e in result.events if e.event == "effect"]
+    assert len(keys) == 2 and len(set(keys)) == 1  # applied twice, with one key
+    assert len(effects) == 1 and result.audit.duplicate_effects == 0 and result.audit.clean
 
 
 class Unreliable:

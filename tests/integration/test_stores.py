@@ -456,8 +456,8 @@ async def test_effects_begin_once_and_finish_once(store: Store) -> None:
     assert (first.state, first.key, first.result, first.at) == ("started", "key-1", None, 1.0)
     assert again == first
 
-    await store.effect_done(run_id, "a", {"sent": 1}, at=3.0)
-    await store.effect_done(run_id, "a", {"sent": 2}, at=4.0)
+    assert await store.effect_done(run_id, "a", {"sent": 1}, at=3.0) is True
+    assert await store.effect_done(run_id, "a", {"sent": 2}, at=4.0) is False
     record = (await store.load(run_id)).effects["a"]
     assert (record.state, record.key, record.result, record.at) == (
         "applied", "key-1", {"sent": 1}, 3.0
@@ -466,6 +466,33 @@ async def test_effects_begin_once_and_finish_once(store: Store) -> None:
 
     with pytest.raises(StoreError, match="no effect begun"):
         await store.effect_done(run_id, "zzz", None, at=6.0)
+
+
+async def test_an_effect_and_its_event_are_recorded_once_together(connect: Connect) -> None:
+    # Two processes finish the same effect (one died with its commit in flight, one
+    # resumed): exactly one marks it applied, and only that one writes the event.
+    store, other = await connect(), await connect()
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
+    for task_id in "abc":
+        await store.effect_begin(run_id, task_id, f"key-{task_id}", at=2.0)
+
+    def effect(task_id: str, seq: int = -1) -> Event:
+        return Event(seq, 3.0, task_id, "effect", None, 1, {"key": f"key-{task_id}"})
+
+    done = await asyncio.gather(store.effect_done(run_id, "a", 1, 3.0, effect("a")),
+                                other.effect_done(run_id, "a", 2, 3.0, effect("a")))
+    assert sorted(done) == [False, True]
+    assert await store.effect_done(run_id, "b", None, 3.0, effect("b", seq=10)) is True
+    assert await other.effect_done(run_id, "c", None, 3.0, effect("c")) is True
+
+    state = await store.load(run_id)
+    effects = [e for e in state.events if e.event == "effect"]
+    assert [(e.task, e.seq) for e in effects] == [("a", 3), ("b", 10), ("c", 11)]
+    assert {t: r.state for t, r in state.effects.items()} == dict.fromkeys("abc", "applied")
+    assert state.effects["a"].result in (1, 2)
+    with pytest.raises(StoreError, match="no effect begun"):
+        await store.effect_done(run_id, "zzz", None, 6.0, effect("zzz"))
+    assert len((await store.load(run_id)).events) == len(state.events)
 
 
 async def test_workers_register_heartbeat_and_count_active_tasks(store: Store) -> None:

@@ -154,8 +154,17 @@ class Store(Protocol):
         the stored record (the new one, or the one that was there)."""
         ...
 
-    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
-        """Mark a begun effect applied with its result; a second call changes nothing."""
+    async def effect_done(
+        self, run_id: str, task_id: str, result: Any, at: float, event: Event | None = None
+    ) -> bool:
+        """Mark a begun effect applied with its result; a second call changes nothing.
+
+        ``event`` (the ``effect`` event) is appended in the same transaction, and only by
+        the call that marks the effect applied: one event per effect, however many
+        processes (a coordinator that died with its commit in flight and the one resuming
+        it) apply it. A negative ``event.seq`` is numbered by the store. Returns True when
+        this call marked it applied.
+        """
         ...
 
     async def register_worker(

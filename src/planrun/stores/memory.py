@@ -236,16 +236,27 @@ class InMemoryStore:
         )
         return effect_from_row(row)
 
-    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
-        """Mark a begun effect applied; an applied one stays as it is."""
-        self._record("effect_done", run_id=run_id, task_id=task_id, result=result, at=at)
+    async def effect_done(
+        self, run_id: str, task_id: str, result: Any, at: float, event: Event | None = None
+    ) -> bool:
+        """Mark a begun effect applied (with its event); an applied one stays as it is."""
+        self._record("effect_done", run_id=run_id, task_id=task_id, result=result, at=at,
+                     event=event)
         encoded = dump_json(result, f"effect result of task {task_id!r}")
+        rows = [] if event is None else [event_row(run_id, event)]  # encode before any change
         run = self._runs.get(run_id)
         row = run.effects.get(task_id) if run is not None else None
-        if row is None:
+        if run is None or row is None:
             raise StoreError(f"no effect begun for task {task_id!r} of run {run_id!r}")
-        if row["state"] == EFFECT_STARTED:
-            row.update(state=EFFECT_APPLIED, result=encoded, at=at)
+        if row["state"] != EFFECT_STARTED:
+            return False
+        row.update(state=EFFECT_APPLIED, result=encoded, at=at)
+        if rows:
+            if event is not None and event.seq < 0:
+                rows[0]["seq"] = run.next_seq
+            self._append(run, rows)
+            self._changed(run_id)
+        return True
 
     # --- workers and distribution -----------------------------------------------------------
 

@@ -475,23 +475,40 @@ class PostgresStore:
 
         return await self._tx(go)
 
-    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
-        """Mark a begun effect applied; an applied one stays as it is."""
+    async def effect_done(
+        self, run_id: str, task_id: str, result: Any, at: float, event: Event | None = None
+    ) -> bool:
+        """Mark a begun effect applied, with its event; an applied one stays as it is.
+
+        The update waits for the row lock of a concurrent writer and then re-reads the
+        state: of two processes finishing the same effect, one writes the event.
+        """
         args = {
             "run_id": run_id,
             "task_id": task_id,
             "result": dump_json(result, f"effect result of task {task_id!r}"),
             "at": at,
         }
+        row = None if event is None else event_row(run_id, event)
 
-        async def go(cur: Cursor) -> None:
+        async def go(cur: Cursor) -> bool:
             await cur.execute(Q["effect_done"], args)
             if cur.rowcount == 0:
                 await cur.execute(Q["get_effect"], args)
                 if await cur.fetchone() is None:
                     raise StoreError(f"no effect begun for task {task_id!r} of run {run_id!r}")
+                return False
+            if row is not None:
+                numbered = dict(row)
+                if numbered["seq"] < 0:
+                    numbered["seq"] = await self._take_seqs(cur, run_id, 1)
+                await cur.execute(Q["insert_events"],
+                                  _arrays(run_id, [numbered], EVENT_COLUMNS))
+                await self._raise_next_seq(cur, run_id, [numbered])
+                await cur.execute(Q["notify"], {"run_id": run_id})
+            return True
 
-        await self._tx(go)
+        return await self._tx(go)
 
     # --- workers and distribution -----------------------------------------------------------
 

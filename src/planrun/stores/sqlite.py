@@ -376,22 +376,36 @@ class SQLiteStore:
 
         return await self._with_conn(go)
 
-    async def effect_done(self, run_id: str, task_id: str, result: Any, at: float) -> None:
-        """Mark a begun effect applied; an applied one stays as it is."""
+    async def effect_done(
+        self, run_id: str, task_id: str, result: Any, at: float, event: Event | None = None
+    ) -> bool:
+        """Mark a begun effect applied, with its event; an applied one stays as it is."""
         args = {
             "run_id": run_id,
             "task_id": task_id,
             "result": dump_json(result, f"effect result of task {task_id!r}"),
             "at": at,
         }
+        row = None if event is None else event_row(run_id, event)
 
-        def go(conn: sqlite3.Connection) -> None:
+        def go(conn: sqlite3.Connection) -> bool:
             with _transaction(conn):
-                if conn.execute(Q["effect_done"], args).rowcount == 0 and \
-                        conn.execute(Q["get_effect"], args).fetchone() is None:
-                    raise StoreError(f"no effect begun for task {task_id!r} of run {run_id!r}")
+                if conn.execute(Q["effect_done"], args).rowcount == 0:
+                    if conn.execute(Q["get_effect"], args).fetchone() is None:
+                        raise StoreError(
+                            f"no effect begun for task {task_id!r} of run {run_id!r}")
+                    return False
+                if row is not None:
+                    if row["seq"] < 0:
+                        row["seq"] = _take_seqs(conn, run_id, 1)
+                    conn.execute(Q["insert_event"], row)
+                    _raise_next_seq(conn, run_id, [row])
+                return True
 
-        await self._with_conn(go)
+        applied = await self._with_conn(go)
+        if applied and row is not None:
+            self._waiters.notify(run_id)
+        return applied
 
     # --- workers and distribution -----------------------------------------------------------
 
