@@ -790,7 +790,7 @@ class Supervisor:
             return
         self._effect_logged.add(task.id)
         # The event goes to the store with the effect's record, not with the next batch.
-        entry = self._log(task, "effect", detail={"key": key}, batch=self.store is None)
+        entry = self._log(task, "effect", detail={"key": key}, batch=False)
         if self.store is not None:
             await self.store.effect_done(self.run_id, task.id, _jsonable(outcome),
                                          self.clock.now(), entry)

@@ -396,10 +396,11 @@ class SQLiteStore:
                             f"no effect begun for task {task_id!r} of run {run_id!r}")
                     return False
                 if row is not None:
-                    if row["seq"] < 0:
-                        row["seq"] = _take_seqs(conn, run_id, 1)
-                    conn.execute(Q["insert_event"], row)
-                    _raise_next_seq(conn, run_id, [row])
+                    numbered = dict(row)
+                    if numbered["seq"] < 0:
+                        numbered["seq"] = _take_seqs(conn, run_id, 1)
+                    conn.execute(Q["insert_event"], numbered)
+                    _raise_next_seq(conn, run_id, [numbered])
                 return True
 
         applied = await self._with_conn(go)
