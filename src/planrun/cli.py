@@ -334,6 +334,8 @@ def _add_run(subparsers: _Subparsers) -> None:
                         default="cancel_dependents")
     parser.add_argument("--budget-tokens", type=_positive_int, metavar="N")
     parser.add_argument("--budget-usd", type=float, metavar="X")
+    parser.add_argument("--retry-budget", type=_non_negative_int, metavar="N",
+                        help="retries allowed over the whole run (default: no limit)")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
     _db_flag(parser, required=False)
     parser.add_argument("--workers", choices=["local", "external"], default="local",
@@ -375,7 +377,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "model": model, "strategy": args.strategy, "budget": budget,
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
-        "meta": {"app": args.app, "on_dead": args.on_dead, "strategy": args.strategy},
+        "meta": {"app": args.app, "on_dead": args.on_dead, "strategy": args.strategy,
+                 "retry_budget": args.retry_budget},
+        "retry_budget": args.retry_budget,
     }
     if args.db:
         options["store"] = args.db
@@ -398,7 +402,10 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace) -> int:
     async def go(store: Any) -> Any:
         coordinator = Coordinator(app.registry, store, mode=args.mode, on_dead=args.on_dead,
                                   effects=app.effects, stale_after=args.stale_after,
-                                  goal=plan.goal, meta={"app": args.app})
+                                  retry_budget=args.retry_budget, goal=plan.goal,
+                                  meta={"app": args.app, "on_dead": args.on_dead,
+                                        "stale_after": args.stale_after,
+                                        "retry_budget": args.retry_budget})
         print(f"run {coordinator.run_id}: waiting for workers "
               f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
         return await coordinator.arun(plan.to_tasks())
@@ -480,8 +487,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         from planrun.distributed import Coordinator
 
         async def again(store: Any) -> Any:
+            # The policies the run was started with.
             return await Coordinator(app.registry, store, run_id=args.run_id,
                                      mode=meta.get("mode", "push"),
+                                     on_dead=meta.get("on_dead", "cancel_dependents"),
+                                     stale_after=float(meta.get("stale_after", 30.0)),
+                                     retry_budget=meta.get("retry_budget"),
                                      effects=app.effects).aresume()
 
         result = _with_store(args.db, again)
@@ -493,6 +504,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         options["on_dead"] = meta["on_dead"]
     if meta.get("strategy"):
         options["strategy"] = meta["strategy"]
+    if meta.get("retry_budget") is not None:
+        options["retry_budget"] = meta["retry_budget"]
     if app.needs_model():
         options["model"] = _model(args)
     return _execute(None, app, options, args)

@@ -76,10 +76,17 @@ class Coordinator:
         mode: ``push`` (the coordinator assigns) or ``peer`` (workers claim).
         stale_after: lease length; an assignment or run not renewed in time is reclaimed,
             and a worker silent this long is taken out of the rotation.
-        max_reclaims, on_dead, effects: as for :class:`~planrun.Supervisor`.
+        max_reclaims, on_dead, effects, retry_budget: as for :class:`~planrun.Supervisor`
+            (a worker decides retry or dead by the task's attempts; the coordinator puts a
+            failed task back only while the run's retry budget lasts).
         poll: seconds between rounds when nothing wakes the coordinator earlier
             (PostgreSQL's LISTEN/NOTIFY does).
         stall_after: seconds without any task changing before :class:`StallError`.
+
+    Resource locks hold in push mode, where the coordinator alone decides who starts
+    what: a task is not assigned while another task naming one of its resources is
+    assigned or running. Peer-mode workers claim on their own, so a peer run refuses
+    tasks that name resources.
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class Coordinator:
         stall_after: float = 900.0,
         goal: str = "",
         meta: Mapping[str, Any] | None = None,
+        retry_budget: int | None = None,
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
@@ -112,6 +120,8 @@ class Coordinator:
         self.stall_after = stall_after
         self.goal = goal
         self.meta = dict(meta or {})
+        self.retry_budget = retry_budget
+        self._retries_used = 0
         self._applied: set[str] = set()
         self._aborted_by: str | None = None
         self._rr = 0
@@ -123,6 +133,10 @@ class Coordinator:
         for task in ordered:
             if task.kind not in self.registry:
                 raise UsageError(f"task {task.id!r}: kind {task.kind!r} is not registered")
+            if task.resources and self.mode == "peer":
+                raise UsageError(
+                    f"task {task.id!r} names resources {list(task.resources)}: resource locks "
+                    "need push mode (the coordinator assigns); peer-mode workers claim alone")
         meta = {**self.meta, "mode": self.mode, "coordinated": True}
         await self.store.create_run(RunInfo(self.run_id, now, "running", self.goal, meta))
         created = [Event(i, now, t.id, "created", None, 0, {}) for i, t in enumerate(ordered)]
@@ -137,6 +151,7 @@ class Coordinator:
         # applied: the next round applies it again with the same key.
         self._applied.update(task_id for task_id, record in state.effects.items()
                              if record.state == "applied")
+        self._retries_used = sum(1 for e in state.events if e.event == "retry")
         return await self._coordinate(time.time())
 
     async def _coordinate(self, started: float) -> RunResult:
@@ -167,9 +182,9 @@ class Coordinator:
         for task in state.tasks:
             if task.status in (Status.ASSIGNED, Status.RUNNING) and (task.lease or 0) < now:
                 await self._reclaim(task, now)
-            elif task.status is Status.FAILED and (task.not_before or 0) <= now:
-                await self._fenced(transition(task, Status.PENDING, assigned_to=None,
-                                              not_before=None), "retry", now)
+            elif task.status is Status.FAILED and ((task.not_before or 0) <= now
+                                                   or self._budget_spent()):
+                await self._retry(task, now)
             elif task.status is Status.DEAD:
                 await self._after_death(task, by_id, now)
         due = [t for t in state.tasks if t.status is Status.COMPLETED
@@ -197,6 +212,19 @@ class Coordinator:
                           reclaims=task.reclaims + 1, token=task.token + 1)
         await self._fenced(back, "reclaimed", now, task.assigned_to,
                            {"reason": "lease expired"}, expect=task.token)
+
+    def _budget_spent(self) -> bool:
+        return self.retry_budget is not None and self._retries_used >= self.retry_budget
+
+    async def _retry(self, task: Task, now: float) -> None:
+        if self._budget_spent():
+            error = f"{task.error} (retry budget exhausted)"
+            dead = transition(task, Status.DEAD, error=error, finished_at=now, lease=None)
+            await self._fenced(dead, "dead", now, detail={"error": error})
+            return  # its dependents are cancelled next round, as for any death
+        if await self._fenced(transition(task, Status.PENDING, assigned_to=None,
+                                         not_before=None), "retry", now):
+            self._retries_used += 1
 
     async def _after_death(self, task: Task, by_id: Mapping[str, Task], now: float) -> None:
         if self.on_dead == "abort_run":
@@ -227,9 +255,11 @@ class Coordinator:
         ready = [t for t in state.tasks if t.status is Status.PENDING
                  and (t.not_before or 0) <= now
                  and all(by_id[d].status is Status.COMPLETED for d in t.depends_on)]
+        held = {r for t in state.tasks if t.status in (Status.ASSIGNED, Status.RUNNING)
+                for r in t.resources}
         for task in ready:
             able = [n for n in free if free[n] > 0 and task.kind in kinds[n]]
-            if not able:
+            if not able or held.intersection(task.resources):
                 continue
             name = min(able, key=lambda n: (-free[n], (self._rr + able.index(n)) % len(able)))
             self._rr += 1
@@ -237,6 +267,7 @@ class Coordinator:
                                   token=task.token + 1, lease=now + self.stale_after)
             if await self._fenced(assigned, "assigned", now, name, expect=task.token):
                 free[name] -= 1
+                held.update(task.resources)
 
     async def _apply_effect(self, task: Task, now: float) -> None:
         key = f"{self.run_id}:{task.id}"

@@ -346,6 +346,8 @@ class Supervisor:
         self.ledger = Ledger(state.events)
         self._effect_records = dict(state.effects)
         self._effect_logged = {e.task for e in state.events if e.event == "effect"}
+        # Every "failed" event spent one retry of the budget (a death is logged as "dead").
+        self._retries_used = sum(1 for e in state.events if e.event == "failed")
         for task in _dependency_order(list(state.tasks)):
             self._insert(task)
         self._resumed = True

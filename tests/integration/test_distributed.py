@@ -5,6 +5,7 @@ replies."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -20,10 +21,11 @@ from dist_app import registry
 from pgtest import fresh_schema
 
 from planrun.distributed import Coordinator, WorkerProcess
-from planrun.errors import StoreError
+from planrun.errors import StoreError, TransientError, UsageError
 from planrun.ledger import Event
+from planrun.registry import KindSpec, Registry
 from planrun.stores import open_store
-from planrun.supervisor import RunResult
+from planrun.supervisor import Backoff, RunResult
 from planrun.task import Status, Task, transition
 
 HERE = Path(__file__).resolve().parent
@@ -89,6 +91,103 @@ def test_in_process_workers_on_separate_connections(db_url: str, mode: str) -> N
     # Dependencies hold across processes: in the ledger's order and in its clock.
     assert started["T-0005"].seq > done["T-0000"].seq
     assert started["T-0005"].at >= done["T-0000"].at
+
+
+def test_push_mode_keeps_resource_locks_across_worker_processes(db_url: str) -> None:
+    async def go() -> RunResult:
+        stores = [await opened(db_url) for _ in range(4)]
+        workers = [WorkerProcess(registry, s, name=f"w{i}", capacity=3, poll=0.01)
+                   for i, s in enumerate(stores[1:])]
+        handles = [asyncio.ensure_future(w.arun()) for w in workers]
+        batch = [t.evolve(resources=("db",)) if i % 2 == 0 else t
+                 for i, t in enumerate(tickets(16))]
+        result = await Coordinator(registry, stores[0], poll=0.01).arun(batch)
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*handles)
+        for s in stores:
+            await s.close()
+        return result
+
+    result = asyncio.run(go())
+    assert result.ok and result.audit.clean
+    started = {e.task: e for e in result.events if e.event == "started"}
+    done = {e.task: e for e in result.events if e.event == "completed"}
+    holders = sorted((t for t in result.tasks.values() if t.resources),
+                     key=lambda t: started[t.id].seq)
+    assert len(holders) == 8
+    for before, after in itertools.pairwise(holders):  # one "db" task at a time
+        assert started[after.id].seq > done[before.id].seq
+        assert started[after.id].at >= done[before.id].at
+    free = [t.id for t in result.tasks.values() if not t.resources]
+    assert len({started[t].worker for t in free}) > 1  # the others ran alongside
+
+
+def test_peer_mode_refuses_tasks_that_name_resources(tmp_path: Path) -> None:
+    async def go() -> None:
+        store = await opened(f"sqlite:///{tmp_path / 'peer.db'}")
+        try:
+            coordinator = Coordinator(registry, store, mode="peer", stall_after=2.0)
+            with pytest.raises(UsageError, match="resource locks need push mode"):
+                await coordinator.arun([tickets(1)[0].evolve(resources=("db",))])
+            assert await store.list_runs() == []  # refused before anything was written
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+async def _always_transient(payload: Any, ctx: Any) -> None:
+    raise TransientError("the upstream is down")
+
+
+def test_the_coordinator_spends_a_run_wide_retry_budget(db_url: str) -> None:
+    flaky = Registry([KindSpec("flaky", handler=_always_transient)])
+
+    async def go() -> RunResult:
+        stores = [await opened(db_url) for _ in range(2)]
+        worker = WorkerProcess(flaky, stores[1], name="w", capacity=4, poll=0.01,
+                               backoff=Backoff(base=0.01, jitter=0.0))
+        serving = asyncio.ensure_future(worker.arun())
+        batch = [Task(id=f"f{i}", kind="flaky", max_attempts=10) for i in range(3)]
+        result = await Coordinator(flaky, stores[0], poll=0.01, retry_budget=4).arun(batch)
+        worker.stop()
+        await serving
+        for s in stores:
+            await s.close()
+        return result
+
+    result = asyncio.run(go())
+    assert len([e for e in result.events if e.event == "retry"]) == 4
+    assert all(t.status is Status.DEAD for t in result.tasks.values())
+    assert sum(t.attempts for t in result.tasks.values()) == 3 + 4  # one each, four retries
+    assert all((t.error or "").endswith("(retry budget exhausted)")
+               for t in result.tasks.values())
+
+
+def test_a_resumed_coordinator_keeps_what_the_retry_budget_spent(db_url: str) -> None:
+    from planrun.stores import RunInfo
+
+    async def go() -> RunResult:
+        store = await opened(db_url)
+        failed = transition(transition(transition(
+            Task(id="f", kind="triage", max_attempts=10), Status.ASSIGNED, token=1,
+            assigned_to="w"), Status.RUNNING), Status.FAILED, attempts=1, error="down",
+            not_before=time.time() + 3600)
+        await store.create_run(RunInfo("run-budget", time.time(), meta={"coordinated": True}))
+        spent = [Event(i, 1.0, "f", "retry", None, 1) for i in range(2)]
+        await store.add_tasks("run-budget", [failed], spent)
+        try:
+            return await Coordinator(registry, store, run_id="run-budget", poll=0.01,
+                                     retry_budget=2, stall_after=5).aresume()
+        finally:
+            await store.close()
+
+    result = asyncio.run(go())
+    # Spent before: no retry now (nor a wait for its backoff), straight to dead.
+    assert result.tasks["f"].status is Status.DEAD
+    assert result.tasks["f"].error == "down (retry budget exhausted)"
+    assert len([e for e in result.events if e.event == "retry"]) == 2
 
 
 class _SlowHeartbeat:

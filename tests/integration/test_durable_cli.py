@@ -143,3 +143,57 @@ def test_database_restarted_mid_run_loses_no_task() -> None:
     assert sum(1 for t in state.tasks if t.status.value == "completed") == 200
     completed = [e for e in state.events if e.event == "completed"]
     assert len({e.task for e in completed}) == 200
+
+
+def test_a_coordinated_run_resumes_under_the_policies_it_started_with(tmp_path: Path) -> None:
+    from planrun.stores import RunInfo
+    from planrun.task import Status, transition
+
+    db = f"sqlite:///{tmp_path / 'policy.db'}"
+    meta = {"app": "dist_app:app", "coordinated": True, "mode": "push",
+            "on_dead": "abort_run", "stale_after": 5.0, "retry_budget": 0}
+
+    async def prepare() -> None:
+        store = open_store(db)
+        await store.open()
+        dead = transition(Task(id="a", kind="triage", payload={"ticket": "a"}),
+                          Status.DEAD, error="boom")
+        await store.create_run(RunInfo("run-policy", time.time(), meta=meta))
+        await store.add_tasks("run-policy", [dead, Task(id="b", kind="triage")], [])
+        await store.close()
+
+    async def load() -> Any:
+        store = open_store(db)
+        await store.open()
+        try:
+            return await store.load("run-policy")
+        finally:
+            await store.close()
+
+    asyncio.run(prepare())
+    # Under the default policy "b" would wait for a worker; under abort_run it is cancelled.
+    resumed = cli("resume", "run-policy", "--db", db, timeout=60)
+    assert resumed.returncode == 1, resumed.stderr
+    b = next(t for t in asyncio.run(load()).tasks if t.id == "b")
+    assert b.status is Status.CANCELLED and b.cause == "abort: a died"
+
+
+def test_run_records_its_retry_budget_for_resume(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'budget.db'}"
+    plan = plan_file(tmp_path, n=3)
+    done = cli("run", str(plan), "--app", "dist_app:app", "--db", db, "--quiet",
+               "--retry-budget", "3")
+    assert done.returncode == 0, done.stderr
+    bad = cli("run", str(plan), "--app", "dist_app:app", "--retry-budget", "-1")
+    assert bad.returncode == 2 and "must be >= 0" in bad.stderr
+
+    async def meta() -> Any:
+        store = open_store(db)
+        await store.open()
+        try:
+            [run] = await store.list_runs()
+            return (await store.load(run.id)).run.meta
+        finally:
+            await store.close()
+
+    assert asyncio.run(meta())["retry_budget"] == 3

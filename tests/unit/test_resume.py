@@ -226,3 +226,60 @@ def test_transient_failure_is_durable_with_its_deadline() -> None:
     state = asyncio.run(with_store(go))
     failed = [e for e in state.events if e.event == "failed"]
     assert len(failed) == 1 and "retry_at" in failed[0].detail
+
+
+def test_resume_keeps_what_the_retry_budget_has_spent() -> None:
+    runs: list[str] = []
+
+    async def always_transient(payload: Any, ctx: TaskContext) -> str:
+        runs.append(ctx.task_id)
+        raise TransientError("still down")
+
+    async def go(store: InMemoryStore) -> Any:
+        from planrun.ledger import Event
+        from planrun.stores.base import RunInfo
+
+        # Before the crash, "a" failed once and spent the run's only retry.
+        task = Task(id="a", kind="k", max_attempts=5)
+        failed = transition(transition(transition(task, Status.ASSIGNED, token=1),
+                                       Status.RUNNING),
+                            Status.FAILED, attempts=1, not_before=0.0, error="down")
+        await store.create_run(RunInfo("r1", 0.0, "running"))
+        await store.add_tasks("r1", [failed, Task(id="b", kind="k", max_attempts=5)],
+                              [Event(0, 0.0, "a", "failed", "w", 1, {"retry_at": 0.0})])
+        sup = Supervisor(Registry([KindSpec("k", handler=always_transient)]), store=store,
+                         run_id="r1", clock=None, retry_budget=1,
+                         backoff=Backoff(base=0.001, jitter=0.0))
+        return await sup.aresume()
+
+    result = asyncio.run(with_store(go))
+    assert sorted(runs) == ["a", "b"]  # one more attempt each, and no retry
+    assert all(t.status is Status.DEAD for t in result.tasks.values())
+    assert all("retry budget exhausted" in (t.error or "") for t in result.tasks.values())
+    assert [e.task for e in result.events if e.event == "failed"] == ["a"]  # the old one
+
+
+def test_an_effect_applied_before_the_crash_is_neither_applied_nor_logged_again() -> None:
+    applied: list[str] = []
+
+    async def go(store: InMemoryStore) -> Any:
+        from planrun.ledger import Event
+        from planrun.stores.base import RunInfo
+
+        done = transition(transition(transition(Task(id="t", kind="k"), Status.ASSIGNED,
+                                                token=1), Status.RUNNING),
+                          Status.COMPLETED, result="r", attempts=1)
+        await store.create_run(RunInfo("r1", 0.0, "running"))
+        await store.add_tasks("r1", [done, Task(id="u", kind="k")],
+                              [Event(0, 1.0, "t", "completed", "w", 1)])
+        await store.effect_begin("r1", "t", "r1:t", 1.0)
+        assert await store.effect_done("r1", "t", None, 2.0,
+                                       Event(-1, 2.0, "t", "effect", None, 1, {"key": "r1:t"}))
+        sup = make(store, clock=None, effects={"k": lambda t, key: applied.append(key)})
+        return await sup.aresume(), await store.load("r1")
+
+    result, state = asyncio.run(with_store(go))
+    assert applied == ["r1:u"]
+    assert [e.task for e in state.events if e.event == "effect"] == ["t", "u"]
+    assert [e.task for e in result.events if e.event == "effect"] == ["t", "u"]
+    assert result.audit.clean
