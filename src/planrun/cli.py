@@ -79,6 +79,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = _non_negative_int(text)
     if value < 1:
@@ -617,6 +627,9 @@ def _add_worker(subparsers: _Subparsers) -> None:
     parser.add_argument("--lease", type=float, default=30.0, metavar="S")
     parser.add_argument("--idle-exit", type=float, metavar="S",
                         help="exit after S seconds with no running run")
+    parser.add_argument("--timeout", type=_positive_float, metavar="S",
+                        help="seconds one attempt may take (a kind's timeout_s wins); "
+                        "then it fails as transient and retries")
     parser.set_defaults(func=_cmd_worker)
 
 
@@ -636,7 +649,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
         worker = WorkerProcess(app.registry, store, name=args.name, kinds=args.kinds,
                                capacity=args.concurrency, mode=args.mode, lease_s=args.lease,
-                               extras=extras, idle_exit=args.idle_exit)
+                               extras=extras, idle_exit=args.idle_exit,
+                               timeout=args.timeout)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)

@@ -46,11 +46,13 @@ from planrun.supervisor import (
     Backoff,
     EffectFn,
     RunResult,
+    _bounded,
     _call,
     _dependency_order,
     _jsonable,
     _payload_for,
     _result_for,
+    _timed_out,
 )
 from planrun.task import FINAL, Status, Task, transition
 
@@ -335,7 +337,8 @@ class WorkerProcess:
         capacity: tasks at a time.
         mode: ``push`` (take what the coordinator assigned) or ``peer`` (claim ready work).
         lease_s: lease length; renewed every ``lease_s / 3`` while a task runs.
-        backoff, extras: as for :class:`~planrun.Supervisor`.
+        backoff, extras, timeout: as for :class:`~planrun.Supervisor` (a kind's
+            ``timeout_s`` overrides ``timeout``).
         idle_exit: stop after this many seconds with no running run and no work (None: never).
     """
 
@@ -353,6 +356,7 @@ class WorkerProcess:
         backoff: Backoff | None = None,
         extras: Mapping[str, Any] | None = None,
         idle_exit: float | None = None,
+        timeout: float | None = None,
     ) -> None:
         import os
         import socket
@@ -373,6 +377,7 @@ class WorkerProcess:
         self.backoff = backoff or Backoff()
         self.extras = dict(extras or {})
         self.idle_exit = idle_exit
+        self.timeout = timeout
         self._rng = random.Random()
         self._running: dict[tuple[str, str], _Running] = {}
         self._registered: set[str] = set()
@@ -458,12 +463,16 @@ class WorkerProcess:
                           worker=self.name, skill=1.0, payload=task.payload,
                           estimate_s=task.estimate_s, inputs=await self._inputs(run_id, task),
                           extras=self.extras)
+        limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         try:
             if spec.handler is None:
                 raise PermanentError(f"kind {task.kind!r} has no handler")
-            result = _result_for(spec, await _call(spec.handler, _payload_for(spec, task), ctx))
+            work = _call(spec.handler, _payload_for(spec, task), ctx)
+            result = _result_for(spec, await _bounded(work, limit))
         except asyncio.CancelledError:
             raise
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            outcome, name, detail = self._failure(task, _timed_out(exc, limit))
         except Exception as exc:
             outcome, name, detail = self._failure(task, exc)
         else:

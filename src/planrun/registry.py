@@ -83,13 +83,22 @@ class TaskContext:
 
 @dataclass(frozen=True)
 class KindSpec:
-    """A kind of work that a plan may name."""
+    """A kind of work that a plan may name.
+
+    ``timeout_s`` bounds one attempt of this kind (a timeout is a transient failure, so it
+    retries); ``None`` leaves it to the supervisor's or worker process's ``timeout``.
+    """
 
     name: str
     description: str = ""
     payload_model: type[BaseModel] | None = None
     result_model: type[BaseModel] | None = None
     handler: Handler | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise UsageError(f"kind {self.name!r}: timeout_s must be > 0, got {self.timeout_s}")
 
     def payload_schema(self) -> dict[str, Any]:
         """JSON Schema of the payload (any object when the kind has no payload model)."""
@@ -153,14 +162,16 @@ class Registry:
         payload: type[BaseModel] | None = None,
         result: type[BaseModel] | None = None,
         description: str = "",
+        timeout_s: float | None = None,
     ) -> KindSpec:
         """Register a kind done by ``handler``: a function (async or not) or a ModelWorker.
 
-        ``result`` defaults to the handler's own ``result_model`` when it has one.
+        ``result`` defaults to the handler's own ``result_model`` when it has one;
+        ``timeout_s`` bounds one attempt (see :class:`KindSpec`).
         """
         if result is None:
             result = getattr(handler, "result_model", None)
-        return self.add(KindSpec(name, description, payload, result, handler))
+        return self.add(KindSpec(name, description, payload, result, handler, timeout_s))
 
     def kind(
         self,
@@ -169,12 +180,13 @@ class Registry:
         description: str = "",
         payload: type[BaseModel] | None = None,
         result: type[BaseModel] | None = None,
+        timeout_s: float | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as the handler of a new kind."""
 
         def register(fn: F) -> F:
             doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-            self.add(KindSpec(name, doc, payload, result, fn))
+            self.add(KindSpec(name, doc, payload, result, fn, timeout_s))
             return fn
 
         return register

@@ -123,7 +123,8 @@ class Supervisor:
         max_attempts: attempts per task before it is ``dead`` (a task may override it).
         backoff: delay between attempts (``Backoff(base=2, cap=60, jitter=0.25)``).
         retry_budget: retries allowed over the whole run; ``None`` for no limit.
-        timeout: seconds one attempt may take before it counts as a transient failure.
+        timeout: seconds one attempt may take before it counts as a transient failure
+            (a kind's ``KindSpec.timeout_s`` overrides it).
         stale_after: seconds without a heartbeat after which a running task is reclaimed.
         max_reclaims: reclaims after which a task is ``dead`` instead of tried again.
         on_dead: ``cancel_dependents`` (default) or ``abort_run``.
@@ -564,23 +565,17 @@ class Supervisor:
             heartbeat=lambda: self._heartbeat(task.id, token),
             extras=self.extras,
         )
+        limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         try:
             handler = worker.spec.handlers.get(task.kind) or spec.handler
             if handler is None:
                 raise PermanentError(f"kind {task.kind!r} has no handler")
             payload = _payload_for(spec, task)
-            if self.timeout is None:
-                result = await _call(handler, payload, ctx)
-            else:
-                result = await asyncio.wait_for(_call(handler, payload, ctx), self.timeout)
-            result = _result_for(spec, result)
+            result = _result_for(spec, await _bounded(_call(handler, payload, ctx), limit))
         except asyncio.CancelledError:
             raise
         except (TimeoutError, asyncio.TimeoutError) as exc:
-            timed_out: Exception = exc
-            if not isinstance(exc, TransientError):
-                timed_out = TransientError(f"attempt timed out after {self.timeout} s")
-            self._on_failure(worker, task.id, token, timed_out)
+            self._on_failure(worker, task.id, token, _timed_out(exc, limit))
         except Exception as exc:
             self._on_failure(worker, task.id, token, exc)
         else:
@@ -916,6 +911,22 @@ def _check_async(handler: Handler) -> bool:
 
 
 _is_async_cached = functools.lru_cache(maxsize=1024)(_check_async)
+
+
+async def _bounded(work: Awaitable[Any], limit: float | None) -> Any:
+    """``work``, cancelled after ``limit`` seconds (None: no limit)."""
+    if limit is None:
+        return await work
+    return await asyncio.wait_for(work, limit)
+
+
+def _timed_out(exc: BaseException, limit: float | None) -> Exception:
+    """A timeout as the transient failure it is."""
+    if isinstance(exc, TransientError):
+        return exc
+    if limit is None:  # the handler's own timeout, not ours
+        return TransientError(f"{type(exc).__name__}: {exc}")
+    return TransientError(f"attempt timed out after {limit} s")
 
 
 async def _call(handler: Handler, payload: Any, ctx: TaskContext) -> Any:

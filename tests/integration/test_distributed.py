@@ -190,6 +190,39 @@ def test_a_resumed_coordinator_keeps_what_the_retry_budget_spent(db_url: str) ->
     assert len([e for e in result.events if e.event == "retry"]) == 2
 
 
+async def _nap(payload: Any, ctx: Any) -> str:
+    await asyncio.sleep(float(payload["s"]))
+    return "woke"
+
+
+def test_a_worker_process_bounds_each_attempt() -> None:
+    from planrun.stores import InMemoryStore
+
+    naps = Registry([KindSpec("own", handler=_nap, timeout_s=0.2),
+                     KindSpec("default", handler=_nap)])
+
+    async def go() -> RunResult:
+        store = InMemoryStore()
+        await store.open()
+        worker = WorkerProcess(naps, store, name="w", poll=0.01, timeout=1.0)
+        serving = asyncio.ensure_future(worker.arun())
+        batch = [Task(id="own-slow", kind="own", payload={"s": 5}, max_attempts=1),
+                 Task(id="own-quick", kind="own", payload={"s": 0.001}, max_attempts=1),
+                 Task(id="default-slow", kind="default", payload={"s": 5}, max_attempts=1),
+                 Task(id="default-ok", kind="default", payload={"s": 0.01}, max_attempts=1)]
+        try:
+            return await Coordinator(naps, store, poll=0.01, stall_after=10).arun(batch)
+        finally:
+            worker.stop()
+            await serving
+
+    tasks = asyncio.run(go()).tasks
+    assert tasks["own-slow"].error == "TransientError: attempt timed out after 0.2 s"
+    assert tasks["default-slow"].error == "TransientError: attempt timed out after 1.0 s"
+    assert tasks["default-ok"].status is Status.COMPLETED  # under the worker's 1 s
+    assert tasks["own-quick"].status is Status.COMPLETED
+
+
 class _SlowHeartbeat:
     """A worker's store whose heartbeat is slow: while it is in flight another connection
     completes a dependency, so the worker's round began before that completion."""
@@ -347,6 +380,13 @@ def test_worker_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "unknown kind" in proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "planrun.cli", "worker", "--db", f"sqlite:///{tmp_path}/x.db",
+         "--app", "dist_app:app", "--timeout", "0"],
+        env={**os.environ, "PYTHONPATH": str(HERE)}, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--timeout: must be > 0" in proc.stderr
 
 
 def test_a_coordinator_that_died_is_resumed(db_url: str) -> None:

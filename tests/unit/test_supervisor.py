@@ -170,6 +170,31 @@ def test_unknown_exceptions_are_permanent_timeouts_transient() -> None:
     assert slow_task.error_class == "transient" and "timed out" in (slow_task.error or "")
 
 
+def test_a_kinds_timeout_overrides_the_supervisors() -> None:
+    async def nap(payload: Any, ctx: TaskContext) -> str:
+        await asyncio.sleep(float(payload["s"]))
+        return "woke"
+
+    registry = Registry([KindSpec("quick", handler=nap, timeout_s=5.0),
+                         KindSpec("patient", handler=nap, timeout_s=500.0),
+                         KindSpec("default", handler=nap)])
+    sup = Supervisor(registry, timeout=30.0, stale_after=1000.0, clock=VirtualClock(), seed=0,
+                     max_attempts=1)
+    sup.add_tasks([Task(id="q", kind="quick", payload={"s": 10}),
+                   Task(id="p", kind="patient", payload={"s": 100}),
+                   Task(id="d", kind="default", payload={"s": 60})])
+    tasks = sup.run().tasks
+    assert tasks["q"].status is Status.DEAD
+    assert tasks["q"].error == "TransientError: attempt timed out after 5.0 s"
+    assert tasks["p"].status is Status.COMPLETED  # 100 s, under its own 500 s
+    assert tasks["d"].error == "TransientError: attempt timed out after 30.0 s"
+
+
+def test_a_kind_timeout_must_be_positive() -> None:
+    with pytest.raises(UsageError, match="timeout_s must be > 0"):
+        KindSpec("k", timeout_s=0)
+
+
 def test_retry_budget_is_shared_by_the_whole_run() -> None:
     async def always(payload: Any, ctx: TaskContext) -> None:
         raise TransientError("down")
