@@ -468,6 +468,22 @@ async def test_effects_begin_once_and_finish_once(store: Store) -> None:
         await store.effect_done(run_id, "zzz", None, at=6.0)
 
 
+async def test_a_batch_written_again_stores_its_events_once(store: Store) -> None:
+    # A retry after a commit whose answer was lost (the connection dropped during COMMIT)
+    # sends the same batch again: the records are upserts and the events stay single.
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    a = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w", token=1)
+    b = transition(Task("b", "k"), Status.ASSIGNED, assigned_to="w", token=1)
+    batch = [(a, Event(2, 2.0, "a", "assigned", "w", 1)),
+             (b, Event(3, 2.0, "b", "assigned", "w", 1))]
+    await store.write(run_id, batch)
+    await store.write(run_id, batch)
+    state = await store.load(run_id)
+    assert [(e.seq, e.task, e.event) for e in state.events] == [
+        (0, "a", "created"), (1, "b", "created"), (2, "a", "assigned"), (3, "b", "assigned")]
+    assert [t.status for t in state.tasks] == [Status.ASSIGNED, Status.ASSIGNED]
+
+
 async def test_an_effect_and_its_event_are_recorded_once_together(connect: Connect) -> None:
     # Two processes finish the same effect (one died with its commit in flight, one
     # resumed): exactly one marks it applied, and only that one writes the event.
@@ -630,6 +646,52 @@ async def test_reopening_keeps_the_data_and_the_schema(store_url: str) -> None:
         assert [t.id for t in (await again.load(run_id)).tasks] == ["t0", "t1"]
     finally:
         await again.close()
+
+
+def as_version_1(store_url: str, duplicate: tuple[str, int]) -> None:
+    """Turn a fresh store back into schema 1, with an event stored twice under one seq."""
+    run_id, seq = duplicate
+    copy = ("INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, "
+            "detail) SELECT run_id, seq, at, task, event, worker, attempt, detail "
+            "FROM planrun_events WHERE run_id = {p} AND seq = {p}")
+    undo = ["DROP INDEX planrun_events_seq",
+            "CREATE INDEX planrun_events_run ON planrun_events (run_id, seq)"]
+    if store_url.startswith("sqlite"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            for sql in undo:
+                conn.execute(sql)
+            conn.execute(copy.format(p="?"), (run_id, seq))
+            conn.execute("UPDATE planrun_schema SET version = 1")
+        return
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        for sql in undo:
+            conn.execute(sql)
+        conn.execute(copy.format(p="%s"), (run_id, seq))
+        conn.execute("UPDATE planrun_schema SET version = 1")
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_schema_1_is_migrated_to_one_event_per_seq(store_url: str) -> None:
+    store = open_store(store_url)
+    await store.open()
+    run_id = await make_run(store, chain(2))
+    await store.close()
+    as_version_1(store_url, (run_id, 1))
+
+    again = open_store(store_url)
+    await again.open()
+    try:
+        events = (await again.load(run_id)).events
+        assert [(e.seq, e.task) for e in events] == [(0, "t0"), (1, "t1")]  # the copy is gone
+        await again.write(run_id, [(Task("t0", "k"), Event(1, 5.0, "t0", "retry"))])
+        assert len((await again.load(run_id)).events) == 2  # seq 1 stays the first one
+    finally:
+        await again.close()
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1} is newer"):
+        stamp(store_url, SCHEMA_VERSION + 1)
+        await open_store(store_url).open()
 
 
 @pytest.mark.parametrize("backend", PERSISTENT)

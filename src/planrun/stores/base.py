@@ -36,8 +36,11 @@ __all__ = [
     "mask_url",
 ]
 
-SCHEMA_VERSION = 1
-"""The schema version this code creates and understands; ``open()`` refuses a newer one."""
+SCHEMA_VERSION = 2
+"""The schema version this code creates and understands; ``open()`` refuses a newer one.
+
+1: runs, tasks, events, effects, workers. 2: one event per ``(run, seq)``, so writing a
+batch again (after a commit whose answer was lost) adds nothing."""
 
 EFFECT_STARTED = "started"
 EFFECT_APPLIED = "applied"

@@ -59,6 +59,7 @@ class _Run:
     effects: dict[str, Row] = field(default_factory=dict)
     workers: dict[str, Row] = field(default_factory=dict)
     next_seq: int = 0
+    seqs: set[int] = field(default_factory=set)
 
 
 def _checked(row: Row) -> Row:
@@ -163,7 +164,12 @@ class InMemoryStore:
     # --- tasks and events -------------------------------------------------------------------
 
     def _append(self, run: _Run, events: Sequence[Row]) -> None:
-        run.events.extend(events)
+        """Append events; one already stored under its seq is kept as it is (as the
+        databases' unique ``(run, seq)`` does)."""
+        for event in events:
+            if event["seq"] not in run.seqs:
+                run.seqs.add(event["seq"])
+                run.events.append(event)
         if events:
             run.next_seq = max(run.next_seq, max(e["seq"] for e in events) + 1)
 

@@ -92,6 +92,14 @@ CREATE TABLE planrun_workers (
     PRIMARY KEY (run_id, name)
 );
 
+-- name: migrate_2
+-- One event per (run, seq): a batch written again after a commit whose answer was lost
+-- (the connection dropped during COMMIT, and the call was retried) adds nothing.
+DELETE FROM planrun_events AS a USING planrun_events AS b
+WHERE a.run_id = b.run_id AND a.seq = b.seq AND a.id > b.id;
+DROP INDEX IF EXISTS planrun_events_run;
+CREATE UNIQUE INDEX planrun_events_seq ON planrun_events (run_id, seq);
+
 -- name: notify
 -- Wakes every wait_for_change() on the run; delivered when the transaction commits.
 SELECT pg_notify('planrun', %(run_id)s);
@@ -199,14 +207,16 @@ RETURNING id;
 SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s ORDER BY pos;
 
 -- name: insert_events
--- A batch in one statement, one array per column; ids follow the order given.
+-- A batch in one statement, one array per column; ids follow the order given. An event
+-- already stored under its seq (the same batch written again) is kept as it is.
 INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, detail)
 SELECT %(run_id)s, e.seq, e.at, e.task, e.event, e.worker, e.attempt, e.detail::jsonb
 FROM unnest(
     %(seq)s::bigint[], %(at)s::float8[], %(task)s::text[], %(event)s::text[],
     %(worker)s::text[], %(attempt)s::bigint[], %(detail)s::text[]
 ) WITH ORDINALITY AS e (seq, at, task, event, worker, attempt, detail, n)
-ORDER BY e.n;
+ORDER BY e.n
+ON CONFLICT (run_id, seq) DO NOTHING;
 
 -- name: get_events
 SELECT seq, at, task, event, worker, attempt, detail FROM planrun_events

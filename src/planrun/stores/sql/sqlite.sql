@@ -81,6 +81,13 @@ CREATE TABLE planrun_workers (
     PRIMARY KEY (run_id, name)
 );
 
+-- name: migrate_2
+-- One event per (run, seq): a batch written again (its commit's answer lost) adds nothing.
+DELETE FROM planrun_events
+WHERE id NOT IN (SELECT min(id) FROM planrun_events GROUP BY run_id, seq);
+DROP INDEX IF EXISTS planrun_events_run;
+CREATE UNIQUE INDEX planrun_events_seq ON planrun_events (run_id, seq);
+
 -- name: create_run
 INSERT INTO planrun_runs (id, created_at, status, goal, meta)
 VALUES (:id, :created_at, :status, :goal, :meta);
@@ -152,8 +159,10 @@ WHERE run_id = :run_id AND id IN (SELECT value FROM json_each(:ids))
 ORDER BY rowid;
 
 -- name: insert_event
+-- An event already stored under its seq (the same batch written twice) is kept as it is.
 INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, detail)
-VALUES (:run_id, :seq, :at, :task, :event, :worker, :attempt, :detail);
+VALUES (:run_id, :seq, :at, :task, :event, :worker, :attempt, :detail)
+ON CONFLICT (run_id, seq) DO NOTHING;
 
 -- name: get_events
 SELECT seq, at, task, event, worker, attempt, detail FROM planrun_events
