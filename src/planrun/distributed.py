@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import random
 import time
@@ -41,7 +42,7 @@ from planrun.errors import (
 )
 from planrun.ledger import Event, analyze
 from planrun.registry import Registry, TaskContext
-from planrun.stores.base import RunInfo, RunState, Store
+from planrun.stores.base import RunInfo, Store
 from planrun.supervisor import (
     Backoff,
     EffectFn,
@@ -61,6 +62,9 @@ __all__ = ["Coordinator", "Mode", "WorkerProcess"]
 log = logging.getLogger("planrun.distributed")
 
 Mode = Literal["push", "peer"]
+
+_IN_FLIGHT = frozenset({Status.ASSIGNED, Status.RUNNING})
+_CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED})
 
 
 def _event(task: Task, name: str, now: float, worker: str | None = None,
@@ -127,6 +131,19 @@ class Coordinator:
         self._applied: set[str] = set()
         self._aborted_by: str | None = None
         self._rr = 0
+        # The mirror of the run (see _coordinate) and what the rounds look up in it.
+        self._seq = -1
+        self._tasks: dict[str, Task] = {}
+        self._pos: dict[str, int] = {}
+        self._dependents: dict[str, list[str]] = {}
+        self._waiting: dict[str, int] = {}
+        self._unfinished = 0
+        self._ready: list[tuple[int, str]] = []  # heap of (position, id)
+        self._queued: set[str] = set()
+        self._holders: dict[str, str] = {}  # resource -> the in-flight task holding it
+        self._failed: set[str] = set()
+        self._dying: set[str] = set()
+        self._effects_due: dict[str, None] = {}
 
     async def arun(self, tasks: Iterable[Task]) -> RunResult:
         """Create the run with ``tasks`` and coordinate it to the end."""
@@ -156,43 +173,108 @@ class Coordinator:
         self._retries_used = sum(1 for e in state.events if e.event == "retry")
         return await self._coordinate(time.time())
 
+    # ---- the loop: a mirror of the run, kept current from the ledger's tail ----------------
+
     async def _coordinate(self, started: float) -> RunResult:
-        last_change, last_counts = time.time(), None
+        """Rounds until every task is final and every effect applied.
+
+        The first read takes every task; after that each round reads only the tasks named
+        by events it has not seen, so a round costs what changed, not the size of the run.
+        """
+        # The seq first, then every task (one without an event too): a change landing in
+        # between is read again next round, which is harmless.
+        _, self._seq = await self.store.load_changed(self.run_id, -1)
+        self._build((await self.store.load_tasks(self.run_id)).tasks)
+        last_change = time.time()
         while True:
-            state = await self.store.load_tasks(self.run_id)
+            await self._round(time.time())
+            if self._unfinished == 0 and not self._effects_due:
+                break
+            await self.store.wait_for_change(self.run_id, self.poll)
+            changed, self._seq = await self.store.load_changed(self.run_id, self._seq)
+            for task in changed:
+                self._update(task)
             now = time.time()
-            await self._round(state, now)
-            counts = [(t.id, t.status, t.token) for t in state.tasks]
-            if counts != last_counts:
-                last_change, last_counts = now, counts
+            if changed:
+                last_change = now
             elif now - last_change > self.stall_after:
                 from planrun.errors import StallError
 
                 raise StallError(f"run {self.run_id} stalled: nothing changed for "
                                  f"{now - last_change:.0f} s")
-            pending_effects = [t for t in state.tasks if t.status is Status.COMPLETED
-                               and t.kind in self.effects and t.id not in self._applied]
-            if all(t.status in FINAL for t in state.tasks) and not pending_effects:
-                break
-            await self.store.wait_for_change(self.run_id, self.poll)
         status = "aborted" if self._aborted_by else "finished"
         await self.store.set_run_status(self.run_id, status)
         return await self._result(started)
 
-    async def _round(self, state: RunState, now: float) -> None:
-        by_id = {t.id: t for t in state.tasks}
-        for task in state.tasks:
-            if task.status in (Status.ASSIGNED, Status.RUNNING) and (task.lease or 0) < now:
-                await self._reclaim(task, now)
-            elif task.status is Status.FAILED and ((task.not_before or 0) <= now
-                                                   or self._budget_spent()):
+    def _build(self, tasks: Sequence[Task]) -> None:
+        self._tasks = {t.id: t for t in tasks}
+        self._pos = {t.id: i for i, t in enumerate(tasks)}
+        self._dependents = {t.id: [] for t in tasks}
+        for t in tasks:
+            for d in t.depends_on:
+                self._dependents.setdefault(d, []).append(t.id)
+        self._waiting = {
+            t.id: sum(1 for d in t.depends_on
+                      if d not in self._tasks or self._tasks[d].status is not Status.COMPLETED)
+            for t in tasks
+        }
+        self._unfinished = sum(1 for t in tasks if t.status not in FINAL)
+        for t in tasks:
+            self._index(None, t)
+
+    def _update(self, new: Task) -> None:
+        old = self._tasks.get(new.id)
+        if old is None:  # a task this mirror never saw: read the whole run again
+            self._build([*self._tasks.values(), new])
+            return
+        self._tasks[new.id] = new
+        if old.status not in FINAL and new.status in FINAL:
+            self._unfinished -= 1
+        if new.status is Status.COMPLETED and old.status is not Status.COMPLETED:
+            for d in self._dependents.get(new.id, ()):
+                self._waiting[d] -= 1
+                if self._waiting[d] == 0:
+                    self._offer(self._tasks[d])
+        self._index(old, new)
+
+    def _index(self, old: Task | None, new: Task) -> None:
+        """File ``new`` under what the rounds look for."""
+        for r in new.resources:
+            if new.status in _IN_FLIGHT:
+                self._holders[r] = new.id
+            elif self._holders.get(r) == new.id:
+                del self._holders[r]
+        if new.status is Status.FAILED:
+            self._failed.add(new.id)
+        else:
+            self._failed.discard(new.id)
+        if new.status is Status.DEAD and (old is None or old.status is not Status.DEAD):
+            self._dying.add(new.id)
+        if (new.status is Status.COMPLETED and new.kind in self.effects
+                and new.id not in self._applied):
+            self._effects_due[new.id] = None
+        self._offer(new)
+
+    def _offer(self, task: Task) -> None:
+        """Queue a pending task whose dependencies are all completed (push mode assigns it)."""
+        if (task.status is Status.PENDING and self._waiting.get(task.id) == 0
+                and task.id not in self._queued):
+            self._queued.add(task.id)
+            heapq.heappush(self._ready, (self._pos[task.id], task.id))
+
+    async def _round(self, now: float) -> None:
+        for task in await self.store.expired(self.run_id, now):  # fresh rows, not the mirror
+            await self._reclaim(task, now)
+        for task_id in sorted(self._failed, key=self._pos.__getitem__):
+            task = self._tasks[task_id]
+            if (task.not_before or 0) <= now or self._budget_spent():
                 await self._retry(task, now)
-            elif task.status is Status.DEAD:
-                await self._after_death(task, by_id, now)
-        due = [t for t in state.tasks if t.status is Status.COMPLETED
-               and t.kind in self.effects and t.id not in self._applied]
+        for task_id in sorted(self._dying, key=self._pos.__getitem__):
+            if await self._after_death(self._tasks[task_id], now):
+                self._dying.discard(task_id)
         if self.mode == "push" and not self._aborted_by:
-            await self._assign(state, by_id, now)
+            await self._assign(now)
+        due, self._effects_due = list(self._effects_due), {}
         # Effects are independent of each other: apply a few at once.
         limit = asyncio.Semaphore(4)
 
@@ -200,7 +282,7 @@ class Coordinator:
             async with limit:
                 await self._apply_effect(task, now)
 
-        await asyncio.gather(*(one(t) for t in due))
+        await asyncio.gather(*(one(self._tasks[t]) for t in due))
 
     async def _reclaim(self, task: Task, now: float) -> None:
         if task.reclaims >= self.max_reclaims:
@@ -228,48 +310,60 @@ class Coordinator:
                                          not_before=None), "retry", now):
             self._retries_used += 1
 
-    async def _after_death(self, task: Task, by_id: Mapping[str, Task], now: float) -> None:
+    async def _after_death(self, task: Task, now: float) -> bool:
+        """Cancel what the death of ``task`` dooms; False when a write must be tried again."""
         if self.on_dead == "abort_run":
             self._aborted_by = self._aborted_by or task.id
-            for other in by_id.values():
-                if other.status in (Status.PENDING, Status.ASSIGNED, Status.FAILED):
-                    cause = f"abort: {task.id} died"
-                    await self._fenced(transition(other, Status.CANCELLED, cause=cause,
-                                                  finished_at=now), "cancelled", now,
-                                       detail={"cause": cause})
-            return
-        for other in by_id.values():
-            if task.id in other.depends_on and other.status in (
-                Status.PENDING, Status.ASSIGNED, Status.FAILED
-            ):
-                cancelled = transition(other, Status.CANCELLED, cause=task.id, finished_at=now)
-                await self._fenced(cancelled, "cancelled", now, detail={"cause": task.id})
+            cause = f"abort: {task.id} died"
+            doomed = [t for t in self._tasks.values() if t.status in _CANCELLABLE]
+        else:  # every transitive dependent, with the dead task as the cause
+            cause, doomed, seen = task.id, [], set()
+            stack = list(self._dependents.get(task.id, ()))
+            while stack:
+                dep_id = stack.pop()
+                if dep_id in seen:
+                    continue
+                seen.add(dep_id)
+                stack.extend(self._dependents.get(dep_id, ()))
+                if self._tasks[dep_id].status in _CANCELLABLE:
+                    doomed.append(self._tasks[dep_id])
+        done = True
+        for other in sorted(doomed, key=lambda t: self._pos[t.id]):
+            cancelled = transition(other, Status.CANCELLED, cause=cause, finished_at=now)
+            done &= await self._fenced(cancelled, "cancelled", now, detail={"cause": cause})
+        return done
 
-    async def _assign(self, state: RunState, by_id: Mapping[str, Task], now: float) -> None:
+    async def _assign(self, now: float) -> None:
+        if not self._ready:
+            return
         workers = [w for w in await self.store.list_workers(self.run_id)
                    if now - float(w["last_heartbeat"]) < self.stale_after]
-        if not workers:
-            return
         # Each worker gets a queue of up to twice its capacity (assigned + running), so it
         # never waits for the coordinator's next round between two tasks.
         free = {w["name"]: 2 * int(w["capacity"]) - int(w["active"]) for w in workers}
         kinds = {w["name"]: set(w["kinds"]) for w in workers}
-        ready = [t for t in state.tasks if t.status is Status.PENDING
-                 and (t.not_before or 0) <= now
-                 and all(by_id[d].status is Status.COMPLETED for d in t.depends_on)]
-        held = {r for t in state.tasks if t.status in (Status.ASSIGNED, Status.RUNNING)
-                for r in t.resources}
-        for task in ready:
-            able = [n for n in free if free[n] > 0 and task.kind in kinds[n]]
-            if not able or held.intersection(task.resources):
+        later: list[tuple[int, str]] = []
+        while self._ready and any(n > 0 for n in free.values()):
+            entry = heapq.heappop(self._ready)
+            task = self._tasks[entry[1]]
+            if task.status is not Status.PENDING or self._waiting[task.id]:
+                self._queued.discard(task.id)  # stale: it changed since it was queued
                 continue
+            able = [n for n in free if free[n] > 0 and task.kind in kinds[n]]
+            if (not able or (task.not_before or 0) > now
+                    or any(r in self._holders for r in task.resources)):
+                later.append(entry)
+                continue
+            self._queued.discard(task.id)
             name = min(able, key=lambda n: (-free[n], (self._rr + able.index(n)) % len(able)))
             self._rr += 1
             assigned = transition(task, Status.ASSIGNED, assigned_to=name,
                                   token=task.token + 1, lease=now + self.stale_after)
             if await self._fenced(assigned, "assigned", now, name, expect=task.token):
                 free[name] -= 1
-                held.update(task.resources)
+                self._holders.update(dict.fromkeys(task.resources, task.id))
+        for entry in later:
+            heapq.heappush(self._ready, entry)
 
     async def _apply_effect(self, task: Task, now: float) -> None:
         key = f"{self.run_id}:{task.id}"
@@ -284,6 +378,7 @@ class Coordinator:
         except Exception as exc:
             log.warning("effect of %s failed: %s", task.id, exc)
             self._applied.discard(task.id)
+            self._effects_due[task.id] = None  # the next round tries again, same key
             return
         # The record and its event in one transaction: a coordinator that died with this
         # commit in flight and the one resuming it cannot both log the effect.
@@ -488,8 +583,7 @@ class WorkerProcess:
     async def _inputs(self, run_id: str, task: Task) -> dict[str, Any]:
         if not task.depends_on:
             return {}
-        state = await self.store.load_tasks(run_id)
-        return {t.id: t.result for t in state.tasks if t.id in task.depends_on}
+        return {t.id: t.result for t in await self.store.load_some(run_id, task.depends_on)}
 
     def _failure(self, task: Task, exc: BaseException) -> tuple[Task, str, dict[str, Any]]:
         now = time.time()

@@ -21,7 +21,7 @@ from dist_app import registry
 from pgtest import fresh_schema
 
 from planrun.distributed import Coordinator, WorkerProcess
-from planrun.errors import StoreError, TransientError, UsageError
+from planrun.errors import PermanentError, StoreError, TransientError, UsageError
 from planrun.ledger import Event
 from planrun.registry import KindSpec, Registry
 from planrun.stores import open_store
@@ -221,6 +221,57 @@ def test_a_worker_process_bounds_each_attempt() -> None:
     assert tasks["default-slow"].error == "TransientError: attempt timed out after 1.0 s"
     assert tasks["default-ok"].status is Status.COMPLETED  # under the worker's 1 s
     assert tasks["own-quick"].status is Status.COMPLETED
+
+
+async def _fails_a(payload: Any, ctx: Any) -> int:
+    if ctx.task_id == "a":
+        raise PermanentError("boom")
+    return 1
+
+
+def test_a_death_cancels_every_transitive_dependent_of_an_external_run(db_url: str) -> None:
+    work = Registry([KindSpec("k", handler=_fails_a)])
+
+    async def go() -> RunResult:
+        stores = [await opened(db_url) for _ in range(2)]
+        worker = WorkerProcess(work, stores[1], name="w", poll=0.01)
+        serving = asyncio.ensure_future(worker.arun())
+        batch = [Task(id="a", kind="k"), Task(id="b", kind="k", depends_on=("a",)),
+                 Task(id="c", kind="k", depends_on=("b",)),
+                 Task(id="d", kind="k", depends_on=("b", "e")), Task(id="e", kind="k")]
+        try:
+            return await Coordinator(work, stores[0], poll=0.01, stall_after=5).arun(batch)
+        finally:
+            worker.stop()
+            await serving
+            for s in stores:
+                await s.close()
+
+    tasks = asyncio.run(go()).tasks
+    assert {t.id: (t.status.value, t.cause) for t in tasks.values()} == {
+        "a": ("dead", None), "b": ("cancelled", "a"), "c": ("cancelled", "a"),
+        "d": ("cancelled", "a"), "e": ("completed", None)}
+
+
+def test_after_the_first_read_a_coordinator_reads_only_what_changed() -> None:
+    from planrun.stores import InMemoryStore
+
+    async def go() -> tuple[InMemoryStore, RunResult]:
+        store = InMemoryStore()
+        await store.open()
+        worker = WorkerProcess(registry, store, name="w", capacity=4, poll=0.01)
+        serving = asyncio.ensure_future(worker.arun())
+        result = await Coordinator(registry, store, poll=0.01).arun(tickets(40))
+        worker.stop()
+        await serving
+        return store, result
+
+    store, result = asyncio.run(go())
+    assert result.ok and result.audit.clean
+    rounds = store.calls_to("load_changed")
+    assert len(rounds) > 10 and [c["after"] for c in rounds] == sorted(c["after"] for c in rounds)
+    # Whole-run reads: the first build and the final report, however many rounds ran.
+    assert len(store.calls_to("load")) == 2
 
 
 class _SlowHeartbeat:

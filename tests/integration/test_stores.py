@@ -468,6 +468,33 @@ async def test_effects_begin_once_and_finish_once(store: Store) -> None:
         await store.effect_done(run_id, "zzz", None, at=6.0)
 
 
+async def test_load_changed_reads_the_tasks_changed_since_a_seq(connect: Connect) -> None:
+    store, other = await connect(), await connect()
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
+
+    everything, seq = await store.load_changed(run_id, -1)
+    assert [t.id for t in everything] == ["a", "b", "c"] and seq == 2
+    assert await store.load_changed(run_id, seq) == ([], 2)
+
+    c = transition(Task("c", "k"), Status.ASSIGNED, assigned_to="w", token=1)
+    assert await other.write_fenced(run_id, c, Event(-1, 2.0, "c", "assigned", "w", 1), 0)
+    await other.claim(run_id, "w", ["k"], None, 30.0, limit=1)  # "a", by another connection
+    changed, after = await store.load_changed(run_id, seq)
+    assert [(t.id, t.status) for t in changed] == [("a", Status.RUNNING),
+                                                   ("c", Status.ASSIGNED)]
+    assert after == 4 and await store.load_changed(run_id, after) == ([], 4)
+    with pytest.raises(StoreError, match="unknown run"):
+        await store.load_changed("nope", -1)
+
+
+async def test_load_some_reads_only_the_tasks_asked_for(store: Store) -> None:
+    run_id = await make_run(store, chain(4))
+    assert [t.id for t in await store.load_some(run_id, ["t2", "t0", "zz"])] == ["t0", "t2"]
+    assert await store.load_some(run_id, []) == []
+    with pytest.raises(StoreError, match="unknown run"):
+        await store.load_some("nope", ["t0"])
+
+
 async def test_a_batch_written_again_stores_its_events_once(store: Store) -> None:
     # A retry after a commit whose answer was lost (the connection dropped during COMMIT)
     # sends the same batch again: the records are upserts and the events stay single.

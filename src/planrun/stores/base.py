@@ -148,6 +148,20 @@ class Store(Protocol):
         """Like :meth:`load` without the events (``events`` is empty): a cheap poll."""
         ...
 
+    async def load_some(self, run_id: str, ids: Sequence[str]) -> list[Task]:
+        """The tasks of ``ids`` that exist, in task order (a worker reading its inputs)."""
+        ...
+
+    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
+        """The tasks that events numbered after ``after`` name, as they are now (in task
+        order), and the last seq read (``after`` when there is none): what changed since.
+
+        One snapshot. Every change of a task comes with an event (a lease renewal does
+        not), and a store numbers events in commit order, so a reader that passes back the
+        seq it got misses nothing. ``after=-1`` reads every task that has an event.
+        """
+        ...
+
     async def list_runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its task counts."""
         ...

@@ -146,6 +146,22 @@ class InMemoryStore:
         state = await self.load(run_id)
         return RunState(state.run, state.tasks, [], state.effects)
 
+    async def load_some(self, run_id: str, ids: Sequence[str]) -> list[Task]:
+        """The tasks of ``ids`` that exist, in task order."""
+        self._record("load_some", run_id=run_id, ids=list(ids))
+        wanted = set(ids)
+        return [task_from_row(r) for r in self._run(run_id).tasks.values() if r["id"] in wanted]
+
+    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
+        """Tasks named by events after ``after``, and the last seq read."""
+        self._record("load_changed", run_id=run_id, after=after)
+        run = self._run(run_id)
+        named = {e["task"] for e in run.events if e["seq"] > after}
+        if not named:
+            return [], after
+        last = max(e["seq"] for e in run.events if e["seq"] > after)
+        return [task_from_row(r) for r in run.tasks.values() if r["id"] in named], last
+
     async def list_runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its task counts."""
         self._record("list_runs")

@@ -327,6 +327,40 @@ class PostgresStore:
         """The run, its tasks and effects without the ledger (a coordinator's poll)."""
         return await self._read(run_id, events=False)
 
+    async def load_some(self, run_id: str, ids: Sequence[str]) -> list[Task]:
+        """The tasks of ``ids`` that exist, in task order."""
+        args = {"run_id": run_id, "ids": list(ids)}
+
+        async def go(cur: Cursor) -> list[Task]:
+            await cur.execute(Q["get_run"], args)
+            if await cur.fetchone() is None:
+                raise unknown_run(run_id)
+            await cur.execute(Q["get_tasks_by_ids"], args)
+            return [task_from_row(r, keep_json) for r in await cur.fetchall()]
+
+        return await self._tx(go, snapshot=True)
+
+    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
+        """Tasks named by events after ``after``, and the last seq read (one snapshot).
+
+        Seqs follow commit order: each transaction that numbers events holds the run's
+        row until it commits, so no lower seq can appear after a higher one was read.
+        """
+        args = {"run_id": run_id, "after": after}
+
+        async def go(cur: Cursor) -> tuple[list[Task], int]:
+            await cur.execute(Q["get_run"], args)
+            if await cur.fetchone() is None:
+                raise unknown_run(run_id)
+            await cur.execute(Q["last_seq"], args)
+            row = await cur.fetchone()
+            if row is None or row["seq"] is None:
+                return [], after
+            await cur.execute(Q["changed_tasks"], args)
+            return [task_from_row(r, keep_json) for r in await cur.fetchall()], int(row["seq"])
+
+        return await self._tx(go, snapshot=True)
+
     async def _read(self, run_id: str, events: bool) -> RunState:
         args = {"run_id": run_id}
 

@@ -270,6 +270,32 @@ class SQLiteStore:
         """The run, its tasks and effects without the ledger (a coordinator's poll)."""
         return await self._read(run_id, events=False)
 
+    async def load_some(self, run_id: str, ids: Sequence[str]) -> list[Task]:
+        """The tasks of ``ids`` that exist, in task order."""
+        encoded = json.dumps(list(ids))
+
+        def go(conn: sqlite3.Connection) -> list[Task]:
+            with _transaction(conn, "BEGIN"):
+                _require_run(conn, run_id)
+                return _tasks_by_ids(conn, run_id, encoded)
+
+        return await self._with_conn(go)
+
+    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
+        """Tasks named by events after ``after``, and the last seq read (one snapshot)."""
+        args = {"run_id": run_id, "after": after}
+
+        def go(conn: sqlite3.Connection) -> tuple[list[Task], int]:
+            with _transaction(conn, "BEGIN"):
+                _require_run(conn, run_id)
+                last = conn.execute(Q["last_seq"], args).fetchone()["seq"]
+                if last is None:
+                    return [], after
+                tasks = [task_from_row(r) for r in conn.execute(Q["changed_tasks"], args)]
+            return tasks, int(last)
+
+        return await self._with_conn(go)
+
     async def _read(self, run_id: str, events: bool) -> RunState:
         def go(conn: sqlite3.Connection) -> RunState:
             with _transaction(conn, "BEGIN"):

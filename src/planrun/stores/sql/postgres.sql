@@ -206,6 +206,19 @@ RETURNING id;
 -- name: get_tasks
 SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s ORDER BY pos;
 
+-- name: get_tasks_by_ids
+SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s AND id = ANY(%(ids)s::text[])
+ORDER BY pos;
+
+-- name: changed_tasks
+SELECT * FROM planrun_tasks
+WHERE run_id = %(run_id)s
+  AND id IN (SELECT task FROM planrun_events WHERE run_id = %(run_id)s AND seq > %(after)s)
+ORDER BY pos;
+
+-- name: last_seq
+SELECT max(seq) AS seq FROM planrun_events WHERE run_id = %(run_id)s AND seq > %(after)s;
+
 -- name: insert_events
 -- A batch in one statement, one array per column; ids follow the order given. An event
 -- already stored under its seq (the same batch written again) is kept as it is.

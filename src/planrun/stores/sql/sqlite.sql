@@ -158,6 +158,15 @@ SELECT * FROM planrun_tasks
 WHERE run_id = :run_id AND id IN (SELECT value FROM json_each(:ids))
 ORDER BY rowid;
 
+-- name: changed_tasks
+SELECT * FROM planrun_tasks
+WHERE run_id = :run_id
+  AND id IN (SELECT task FROM planrun_events WHERE run_id = :run_id AND seq > :after)
+ORDER BY rowid;
+
+-- name: last_seq
+SELECT max(seq) AS seq FROM planrun_events WHERE run_id = :run_id AND seq > :after;
+
 -- name: insert_event
 -- An event already stored under its seq (the same batch written twice) is kept as it is.
 INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, detail)
