@@ -332,9 +332,7 @@ class PostgresStore:
         args = {"run_id": run_id, "ids": list(ids)}
 
         async def go(cur: Cursor) -> list[Task]:
-            await cur.execute(Q["get_run"], args)
-            if await cur.fetchone() is None:
-                raise unknown_run(run_id)
+            await self._require_run(cur, run_id)
             await cur.execute(Q["get_tasks_by_ids"], args)
             return [task_from_row(r, keep_json) for r in await cur.fetchall()]
 
@@ -349,9 +347,7 @@ class PostgresStore:
         args = {"run_id": run_id, "after": after}
 
         async def go(cur: Cursor) -> tuple[list[Task], int]:
-            await cur.execute(Q["get_run"], args)
-            if await cur.fetchone() is None:
-                raise unknown_run(run_id)
+            await self._require_run(cur, run_id)
             await cur.execute(Q["last_seq"], args)
             row = await cur.fetchone()
             if row is None or row["seq"] is None:
@@ -395,6 +391,12 @@ class PostgresStore:
         return await self._tx(go, snapshot=True)
 
     # --- tasks and events -------------------------------------------------------------------
+
+    @staticmethod
+    async def _require_run(cur: Cursor, run_id: str) -> None:
+        await cur.execute(Q["get_run"], {"run_id": run_id})
+        if await cur.fetchone() is None:
+            raise unknown_run(run_id)
 
     @staticmethod
     async def _touch(cur: Cursor, run_id: str) -> None:
@@ -497,9 +499,7 @@ class PostgresStore:
         args = {"run_id": run_id, "task_id": task_id, "key": key, "at": at}
 
         async def go(cur: Cursor) -> EffectRecord:
-            await cur.execute(Q["get_run"], args)
-            if await cur.fetchone() is None:
-                raise unknown_run(run_id)
+            await self._require_run(cur, run_id)
             await cur.execute(Q["effect_begin"], args)
             await cur.execute(Q["get_effect"], args)
             row = await cur.fetchone()
@@ -595,25 +595,8 @@ class PostgresStore:
         """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
         if limit < 1 or not kinds:
             return []
-        args = {
-            "run_id": run_id,
-            "worker": worker,
-            "kinds": list(kinds),
-            "limit": limit,
-        }
-
-        async def go(cur: Cursor) -> list[Task]:
-            # Stamped inside the transaction, just before the statement whose snapshot
-            # sees the dependencies completed: their writers stamped them earlier.
-            stamp = time.time() if now is None else now
-            args.update(now=stamp, lease=stamp + lease_s)
-            await cur.execute(Q["claim"], args)
-            tasks = _by_pos(await cur.fetchall())
-            if tasks:
-                await self._append_started(cur, run_id, tasks, stamp)
-            return tasks
-
-        return await self._tx(go)
+        args = {"run_id": run_id, "worker": worker, "kinds": list(kinds), "limit": limit}
+        return await self._start("claim", args, now, lease_s)
 
     async def take_assigned(
         self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
@@ -621,19 +604,24 @@ class PostgresStore:
         """Move tasks assigned to ``worker`` to running (push mode)."""
         if limit < 1:
             return []
-        args = {
-            "run_id": run_id,
-            "worker": worker,
-            "limit": limit,
-        }
+        args = {"run_id": run_id, "worker": worker, "limit": limit}
+        return await self._start("take_assigned", args, now, lease_s)
+
+    async def _start(
+        self, query: str, args: dict[str, Any], now: float | None, lease_s: float
+    ) -> list[Task]:
+        """Move the tasks ``query`` picks to running, with a ``started`` event each.
+
+        Without ``now`` the stamp is read inside the transaction, just before the statement
+        whose snapshot sees the dependencies completed: their writers stamped them earlier.
+        """
 
         async def go(cur: Cursor) -> list[Task]:
             stamp = time.time() if now is None else now
-            args.update(now=stamp, lease=stamp + lease_s)
-            await cur.execute(Q["take_assigned"], args)
+            await cur.execute(Q[query], {**args, "now": stamp, "lease": stamp + lease_s})
             tasks = _by_pos(await cur.fetchall())
             if tasks:
-                await self._append_started(cur, run_id, tasks, stamp)
+                await self._append_started(cur, run_id=args["run_id"], tasks=tasks, now=stamp)
             return tasks
 
         return await self._tx(go)
