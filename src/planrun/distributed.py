@@ -49,6 +49,7 @@ from planrun.supervisor import (
     RunResult,
     _bounded,
     _call,
+    _check_limits,
     _dependency_order,
     _jsonable,
     _payload_for,
@@ -114,6 +115,7 @@ class Coordinator:
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
+        _check_limits(retry_budget, None)
         self.registry = registry
         self.store = store
         self.run_id = run_id or uuid.uuid4().hex[:12]
@@ -465,6 +467,7 @@ class WorkerProcess:
             raise UsageError(f"unknown kind(s) {unknown}; the app has {registry.names}")
         if capacity < 1:
             raise UsageError("capacity must be >= 1")
+        _check_limits(None, timeout)
         self.capacity = capacity
         self.mode = mode
         self.lease_s = lease_s

@@ -173,6 +173,7 @@ class Supervisor:
             raise UsageError("max_attempts must be >= 1")
         if stale_after <= 0 or stall_after <= 0:
             raise UsageError("stale_after and stall_after must be > 0")
+        _check_limits(retry_budget, timeout)
         self.registry = registry
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.clock: Clock = clock or RealClock()
@@ -911,6 +912,14 @@ def _check_async(handler: Handler) -> bool:
 
 
 _is_async_cached = functools.lru_cache(maxsize=1024)(_check_async)
+
+
+def _check_limits(retry_budget: int | None, timeout: float | None) -> None:
+    """Refuse a negative retry budget and a timeout that is not positive."""
+    if retry_budget is not None and retry_budget < 0:
+        raise UsageError(f"retry_budget must be >= 0 or None, got {retry_budget}")
+    if timeout is not None and not timeout > 0:
+        raise UsageError(f"timeout must be > 0 or None, got {timeout}")
 
 
 async def _bounded(work: Awaitable[Any], limit: float | None) -> Any:

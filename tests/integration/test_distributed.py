@@ -25,7 +25,7 @@ from planrun.errors import PermanentError, StoreError, TransientError, UsageErro
 from planrun.ledger import Event
 from planrun.registry import KindSpec, Registry
 from planrun.stores import open_store
-from planrun.supervisor import Backoff, RunResult
+from planrun.supervisor import Backoff, RunResult, Supervisor
 from planrun.task import Status, Task, transition
 
 HERE = Path(__file__).resolve().parent
@@ -193,6 +193,20 @@ def test_a_resumed_coordinator_keeps_what_the_retry_budget_spent(db_url: str) ->
 async def _nap(payload: Any, ctx: Any) -> str:
     await asyncio.sleep(float(payload["s"]))
     return "woke"
+
+
+def test_limits_that_make_no_sense_are_refused_up_front() -> None:
+    from planrun.stores import InMemoryStore
+
+    store = InMemoryStore()
+    with pytest.raises(UsageError, match="retry_budget must be >= 0"):
+        Coordinator(registry, store, retry_budget=-1)
+    with pytest.raises(UsageError, match="timeout must be > 0"):
+        WorkerProcess(registry, store, timeout=0)
+    with pytest.raises(UsageError, match="retry_budget must be >= 0"):
+        Supervisor(registry, retry_budget=-2)
+    with pytest.raises(UsageError, match="timeout must be > 0"):
+        Supervisor(registry, timeout=-1.0)
 
 
 def test_a_worker_process_bounds_each_attempt() -> None:
