@@ -26,7 +26,8 @@ from planrun.clock import VirtualClock
 from planrun.errors import TransientError
 from planrun.ledger import Audit, Event, Ledger, analyze
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.supervisor import Backoff, RunResult, Supervisor
+from planrun.scheduling import RetryPolicy
+from planrun.supervisor import RunResult, Supervisor
 from planrun.task import Task
 
 __all__ = [
@@ -151,7 +152,7 @@ def run_supervisor(
         specs,
         strategy="balanced",
         max_attempts=max_retries + 1,
-        backoff=Backoff(base=1.0),
+        backoff=RetryPolicy(base=1.0),
         on_dead="abort_run",
         clock=VirtualClock(),
         run_id="release",

@@ -4,16 +4,19 @@ Two roles share the rows of a store (PostgreSQL across machines; SQLite between 
 of one machine):
 
 :class:`Coordinator` (``planrun run ... --workers external``)
-    creates the run, and then only decides: assigns ready tasks to live workers (push
-    mode), reclaims tasks whose lease expired, requeues failed tasks whose backoff is over,
-    cancels what depends on a dead task, and applies effects once. It never runs a task.
+    a driver of the scheduling core (:class:`planrun.scheduling.Scheduler`) over fenced
+    database writes. It creates the run, keeps a mirror of it current from the ledger's
+    tail, feeds the core what worker processes wrote, and writes what the core decides:
+    assignments (push mode), reclaims of expired leases, retries or deaths of failed
+    attempts, cancellations, the budget stop, the deadline, effects. It never runs a task.
 
 :class:`WorkerProcess` (``planrun worker``)
     registers with its kinds and capacity, heartbeats, takes the tasks assigned to it (push)
     or claims ready tasks itself with one atomic ``UPDATE ... FOR UPDATE SKIP LOCKED`` that
-    checks dependencies (peer), renews its leases while it works, and writes each outcome
-    *fenced* by the token it was given: a result from an attempt that was reclaimed in the
-    meantime is refused by the database, never applied.
+    checks dependencies (peer), renews its leases while it works, and reports each outcome
+    *fenced* by the token it was given: completed, failed (with the error and any
+    ``Retry-After``), or refused by the budget. It decides nothing about retry, death or
+    budget. A result from an attempt that was reclaimed meanwhile is refused by the database.
 
 Every change is a row update and a ledger event in one transaction, so the audit reads the
 same ledger whatever process wrote it.
@@ -23,49 +26,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
+import functools
 import logging
-import random
-import time
+import os
+import socket
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from planrun.errors import (
-    BudgetExceeded,
-    ErrorClass,
-    PermanentError,
-    StoreError,
-    UsageError,
-    classify,
-)
+from planrun.attempt import jsonable, maybe_await, run_attempt
+from planrun.clock import Clock, RealClock
+from planrun.errors import StallError, StoreError, UsageError
 from planrun.ledger import Event, analyze
+from planrun.ledger import EventName as E
 from planrun.registry import Registry, TaskContext
-from planrun.stores.base import RunInfo, Store
-from planrun.supervisor import (
+from planrun.routing import Router, get_router
+from planrun.scheduling import (
+    SCHEDULER_RETRY,
     Backoff,
-    EffectFn,
-    RunResult,
-    _bounded,
-    _call,
-    _check_limits,
-    _dependency_order,
-    _jsonable,
-    _payload_for,
-    _result_for,
-    _timed_out,
+    OnDead,
+    RetryPolicy,
+    Scheduler,
+    as_policy,
+    check_policies,
+    failure_of,
+    retries_spent,
+    timed_out,
 )
-from planrun.task import FINAL, Status, Task, transition
+from planrun.stores.base import RunInfo, Store
+from planrun.supervisor import EffectFn, RunResult
+from planrun.task import Status, Task, transition
 
 __all__ = ["Coordinator", "Mode", "WorkerProcess"]
 
 log = logging.getLogger("planrun.distributed")
 
 Mode = Literal["push", "peer"]
-
-_IN_FLIGHT = frozenset({Status.ASSIGNED, Status.RUNNING})
-_CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED})
 
 
 def _event(task: Task, name: str, now: float, worker: str | None = None,
@@ -74,21 +72,33 @@ def _event(task: Task, name: str, now: float, worker: str | None = None,
     return Event(-1, now, task.id, name, worker, task.token, detail or {})
 
 
+@dataclass(frozen=True, slots=True)
+class _Change:
+    task: Task
+    event: str
+    worker: str | None
+    detail: Mapping[str, Any] | None
+    expect: int
+
+
 class Coordinator:
-    """Decides for a run whose tasks are done by worker processes.
+    """Drives a run whose tasks are done by worker processes.
 
     Args:
         registry: the kinds (their handlers run in the workers, not here).
         store: an opened store shared with the workers.
         mode: ``push`` (the coordinator assigns) or ``peer`` (workers claim).
+        strategy: how push mode picks a worker (as for :class:`~planrun.Supervisor`).
         stale_after: lease length; an assignment or run not renewed in time is reclaimed,
             and a worker silent this long is taken out of the rotation.
-        max_reclaims, on_dead, effects, retry_budget: as for :class:`~planrun.Supervisor`
-            (a worker decides retry or dead by the task's attempts; the coordinator puts a
-            failed task back only while the run's retry budget lasts).
+        max_attempts, retry, retry_budget, max_reclaims, on_dead, effects, deadline_s: as
+            for :class:`~planrun.Supervisor`; the same core decides.
         poll: seconds between rounds when nothing wakes the coordinator earlier
             (PostgreSQL's LISTEN/NOTIFY does).
         stall_after: seconds without any task changing before :class:`StallError`.
+        store_patience: seconds a failing store is ridden out before :class:`StoreError`
+            (the same patience as the supervisor's).
+        clock: :class:`RealClock` (default) or :class:`VirtualClock`.
 
     Resource locks hold in push mode, where the coordinator alone decides who starts
     what: a task is not assigned while another task naming one of its resources is
@@ -103,301 +113,231 @@ class Coordinator:
         *,
         run_id: str | None = None,
         mode: Mode = "push",
+        strategy: str | Router = "balanced",
         stale_after: float = 30.0,
         max_reclaims: int = 3,
-        on_dead: Literal["cancel_dependents", "abort_run"] = "cancel_dependents",
+        on_dead: OnDead = "cancel_dependents",
         effects: Mapping[str, EffectFn] | None = None,
         poll: float = 0.2,
         stall_after: float = 900.0,
         goal: str = "",
         meta: Mapping[str, Any] | None = None,
         retry_budget: int | None = None,
+        retry: RetryPolicy | None = None,
+        max_attempts: int | None = None,
+        deadline_s: float | None = None,
+        store_patience: float = 120.0,
+        clock: Clock | None = None,
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
-        _check_limits(retry_budget, None)
+        policy = as_policy(retry, SCHEDULER_RETRY)
+        self.max_attempts = policy.attempts if max_attempts is None else max_attempts
+        check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
+                       stall_after=stall_after, max_reclaims=max_reclaims,
+                       max_attempts=self.max_attempts)
+        if deadline_s is not None and not deadline_s > 0:
+            raise UsageError(f"deadline_s must be > 0 or None, got {deadline_s}")
         self.registry = registry
         self.store = store
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.mode = mode
-        self.stale_after = stale_after
-        self.max_reclaims = max_reclaims
-        self.on_dead = on_dead
         self.effects = dict(effects or {})
         self.poll = poll
-        self.stall_after = stall_after
         self.goal = goal
         self.meta = dict(meta or {})
-        self.retry_budget = retry_budget
-        self._retries_used = 0
-        self._applied: set[str] = set()
-        self._aborted_by: str | None = None
-        self._rr = 0
-        # The mirror of the run (see _coordinate) and what the rounds look up in it.
+        self.deadline_s = deadline_s
+        self.store_patience = store_patience
+        self.clock: Clock = clock or RealClock()
+        self.core = Scheduler(
+            router=get_router(strategy), retry=policy, sink=self._decided,
+            retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
+            stale_after=stale_after, stall_after=stall_after, effects=self.effects,
+        )
+        self._changes: list[_Change] = []
         self._seq = -1
-        self._tasks: dict[str, Task] = {}
-        self._pos: dict[str, int] = {}
-        self._dependents: dict[str, list[str]] = {}
-        self._waiting: dict[str, int] = {}
-        self._unfinished = 0
-        self._ready: list[tuple[int, str]] = []  # heap of (position, id)
-        self._queued: set[str] = set()
-        self._holders: dict[str, str] = {}  # resource -> the in-flight task holding it
-        self._failed: set[str] = set()
-        self._dying: set[str] = set()
-        self._effects_due: dict[str, None] = {}
+
+    @property
+    def stale_after(self) -> float:
+        """Lease length of an assignment."""
+        return self.core.stale_after
+
+    @property
+    def retry_budget(self) -> int | None:
+        """Retries allowed over the whole run."""
+        return self.core.retry_budget
 
     async def arun(self, tasks: Iterable[Task]) -> RunResult:
         """Create the run with ``tasks`` and coordinate it to the end."""
-        now = time.time()
-        ordered = [t.evolve(created_at=t.created_at or now) for t in _dependency_order(list(tasks))]
-        for task in ordered:
+        now = self.clock.now()
+        batch = list(tasks)
+        for task in batch:
             if task.kind not in self.registry:
                 raise UsageError(f"task {task.id!r}: kind {task.kind!r} is not registered")
             if task.resources and self.mode == "peer":
                 raise UsageError(
                     f"task {task.id!r} names resources {list(task.resources)}: resource locks "
                     "need push mode (the coordinator assigns); peer-mode workers claim alone")
+        added = self.core.add(batch, now, default_attempts=self.max_attempts)
+        self._changes.clear()  # the created events go in with the rows
         meta = {**self.meta, "mode": self.mode, "coordinated": True}
         await self.store.create_run(RunInfo(self.run_id, now, "running", self.goal, meta))
-        created = [Event(i, now, t.id, "created", None, 0, {}) for i, t in enumerate(ordered)]
-        await self.store.add_tasks(self.run_id, ordered, created)
-        return await self._coordinate(now)
+        created = [Event(i, now, t.id, E.CREATED, None, 0, {}) for i, t in enumerate(added)]
+        await self.store.add_tasks(self.run_id, added, created)
+        return await self._coordinate(now, fresh=True)
 
     async def aresume(self) -> RunResult:
-        """Coordinate a stored run again (after the coordinator itself died)."""
+        """Coordinate a stored run again (after the coordinator itself died).
+
+        Its workers outlive it: what they hold stays theirs until its lease runs out.
+        """
         state = await self.store.load(self.run_id)
         await self.store.set_run_status(self.run_id, "running")
-        # An applied effect has its event (one transaction); a begun one may have been
-        # applied: the next round applies it again with the same key.
-        self._applied.update(task_id for task_id, record in state.effects.items()
-                             if record.state == "applied")
-        self._retries_used = sum(1 for e in state.events if e.event == "retry")
-        return await self._coordinate(time.time())
+        for task_id, record in state.effects.items():
+            if record.state == "applied":  # an applied effect has its event (one transaction)
+                self.core.effect_known(task_id)
+        self.core.retries_used = retries_spent(state.events)
+        return await self._coordinate(self.clock.now(), fresh=False)
 
     # ---- the loop: a mirror of the run, kept current from the ledger's tail ----------------
 
-    async def _coordinate(self, started: float) -> RunResult:
+    async def _coordinate(self, started: float, *, fresh: bool) -> RunResult:
         """Rounds until every task is final and every effect applied.
 
         The first read takes every task; after that each round reads only the tasks named
         by events it has not seen, so a round costs what changed, not the size of the run.
         """
+        core = self.core
+        if self.deadline_s is not None:
+            core.deadline = started + self.deadline_s
+        await self._patiently(self._first_read)
+        core.start(self.clock.now())
+        if not fresh:
+            core.recover(self.clock.now(), reason=None)
+        while True:
+            await self._patiently(self._round)
+            now = self.clock.now()
+            if core.done:
+                break
+            if core.stalled(now):
+                raise StallError(core.stall_message(self.run_id, now))
+            wait = min(self.poll, max(0.0, core.next_wakeup(now) - now))
+            await self._patiently(functools.partial(self._observe, wait))
+        status = "aborted" if core.facts.aborted_by else "finished"
+        await self._patiently(lambda: self.store.set_run_status(self.run_id, status))
+        return await self._result(started)
+
+    async def _first_read(self) -> None:
         # The seq first, then every task (one without an event too): a change landing in
         # between is read again next round, which is harmless.
         _, self._seq = await self.store.load_changed(self.run_id, -1)
-        self._build((await self.store.load_tasks(self.run_id)).tasks)
-        last_change = time.time()
-        while True:
-            await self._round(time.time())
-            if self._unfinished == 0 and not self._effects_due:
-                break
-            await self.store.wait_for_change(self.run_id, self.poll)
-            changed, self._seq = await self.store.load_changed(self.run_id, self._seq)
-            for task in changed:
-                self._update(task)
-            now = time.time()
-            if changed:
-                last_change = now
-            elif now - last_change > self.stall_after:
-                from planrun.errors import StallError
-
-                raise StallError(f"run {self.run_id} stalled: nothing changed for "
-                                 f"{now - last_change:.0f} s")
-        status = "aborted" if self._aborted_by else "finished"
-        await self.store.set_run_status(self.run_id, status)
-        return await self._result(started)
-
-    def _build(self, tasks: Sequence[Task]) -> None:
-        self._tasks = {t.id: t for t in tasks}
-        self._pos = {t.id: i for i, t in enumerate(tasks)}
-        self._dependents = {t.id: [] for t in tasks}
-        for t in tasks:
-            for d in t.depends_on:
-                self._dependents.setdefault(d, []).append(t.id)
-        self._waiting = {
-            t.id: sum(1 for d in t.depends_on
-                      if d not in self._tasks or self._tasks[d].status is not Status.COMPLETED)
-            for t in tasks
-        }
-        self._unfinished = sum(1 for t in tasks if t.status not in FINAL)
-        for t in tasks:
-            self._index(None, t)
-
-    def _update(self, new: Task) -> None:
-        old = self._tasks.get(new.id)
-        if old is None:  # a task this mirror never saw: read the whole run again
-            self._build([*self._tasks.values(), new])
-            return
-        self._tasks[new.id] = new
-        if old.status not in FINAL and new.status in FINAL:
-            self._unfinished -= 1
-        if new.status is Status.COMPLETED and old.status is not Status.COMPLETED:
-            for d in self._dependents.get(new.id, ()):
-                self._waiting[d] -= 1
-                if self._waiting[d] == 0:
-                    self._offer(self._tasks[d])
-        self._index(old, new)
-
-    def _index(self, old: Task | None, new: Task) -> None:
-        """File ``new`` under what the rounds look for."""
-        for r in new.resources:
-            if new.status in _IN_FLIGHT:
-                self._holders[r] = new.id
-            elif self._holders.get(r) == new.id:
-                del self._holders[r]
-        if new.status is Status.FAILED:
-            self._failed.add(new.id)
+        tasks = (await self.store.load_tasks(self.run_id)).tasks
+        if self.core.tasks:
+            for task in tasks:
+                self.core.observe(task, self.clock.now())
         else:
-            self._failed.discard(new.id)
-        if new.status is Status.DEAD and (old is None or old.status is not Status.DEAD):
-            self._dying.add(new.id)
-        if (new.status is Status.COMPLETED and new.kind in self.effects
-                and new.id not in self._applied):
-            self._effects_due[new.id] = None
-        self._offer(new)
+            self.core.restore(tasks)
 
-    def _offer(self, task: Task) -> None:
-        """Queue a pending task whose dependencies are all completed (push mode assigns it)."""
-        if (task.status is Status.PENDING and self._waiting.get(task.id) == 0
-                and task.id not in self._queued):
-            self._queued.add(task.id)
-            heapq.heappush(self._ready, (self._pos[task.id], task.id))
+    async def _observe(self, wait: float) -> None:
+        await self.store.wait_for_change(self.run_id, wait)
+        changed, self._seq = await self.store.load_changed(self.run_id, self._seq)
+        now = self.clock.now()
+        for task in changed:
+            self.core.observe(task, now)
 
-    async def _round(self, now: float) -> None:
+    async def _patiently(self, step: Any) -> Any:
+        """Run ``step``; ride out a store that is down for up to ``store_patience``."""
+        delay, deadline = 0.2, self.clock.now() + self.store_patience
+        while True:
+            try:
+                return await step()
+            except StoreError as exc:
+                if self.clock.now() >= deadline:
+                    raise
+                log.warning("coordinator %s: store unavailable (%s); retrying", self.run_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _round(self) -> None:
+        core = self.core
+        now = self.clock.now()
         for task in await self.store.expired(self.run_id, now):  # fresh rows, not the mirror
-            await self._reclaim(task, now)
-        for task_id in sorted(self._failed, key=self._pos.__getitem__):
-            task = self._tasks[task_id]
-            if (task.not_before or 0) <= now or self._budget_spent():
-                await self._retry(task, now)
-        for task_id in sorted(self._dying, key=self._pos.__getitem__):
-            if await self._after_death(self._tasks[task_id], now):
-                self._dying.discard(task_id)
-        if self.mode == "push" and not self._aborted_by:
-            await self._assign(now)
-        due, self._effects_due = list(self._effects_due), {}
+            core.expire(task, now)
+        core.tick(now)
+        if self.mode == "push" and not core.stopping:
+            free = await self._free_workers(now)
+            if free:
+                core.assign(now, free)
+        await self._write_decided()
+        await self._apply_effects(core.effects_due(now))
+
+    async def _free_workers(self, now: float) -> dict[str, int]:
+        """Live workers and their free slots: each gets a queue of up to twice its capacity
+        (assigned + running), so it never waits for the next round between two tasks."""
+        free: dict[str, int] = {}
+        for w in await self.store.list_workers(self.run_id):
+            if now - float(w["last_heartbeat"]) >= self.core.stale_after:
+                continue
+            self.core.sync_worker(w["name"], list(w["kinds"]), int(w["capacity"]))
+            free[w["name"]] = 2 * int(w["capacity"]) - int(w["active"])
+        return free
+
+    def _decided(self, task: Task, event: str, worker: str | None,
+                 detail: Mapping[str, Any] | None, token: int) -> None:
+        """The core's sink: every decided change becomes a fenced write."""
+        self._changes.append(_Change(task, event, worker, detail, token))
+        self.core.touch(self.clock.now())
+
+    async def _write_decided(self) -> None:
+        """Write the decided changes in order; a refused one is read back into the mirror."""
+        while self._changes:
+            change = self._changes[0]
+            if change.event == E.REJECTED:
+                self._changes.pop(0)
+                continue
+            event = _event(change.task, change.event, self.clock.now(), change.worker,
+                           change.detail)
+            ok = await self.store.write_fenced(self.run_id, change.task, event, change.expect)
+            self._changes.pop(0)
+            if not ok:  # a worker got there first: take the store's record as it is
+                for fresh in await self.store.load_some(self.run_id, [change.task.id]):
+                    self.core.observe(fresh, self.clock.now())
+
+    async def _apply_effects(self, due: Sequence[Task]) -> None:
         # Effects are independent of each other: apply a few at once.
         limit = asyncio.Semaphore(4)
 
         async def one(task: Task) -> None:
             async with limit:
-                await self._apply_effect(task, now)
+                await self._apply_effect(task)
 
-        await asyncio.gather(*(one(self._tasks[t]) for t in due))
+        await asyncio.gather(*(one(t) for t in due))
 
-    async def _reclaim(self, task: Task, now: float) -> None:
-        if task.reclaims >= self.max_reclaims:
-            error = f"reclaimed {task.reclaims} times without a result; giving up"
-            dead = transition(task, Status.DEAD, error=error, error_class=ErrorClass.TRANSIENT,
-                              finished_at=now, lease=None)
-            await self._fenced(dead, "dead", now, task.assigned_to, {"error": error})
-            return
-        # The token moves on: the reclaimed attempt's result can no longer be written.
-        back = transition(task, Status.PENDING, assigned_to=None, lease=None,
-                          reclaims=task.reclaims + 1, token=task.token + 1)
-        await self._fenced(back, "reclaimed", now, task.assigned_to,
-                           {"reason": "lease expired"}, expect=task.token)
-
-    def _budget_spent(self) -> bool:
-        return self.retry_budget is not None and self._retries_used >= self.retry_budget
-
-    async def _retry(self, task: Task, now: float) -> None:
-        if self._budget_spent():
-            error = f"{task.error} (retry budget exhausted)"
-            dead = transition(task, Status.DEAD, error=error, finished_at=now, lease=None)
-            await self._fenced(dead, "dead", now, detail={"error": error})
-            return  # its dependents are cancelled next round, as for any death
-        if await self._fenced(transition(task, Status.PENDING, assigned_to=None,
-                                         not_before=None), "retry", now):
-            self._retries_used += 1
-
-    async def _after_death(self, task: Task, now: float) -> bool:
-        """Cancel what the death of ``task`` dooms; False when a write must be tried again."""
-        if self.on_dead == "abort_run":
-            self._aborted_by = self._aborted_by or task.id
-            cause = f"abort: {task.id} died"
-            doomed = [t for t in self._tasks.values() if t.status in _CANCELLABLE]
-        else:  # every transitive dependent, with the dead task as the cause
-            cause, doomed, seen = task.id, [], set()
-            stack = list(self._dependents.get(task.id, ()))
-            while stack:
-                dep_id = stack.pop()
-                if dep_id in seen:
-                    continue
-                seen.add(dep_id)
-                stack.extend(self._dependents.get(dep_id, ()))
-                if self._tasks[dep_id].status in _CANCELLABLE:
-                    doomed.append(self._tasks[dep_id])
-        done = True
-        for other in sorted(doomed, key=lambda t: self._pos[t.id]):
-            cancelled = transition(other, Status.CANCELLED, cause=cause, finished_at=now)
-            done &= await self._fenced(cancelled, "cancelled", now, detail={"cause": cause})
-        return done
-
-    async def _assign(self, now: float) -> None:
-        if not self._ready:
-            return
-        workers = [w for w in await self.store.list_workers(self.run_id)
-                   if now - float(w["last_heartbeat"]) < self.stale_after]
-        # Each worker gets a queue of up to twice its capacity (assigned + running), so it
-        # never waits for the coordinator's next round between two tasks.
-        free = {w["name"]: 2 * int(w["capacity"]) - int(w["active"]) for w in workers}
-        kinds = {w["name"]: set(w["kinds"]) for w in workers}
-        later: list[tuple[int, str]] = []
-        while self._ready and any(n > 0 for n in free.values()):
-            entry = heapq.heappop(self._ready)
-            task = self._tasks[entry[1]]
-            if task.status is not Status.PENDING or self._waiting[task.id]:
-                self._queued.discard(task.id)  # stale: it changed since it was queued
-                continue
-            able = [n for n in free if free[n] > 0 and task.kind in kinds[n]]
-            if (not able or (task.not_before or 0) > now
-                    or any(r in self._holders for r in task.resources)):
-                later.append(entry)
-                continue
-            self._queued.discard(task.id)
-            name = min(able, key=lambda n: (-free[n], (self._rr + able.index(n)) % len(able)))
-            self._rr += 1
-            assigned = transition(task, Status.ASSIGNED, assigned_to=name,
-                                  token=task.token + 1, lease=now + self.stale_after)
-            if await self._fenced(assigned, "assigned", now, name, expect=task.token):
-                free[name] -= 1
-                self._holders.update(dict.fromkeys(task.resources, task.id))
-        for entry in later:
-            heapq.heappush(self._ready, entry)
-
-    async def _apply_effect(self, task: Task, now: float) -> None:
+    async def _apply_effect(self, task: Task) -> None:
         key = f"{self.run_id}:{task.id}"
-        record = await self.store.effect_begin(self.run_id, task.id, key, now)
-        self._applied.add(task.id)
-        if record.state == "applied":
-            return
         try:
-            outcome = self.effects[task.kind](task, key)
-            if asyncio.iscoroutine(outcome):
-                outcome = await outcome
+            record = await self.store.effect_begin(self.run_id, task.id, key,
+                                                   self.clock.now())
+            if record.state != "applied":
+                outcome = await maybe_await(self.effects[task.kind](task, key))
+                # The record and its event in one transaction: a coordinator that died with
+                # this commit in flight and the one resuming it cannot both log the effect.
+                await self.store.effect_done(
+                    self.run_id, task.id, jsonable(outcome), self.clock.now(),
+                    _event(task, E.EFFECT, self.clock.now(), detail={"key": key}))
         except Exception as exc:
-            log.warning("effect of %s failed: %s", task.id, exc)
-            self._applied.discard(task.id)
-            self._effects_due[task.id] = None  # the next round tries again, same key
+            error = f"{type(exc).__name__}: {exc}"
+            retry_at = self.core.effect_failed(task.id, error, self.clock.now())
+            log.warning("effect of %s failed: %s", task.id, error)
+            with contextlib.suppress(StoreError):
+                await self.store.append_event(self.run_id, _event(
+                    task, E.EFFECT_FAILED, self.clock.now(),
+                    detail={"key": key, "error": error, "retry_at": retry_at}))
             return
-        # The record and its event in one transaction: a coordinator that died with this
-        # commit in flight and the one resuming it cannot both log the effect.
-        await self.store.effect_done(self.run_id, task.id, _jsonable(outcome), time.time(),
-                                     _effect_event(task, key))
-
-    async def _fenced(
-        self, task: Task, name: str, now: float, worker: str | None = None,
-        detail: Mapping[str, Any] | None = None, expect: int | None = None,
-    ) -> bool:
-        expect_token = task.token if expect is None else expect
-        return await self.store.write_fenced(
-            self.run_id, task, _event(task, name, now, worker, detail), expect_token
-        )
+        self.core.effect_applied(task.id, self.clock.now())
 
     async def _result(self, started: float) -> RunResult:
-        state = await self.store.load(self.run_id)
+        state = await self._patiently(lambda: self.store.load(self.run_id))
         tasks = {t.id: t for t in state.tasks}
         finished = max((t.finished_at or started for t in tasks.values()), default=started)
         done: dict[str, dict[str, float]] = {}
@@ -406,15 +346,14 @@ class Coordinator:
                 w = done.setdefault(t.assigned_to, {"tasks": 0, "busy_s": 0.0})
                 w["tasks"] += 1
                 w["busy_s"] += (t.finished_at or 0) - (t.started_at or 0)
+        facts = self.core.facts
         return RunResult(
             run_id=self.run_id, tasks=tasks, events=state.events,
-            audit=analyze(tasks.values(), state.events), started_at=started,
-            finished_at=finished, aborted_by=self._aborted_by, workers=done,
+            audit=analyze(tasks.values(), state.events, self.effects), started_at=started,
+            finished_at=finished, aborted_by=facts.aborted_by,
+            budget_exhausted=facts.budget_exhausted, workers=done,
+            deadline_reached=facts.deadline_reached, effects_failed=dict(facts.effects_failed),
         )
-
-
-def _effect_event(task: Task, key: str) -> Event:
-    return Event(-1, time.time(), task.id, "effect", None, task.token, {"key": key})
 
 
 @dataclass
@@ -434,9 +373,11 @@ class WorkerProcess:
         capacity: tasks at a time.
         mode: ``push`` (take what the coordinator assigned) or ``peer`` (claim ready work).
         lease_s: lease length; renewed every ``lease_s / 3`` while a task runs.
-        backoff, extras, timeout: as for :class:`~planrun.Supervisor` (a kind's
-            ``timeout_s`` overrides ``timeout``).
+        extras, timeout: as for :class:`~planrun.Supervisor` (a kind's ``timeout_s``
+            overrides ``timeout``).
         idle_exit: stop after this many seconds with no running run and no work (None: never).
+        clock: :class:`RealClock` (default) or :class:`VirtualClock` (tests).
+        backoff: deprecated and ignored: the coordinator's retry policy decides retries.
     """
 
     def __init__(
@@ -450,14 +391,15 @@ class WorkerProcess:
         mode: Mode = "push",
         lease_s: float = 30.0,
         poll: float = 0.2,
-        backoff: Backoff | None = None,
+        backoff: RetryPolicy | Backoff | None = None,
         extras: Mapping[str, Any] | None = None,
         idle_exit: float | None = None,
         timeout: float | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        import os
-        import socket
-
+        if backoff is not None:
+            warnings.warn("WorkerProcess(backoff=...) is ignored: the coordinator decides "
+                          "retries with its own policy", DeprecationWarning, stacklevel=2)
         self.registry = registry
         self.store = store
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -467,16 +409,18 @@ class WorkerProcess:
             raise UsageError(f"unknown kind(s) {unknown}; the app has {registry.names}")
         if capacity < 1:
             raise UsageError("capacity must be >= 1")
-        _check_limits(None, timeout)
+        if not lease_s > 0:
+            raise UsageError(f"lease_s must be > 0, got {lease_s}")
+        check_policies(timeout=timeout)
         self.capacity = capacity
         self.mode = mode
         self.lease_s = lease_s
         self.poll = poll
-        self.backoff = backoff or Backoff()
         self.extras = dict(extras or {})
         self.idle_exit = idle_exit
         self.timeout = timeout
-        self._rng = random.Random()
+        self.clock: Clock = clock or RealClock()
+        self._stamp_in_store = isinstance(self.clock, RealClock)
         self._running: dict[tuple[str, str], _Running] = {}
         self._registered: set[str] = set()
         self._beats: dict[str, float] = {}
@@ -490,17 +434,20 @@ class WorkerProcess:
         self._stop.set()
         self._wake.set()
 
+    def _now(self) -> float:
+        return self.clock.now()
+
     async def arun(self) -> None:
         """Serve every running run of the store until stopped (or idle past ``idle_exit``)."""
-        idle_since = time.time()
+        idle_since = self._now()
         delay = self.poll
         runs: list[str] = []
-        listed = 0.0
+        listed = float("-inf")
         while not self._stop.is_set():
             try:
-                if time.time() - listed > 1.0 or not runs:  # new runs are rare: look each second
+                if self._now() - listed > 1.0 or not runs:  # new runs are rare: look each second
                     runs = [r.id for r in await self.store.list_runs() if r.status == "running"]
-                    listed = time.time()
+                    listed = self._now()
                 busy = await self._round(runs)
                 delay = self.poll
             except StoreError as exc:
@@ -509,8 +456,8 @@ class WorkerProcess:
                 runs, busy = [], bool(self._running)
                 delay = min(delay * 2, 5.0)
             if busy or runs:
-                idle_since = time.time()
-            elif self.idle_exit is not None and time.time() - idle_since > self.idle_exit:
+                idle_since = self._now()
+            elif self.idle_exit is not None and self._now() - idle_since > self.idle_exit:
                 break
             self._wake.clear()
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
@@ -520,13 +467,13 @@ class WorkerProcess:
                                  return_exceptions=True)
 
     async def _round(self, runs: Sequence[str]) -> bool:
-        now = time.time()
+        now = self._now()
         for run_id in runs:
             if run_id not in self._registered:
                 await self.store.register_worker(run_id, self.name, self.kinds, self.capacity,
                                                  now)
                 self._registered.add(run_id)
-            if now - self._beats.get(run_id, 0.0) > min(1.0, self.lease_s / 3):
+            if now - self._beats.get(run_id, float("-inf")) > min(1.0, self.lease_s / 3):
                 await self.store.heartbeat_worker(run_id, self.name, now)
                 self._beats[run_id] = now
             free = self.capacity - len(self._running)
@@ -534,11 +481,12 @@ class WorkerProcess:
                 continue
             # now=None: the store stamps the start once it holds its write lock, so the
             # ledger never shows a task starting before a dependency finished elsewhere.
+            stamp = None if self._stamp_in_store else now
             if self.mode == "push":
-                tasks = await self.store.take_assigned(run_id, self.name, None, self.lease_s,
+                tasks = await self.store.take_assigned(run_id, self.name, stamp, self.lease_s,
                                                        free)
             else:
-                tasks = await self.store.claim(run_id, self.name, self.kinds, None,
+                tasks = await self.store.claim(run_id, self.name, self.kinds, stamp,
                                                self.lease_s, free)
             for task in tasks:
                 key = (run_id, task.id)
@@ -557,28 +505,24 @@ class WorkerProcess:
     async def _execute(self, run_id: str, task: Task) -> None:
         spec = self.registry[task.kind]
         renewer = asyncio.ensure_future(self._renew(run_id, task))
-        ctx = TaskContext(run_id=run_id, task_id=task.id, kind=task.kind, attempt=task.token,
-                          worker=self.name, skill=1.0, payload=task.payload,
-                          estimate_s=task.estimate_s, inputs=await self._inputs(run_id, task),
-                          extras=self.extras)
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         try:
-            if spec.handler is None:
-                raise PermanentError(f"kind {task.kind!r} has no handler")
-            work = _call(spec.handler, _payload_for(spec, task), ctx)
-            result = _result_for(spec, await _bounded(work, limit))
+            ctx = TaskContext(run_id=run_id, task_id=task.id, kind=task.kind,
+                              attempt=task.token, worker=self.name, skill=1.0,
+                              payload=task.payload, estimate_s=task.estimate_s,
+                              inputs=await self._inputs(run_id, task), extras=self.extras)
+            result = await run_attempt(spec, spec.handler, task, ctx, limit)
         except asyncio.CancelledError:
             raise
         except (TimeoutError, asyncio.TimeoutError) as exc:
-            outcome, name, detail = self._failure(task, _timed_out(exc, limit))
+            outcome, name, detail = self._failure(task, timed_out(exc, limit))
         except Exception as exc:
             outcome, name, detail = self._failure(task, exc)
         else:
-            now = time.time()
-            outcome = transition(task, Status.COMPLETED, result=result, finished_at=now,
-                                 attempts=task.attempts + 1, lease=None, error=None,
-                                 error_class=None)
-            name, detail = "completed", {}
+            outcome = transition(task, Status.COMPLETED, result=result,
+                                 finished_at=self._now(), attempts=task.attempts + 1,
+                                 lease=None, error=None, error_class=None)
+            name, detail = E.COMPLETED, {}
         finally:
             renewer.cancel()
         await self._report(run_id, task, outcome, name, detail)
@@ -589,44 +533,40 @@ class WorkerProcess:
         return {t.id: t.result for t in await self.store.load_some(run_id, task.depends_on)}
 
     def _failure(self, task: Task, exc: BaseException) -> tuple[Task, str, dict[str, Any]]:
-        now = time.time()
-        error = f"{type(exc).__name__}: {exc}"
-        error_class = classify(exc)
-        attempts = task.attempts + 1
-        if isinstance(exc, BudgetExceeded):
-            return (transition(task, Status.CANCELLED, cause="budget", error=error,
-                               error_class=ErrorClass.PERMANENT, finished_at=now, lease=None),
-                    "cancelled", {"cause": "budget"})
-        if error_class == ErrorClass.TRANSIENT and attempts < task.max_attempts:
-            delay = self.backoff.delay(attempts, self._rng)
-            retry_after = getattr(exc, "retry_after", None)
-            if retry_after is not None:
-                delay = max(delay, float(retry_after))
-            failed = transition(task, Status.FAILED, error=error, error_class=error_class,
-                                attempts=attempts, lease=None, not_before=now + delay)
-            return failed, "failed", {"error": error, "retry_at": now + delay}
-        dead = transition(task, Status.DEAD, error=error, error_class=error_class,
-                          attempts=attempts, finished_at=now, lease=None)
-        return dead, "dead", {"error": error}
+        """What happened, as a record: the coordinator decides what it means."""
+        now = self._now()
+        failure = failure_of(exc)
+        if failure.budget:  # the run's budget refused this attempt: a fact, not a decision
+            return (transition(task, Status.CANCELLED, cause="budget", error=failure.error,
+                               error_class=failure.error_class, finished_at=now, lease=None),
+                    E.CANCELLED, {"cause": "budget"})
+        server_at = None if failure.retry_after is None else now + failure.retry_after
+        failed = transition(task, Status.FAILED, error=failure.error,
+                            error_class=failure.error_class, attempts=task.attempts + 1,
+                            lease=None, not_before=server_at)
+        detail: dict[str, Any] = {"error": failure.error}
+        if failure.retry_after is not None:
+            detail["retry_after"] = failure.retry_after
+        return failed, E.FAILED, detail
 
     async def _report(self, run_id: str, task: Task, outcome: Task, name: str,
                       detail: Mapping[str, Any]) -> None:
         """Write the outcome fenced by the token; never write one that cannot be fenced."""
-        event = _event(outcome, name, time.time(), self.name, detail)
+        event = _event(outcome, name, self._now(), self.name, detail)
         delay = 0.2
         while True:
             try:
                 ok = await self.store.write_fenced(run_id, outcome, event, task.token)
                 break
             except StoreError as exc:
-                if time.time() > (task.lease or 0) + self.lease_s:
+                if self._now() > (task.lease or 0) + self.lease_s:
                     log.warning("worker %s: dropping the result of %s: %s", self.name,
                                 task.id, exc)
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if ok:
-            self.done += name == "completed"
+            self.done += name == E.COMPLETED
         else:
             self.rejected += 1
             log.info("worker %s: result of %s refused (reclaimed meanwhile)", self.name, task.id)
@@ -636,6 +576,5 @@ class WorkerProcess:
             await asyncio.sleep(self.lease_s / 3)
             with contextlib.suppress(StoreError):
                 if not await self.store.renew(run_id, task.id, task.token,
-                                              time.time() + self.lease_s):
+                                              self._now() + self.lease_s):
                     return  # reclaimed: whatever we produce will be refused
-

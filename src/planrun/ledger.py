@@ -10,8 +10,10 @@ Event names:
 ``created``, ``assigned``, ``started``, ``completed``, ``failed`` (an attempt failed; its
 ``detail`` holds ``retry_at``), ``retry`` (the backoff is over; the task is pending again),
 ``reclaimed`` (the lease expired; the task is pending again), ``dead``, ``cancelled``;
-and two that change no status: ``rejected`` (a late result carrying a stale fencing
-token) and ``effect`` (a side effect applied once, keyed by the task id).
+and three that change no status: ``rejected`` (a late result carrying a stale fencing
+token), ``effect`` (a side effect applied once, keyed by the task id) and
+``effect_failed`` (one try of an effect failed; it is tried again). :class:`EventName`
+holds them as constants.
 """
 
 from __future__ import annotations
@@ -25,7 +27,24 @@ from typing import IO, Any
 
 from planrun.task import Task
 
-__all__ = ["Audit", "Event", "Ledger", "analyze", "read_jsonl"]
+__all__ = ["Audit", "Event", "EventName", "Ledger", "analyze", "read_jsonl"]
+
+
+class EventName:
+    """The ledger's event names, as constants (plain strings, stored as they are)."""
+
+    CREATED = "created"
+    ASSIGNED = "assigned"
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RETRY = "retry"
+    RECLAIMED = "reclaimed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    EFFECT = "effect"
+    EFFECT_FAILED = "effect_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +147,14 @@ class Audit:
     """Tasks that never completed, in the order given."""
     duplicate_effects: int = 0
     """Effects applied more than once for the same task."""
+    missing_effects: list[str] = field(default_factory=list)
+    """Completed tasks of a kind with an effect whose effect was never logged."""
 
     @property
     def clean(self) -> bool:
         """No violation, no duplicate, nothing missing."""
         return not (self.order_violations or self.duplicates or self.missing
-                    or self.duplicate_effects)
+                    or self.duplicate_effects or self.missing_effects)
 
     def to_dict(self) -> dict[str, Any]:
         """The audit as JSON-ready data."""
@@ -143,12 +164,20 @@ class Audit:
 def analyze(
     tasks: Iterable[Task] | Mapping[str, Sequence[str]],
     events: Iterable[Event],
+    effect_kinds: Iterable[str] = (),
 ) -> Audit:
     """Audit a run from its log alone.
 
     ``tasks`` gives the task ids and their dependencies: task records, or a mapping from id
-    to the ids it depends on. Only ``completed`` and ``effect`` events are read.
+    to the ids it depends on. Only ``completed`` and ``effect`` events are read. With task
+    records and ``effect_kinds`` (the kinds whose completion has an effect), a completed task
+    of such a kind with no ``effect`` event is listed in ``missing_effects``.
     """
+    kinds = frozenset(effect_kinds)
+    with_effect: list[str] = []
+    if kinds and not isinstance(tasks, Mapping):
+        tasks = list(tasks)
+        with_effect = [t.id for t in tasks if t.kind in kinds]
     deps: dict[str, Sequence[str]]
     if isinstance(tasks, Mapping):
         deps = {str(k): list(v) for k, v in tasks.items()}
@@ -158,10 +187,10 @@ def analyze(
     completions = 0
     effects: Counter[str] = Counter()
     for e in sorted(events, key=lambda ev: ev.seq):
-        if e.event == "completed":
+        if e.event == EventName.COMPLETED:
             completions += 1
             first.setdefault(e.task, e.seq)
-        elif e.event == "effect":
+        elif e.event == EventName.EFFECT:
             effects[e.task] += 1
     violations = 0
     for task_id, needs in deps.items():
@@ -175,4 +204,5 @@ def analyze(
         duplicates=completions - len(first),
         missing=[t for t in deps if t not in first],
         duplicate_effects=sum(n - 1 for n in effects.values() if n > 1),
+        missing_effects=[t for t in with_effect if t in first and t not in effects],
     )

@@ -5,6 +5,7 @@ the changes the state machine does not allow and returns a new record; nothing e
 changes a task's status.
 
     pending ──► assigned ──► running ──► completed
+       ▲  │ └─────── claimed ──►│  │                             (a peer worker claims it)
        ▲  │         │  │        │  │
        │  │         │  │        │  └──► failed ──► pending      (retry after backoff)
        │  │         │  │        └─────► dead                    (permanent, or retries spent)
@@ -23,7 +24,7 @@ from typing import Any
 
 from planrun.errors import IllegalTransition
 
-__all__ = ["FINAL", "Status", "Task", "transition"]
+__all__ = ["CLAIMED_START", "FINAL", "PUSHED_START", "Status", "Task", "allowed", "transition"]
 
 
 class Status(str, enum.Enum):
@@ -52,7 +53,9 @@ FINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.DEAD, Status.CANC
 """The statuses a task never leaves."""
 
 _ALLOWED: Mapping[Status, frozenset[Status]] = {
-    Status.PENDING: frozenset({Status.ASSIGNED, Status.CANCELLED, Status.DEAD}),
+    Status.PENDING: frozenset(
+        {Status.ASSIGNED, Status.RUNNING, Status.CANCELLED, Status.DEAD}
+    ),
     Status.ASSIGNED: frozenset(
         {Status.RUNNING, Status.PENDING, Status.CANCELLED, Status.DEAD}
     ),
@@ -64,6 +67,18 @@ _ALLOWED: Mapping[Status, frozenset[Status]] = {
     Status.DEAD: frozenset(),
     Status.CANCELLED: frozenset(),
 }
+
+
+def allowed(source: Status, target: Status) -> bool:
+    """True when the state machine lets a task go from ``source`` to ``target``."""
+    return target in _ALLOWED[source]
+
+
+CLAIMED_START: tuple[Status, Status] = (Status.PENDING, Status.RUNNING)
+"""A worker claims a ready task and starts it in one step (peer mode; stores do it in SQL)."""
+PUSHED_START: tuple[Status, Status] = (Status.ASSIGNED, Status.RUNNING)
+"""A worker starts a task it was assigned (push mode; stores do it in SQL)."""
+assert allowed(*CLAIMED_START) and allowed(*PUSHED_START)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import signal
 import sys
 from typing import Any
 
-from planrun import Backoff, KindSpec, Registry, Supervisor, Task, TaskContext, WorkerSpec
+from planrun import KindSpec, Registry, RetryPolicy, Supervisor, Task, TaskContext, WorkerSpec
 from planrun.errors import TransientError
 from planrun.stores import open_store
 
@@ -90,7 +90,7 @@ async def main(url: str, run_id: str, mode: str, spec: str, outbox: str) -> int:
         store=CrashingStore(store, crash),  # type: ignore[arg-type]
         run_id=run_id,
         effects={"send": send},
-        backoff=Backoff(base=0.01, cap=0.05),
+        backoff=RetryPolicy(base=0.01, cap=0.05),
         max_reclaims=20,  # ten crashes may each catch the same task in flight
         on_event=lambda event, task: crash.hit(f"event:{event.event}"),
         goal="crash test",

@@ -25,7 +25,8 @@ from planrun.errors import PermanentError, StoreError, TransientError, UsageErro
 from planrun.ledger import Event
 from planrun.registry import KindSpec, Registry
 from planrun.stores import open_store
-from planrun.supervisor import Backoff, RunResult, Supervisor
+from planrun.scheduling import RetryPolicy
+from planrun.supervisor import RunResult, Supervisor
 from planrun.task import Status, Task, transition
 
 HERE = Path(__file__).resolve().parent
@@ -147,7 +148,7 @@ def test_the_coordinator_spends_a_run_wide_retry_budget(db_url: str) -> None:
     async def go() -> RunResult:
         stores = [await opened(db_url) for _ in range(2)]
         worker = WorkerProcess(flaky, stores[1], name="w", capacity=4, poll=0.01,
-                               backoff=Backoff(base=0.01, jitter=0.0))
+                               backoff=RetryPolicy(base=0.01, jitter=0.0))
         serving = asyncio.ensure_future(worker.arun())
         batch = [Task(id=f"f{i}", kind="flaky", max_attempts=10) for i in range(3)]
         result = await Coordinator(flaky, stores[0], poll=0.01, retry_budget=4).arun(batch)

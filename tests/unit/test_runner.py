@@ -50,7 +50,7 @@ def test_ready_plan_with_function_workers_needs_no_model() -> None:
     data = report.to_dict()
     assert data["plan"]["tasks"][2]["depends_on"] == [0, 1]
     assert data["audit"] == {"order_violations": 0, "duplicates": 0, "missing": [],
-                             "duplicate_effects": 0}
+                             "duplicate_effects": 0, "missing_effects": []}
     assert "completed 3" in report.summary() and "audit: clean" in report.summary()
 
 

@@ -22,7 +22,8 @@ from planrun.errors import (
     UsageError,
 )
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.supervisor import Backoff, Supervisor
+from planrun.scheduling import RetryPolicy
+from planrun.supervisor import Supervisor
 from planrun.task import Status, Task
 
 Handler = Callable[[Any, TaskContext], Any]
@@ -101,7 +102,7 @@ def test_transient_errors_retry_with_exponential_backoff() -> None:
             raise TransientError("try again")
         return "ok"
 
-    sup = supervisor({"k": flaky}, backoff=Backoff(base=2.0, cap=60.0, jitter=0.0))
+    sup = supervisor({"k": flaky}, backoff=RetryPolicy(base=2.0, cap=60.0, jitter=0.0))
     sup.add(Task(id="t", kind="k"))
     result = sup.run()
     assert calls == [0.0, 2.0, 6.0]  # waits 2 s, then 4 s
@@ -112,15 +113,26 @@ def test_transient_errors_retry_with_exponential_backoff() -> None:
     assert [e.detail["retry_at"] for e in failed] == [2.0, 6.0]
 
 
-def test_backoff_jitter_stays_within_25_percent_and_caps() -> None:
+def test_the_default_backoff_jitter_takes_up_to_25_percent_off_and_caps() -> None:
     import random
 
+    from planrun.scheduling import SCHEDULER_RETRY
+
     rng = random.Random(1)
-    backoff = Backoff()
     for attempt, nominal in [(1, 2.0), (2, 4.0), (3, 8.0), (6, 60.0), (9, 60.0)]:
-        delays = [backoff.delay(attempt, rng) for _ in range(200)]
-        assert min(delays) >= nominal * 0.75 and max(delays) <= nominal * 1.25
+        delays = [SCHEDULER_RETRY.backoff(attempt, rng) for _ in range(200)]
+        assert min(delays) >= nominal * 0.75 and max(delays) <= nominal
         assert max(delays) - min(delays) > nominal * 0.2  # there is jitter
+
+
+def test_the_old_backoff_spelling_warns_and_still_works() -> None:
+    from planrun import Backoff
+
+    with pytest.warns(DeprecationWarning, match="RetryPolicy"):
+        old = Backoff(base=2.0, cap=60.0, jitter=0.0)
+    sup = supervisor({"k": lambda p, c: "ok"}, backoff=old)
+    assert sup.retry == RetryPolicy(attempts=3, base=2.0, cap=60.0, jitter=0.0,
+                                    max_retry_after=60.0)
 
 
 def test_retry_after_is_honoured_as_a_minimum_wait() -> None:
@@ -132,7 +144,7 @@ def test_retry_after_is_honoured_as_a_minimum_wait() -> None:
             raise TransientError("429", retry_after=30.0)
         return "ok"
 
-    sup = supervisor({"k": limited}, backoff=Backoff(jitter=0.0))
+    sup = supervisor({"k": limited}, backoff=RetryPolicy(jitter=0.0))
     sup.add(Task(id="t", kind="k"))
     sup.run()
     assert calls == [0.0, 30.0]
@@ -161,7 +173,7 @@ def test_unknown_exceptions_are_permanent_timeouts_transient() -> None:
     async def slow(payload: Any, ctx: TaskContext) -> None:
         await asyncio.sleep(100)
 
-    sup = supervisor({"bug": bug, "slow": slow}, timeout=10.0, backoff=Backoff(jitter=0.0))
+    sup = supervisor({"bug": bug, "slow": slow}, timeout=10.0, backoff=RetryPolicy(jitter=0.0))
     sup.add_tasks([Task(id="b", kind="bug"), Task(id="s", kind="slow")])
     result = sup.run()
     assert result.tasks["b"].attempts == 1 and result.tasks["b"].error_class == "permanent"
@@ -359,7 +371,9 @@ def test_effect_applies_once_even_when_a_reclaimed_task_finishes_twice() -> None
     sup.add(Task(id="t", kind="draft"))
     result = sup.run()
     assert sent == [("t", "r1:t")]
-    assert result.tasks["t"].result == "reply 2"
+    # The reclaim moved the token on, so the late first attempt's result is fenced off;
+    # the result is the one of the attempt holding the current token.
+    assert result.tasks["t"].result == f"reply {result.tasks['t'].token}" != "reply 1"
     assert events_of(result, "t").count("rejected") == 1
     assert events_of(result, "t").count("effect") == 1
     assert result.audit.duplicate_effects == 0

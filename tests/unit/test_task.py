@@ -11,6 +11,7 @@ from planrun.task import FINAL, Status, Task, transition
 
 LEGAL = {
     (Status.PENDING, Status.ASSIGNED),
+    (Status.PENDING, Status.RUNNING),  # a peer worker claims and starts in one step
     (Status.PENDING, Status.CANCELLED),
     (Status.PENDING, Status.DEAD),
     (Status.ASSIGNED, Status.RUNNING),
@@ -73,3 +74,12 @@ def test_round_trip_through_dict() -> None:
     data = task.to_dict()
     assert data["status"] == "pending" and data["depends_on"] == ["x"]
     assert Task.from_dict(data) == task
+
+
+def test_the_stores_start_statements_use_transitions_of_the_table() -> None:
+    from planrun.stores.base import start_statuses
+    from planrun.task import CLAIMED_START, PUSHED_START, allowed
+
+    assert allowed(*CLAIMED_START) and allowed(*PUSHED_START)
+    assert start_statuses(claimed=True) == {"from_status": "pending", "to_status": "running"}
+    assert start_statuses(claimed=False) == {"from_status": "assigned", "to_status": "running"}

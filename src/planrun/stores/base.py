@@ -22,9 +22,9 @@ from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from planrun.errors import StoreError
+from planrun.errors import IllegalTransition, StoreError
 from planrun.ledger import Event
-from planrun.task import Status, Task
+from planrun.task import CLAIMED_START, PUSHED_START, Status, Task, allowed
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -446,6 +446,15 @@ def summarize(runs: Sequence[RunInfo], counts: Sequence[Mapping[str, Any]]) -> l
     for row in counts:
         by_run[row["run_id"]][row["status"]] = int(row["n"])
     return [RunSummary(r.id, r.created_at, r.status, r.goal, by_run[r.id]) for r in runs]
+
+
+def start_statuses(claimed: bool) -> dict[str, str]:
+    """The statuses a store's start statement moves a task between, from the transition
+    table: ``CLAIMED_START`` for a claim (peer mode), ``PUSHED_START`` for an assignment."""
+    source, target = CLAIMED_START if claimed else PUSHED_START
+    if not allowed(source, target):
+        raise IllegalTransition(f"{source.value} -> {target.value} is not allowed")
+    return {"from_status": source.value, "to_status": target.value}
 
 
 def started_event(task: Task, now: float, seq: int) -> Event:

@@ -38,7 +38,7 @@ from planrun.stores.base import (
     unknown_run,
     worker_from_row,
 )
-from planrun.task import FINAL, Status, Task
+from planrun.task import FINAL, Status, Task, transition
 
 __all__ = ["Call", "InMemoryStore"]
 
@@ -339,10 +339,11 @@ class InMemoryStore:
         """Move ``rows`` to running; a claimer (pull mode) takes them with a new token."""
         tasks = []
         for row in rows:
-            row.update(status=Status.RUNNING.value, started_at=now, lease=lease)
+            changes: dict[str, Any] = {"started_at": now, "lease": lease}
             if claimer is not None:
-                row.update(assigned_to=claimer, token=row["token"] + 1)
-            task = task_from_row(row)
+                changes.update(assigned_to=claimer, token=row["token"] + 1)
+            task = transition(task_from_row(row), Status.RUNNING, **changes)
+            row.update(task_row(row["run_id"], task))
             self._append(run, [event_row(row["run_id"], started_event(task, now, run.next_seq))])
             tasks.append(task)
         return tasks

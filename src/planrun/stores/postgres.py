@@ -59,6 +59,7 @@ from planrun.stores.base import (
     one_line,
     run_from_row,
     run_row,
+    start_statuses,
     started_event,
     summarize,
     task_from_row,
@@ -618,7 +619,9 @@ class PostgresStore:
 
         async def go(cur: Cursor) -> list[Task]:
             stamp = time.time() if now is None else now
-            await cur.execute(Q[query], {**args, "now": stamp, "lease": stamp + lease_s})
+            statuses = start_statuses(claimed=query == "claim")
+            await cur.execute(Q[query], {**args, **statuses, "now": stamp,
+                                         "lease": stamp + lease_s})
             tasks = _by_pos(await cur.fetchall())
             if tasks:
                 await self._append_started(cur, run_id=args["run_id"], tasks=tasks, now=stamp)

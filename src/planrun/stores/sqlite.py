@@ -49,6 +49,7 @@ from planrun.stores.base import (
     one_line,
     run_from_row,
     run_row,
+    start_statuses,
     started_event,
     summarize,
     task_from_row,
@@ -524,7 +525,8 @@ class SQLiteStore:
         def go(conn: sqlite3.Connection) -> list[Task]:
             with _transaction(conn):
                 stamp = time.time() if now is None else now
-                args.update(now=stamp, lease=stamp + lease_s)
+                args.update(now=stamp, lease=stamp + lease_s,
+                            **start_statuses(claimed=start == "start_tasks"))
                 ids = [r["id"] for r in conn.execute(Q[candidates], args)]
                 if not ids:
                     return []

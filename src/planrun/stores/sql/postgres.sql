@@ -264,12 +264,14 @@ WITH picked AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE OF c SKIP LOCKED)
 UPDATE planrun_tasks AS t
-SET status = 'running', assigned_to = %(worker)s, token = t.token + 1,
+SET status = %(to_status)s, assigned_to = %(worker)s, token = t.token + 1,
     lease = %(lease)s, started_at = %(now)s
-WHERE t.run_id = %(run_id)s AND t.status = 'pending' AND t.id IN (SELECT id FROM picked)
+WHERE t.run_id = %(run_id)s AND t.status = %(from_status)s AND t.id IN (SELECT id FROM picked)
 RETURNING t.*;
 
 -- name: take_assigned
+-- (Both start statements take their statuses from the transition table:
+-- planrun.task.CLAIMED_START / PUSHED_START, checked by the store.)
 -- Push: tasks the supervisor assigned to `worker` (it already set their token) start.
 WITH picked AS MATERIALIZED (
     SELECT c.id FROM planrun_tasks AS c
@@ -278,8 +280,8 @@ WITH picked AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE OF c SKIP LOCKED)
 UPDATE planrun_tasks AS t
-SET status = 'running', lease = %(lease)s, started_at = %(now)s
-WHERE t.run_id = %(run_id)s AND t.status = 'assigned' AND t.id IN (SELECT id FROM picked)
+SET status = %(to_status)s, lease = %(lease)s, started_at = %(now)s
+WHERE t.run_id = %(run_id)s AND t.status = %(from_status)s AND t.id IN (SELECT id FROM picked)
 RETURNING t.*;
 
 -- name: renew

@@ -209,17 +209,18 @@ ORDER BY rowid
 LIMIT :limit;
 
 -- name: start_tasks
--- Claim (pull): a new token for the new owner.
+-- Claim (pull): a new token for the new owner. The statuses come from the transition
+-- table (planrun.task.CLAIMED_START / PUSHED_START), checked by the store before use.
 UPDATE planrun_tasks
-SET status = 'running', assigned_to = :worker, token = token + 1, lease = :lease,
+SET status = :to_status, assigned_to = :worker, token = token + 1, lease = :lease,
     started_at = :now
-WHERE run_id = :run_id AND status = 'pending' AND id IN (SELECT value FROM json_each(:ids));
+WHERE run_id = :run_id AND status = :from_status AND id IN (SELECT value FROM json_each(:ids));
 
 -- name: start_assigned
 -- Push: the supervisor already gave the task its token when it assigned it.
 UPDATE planrun_tasks
-SET status = 'running', lease = :lease, started_at = :now
-WHERE run_id = :run_id AND status = 'assigned' AND assigned_to = :worker
+SET status = :to_status, lease = :lease, started_at = :now
+WHERE run_id = :run_id AND status = :from_status AND assigned_to = :worker
   AND id IN (SELECT value FROM json_each(:ids));
 
 -- name: renew

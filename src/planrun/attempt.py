@@ -1,0 +1,101 @@
+"""Running one attempt of a task: the handler plumbing every driver shares.
+
+Validate the payload with the kind's model, call the handler (a coroutine function on the
+loop, a plain function on a thread), bound it by its timeout, check the result with the
+kind's result model. What an error *means* is the scheduler's business
+(:func:`planrun.scheduling.failure_of`); this module only runs the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Awaitable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from planrun.errors import PermanentError
+from planrun.registry import Handler, KindSpec, TaskContext
+from planrun.task import Task
+
+__all__ = ["call_handler", "jsonable", "payload_for", "result_for", "run_attempt"]
+
+
+async def run_attempt(spec: KindSpec, handler: Handler | None, task: Task, ctx: TaskContext,
+                      limit: float | None) -> Any:
+    """The attempt's checked result; raises what the handler (or a check) raised.
+
+    A timeout raises ``TimeoutError``; :func:`planrun.scheduling.timed_out` names it.
+    """
+    if handler is None:
+        raise PermanentError(f"kind {task.kind!r} has no handler")
+    work = call_handler(handler, payload_for(spec, task), ctx)
+    if limit is not None:
+        return result_for(spec, await asyncio.wait_for(work, limit))
+    return result_for(spec, await work)
+
+
+async def call_handler(handler: Handler, payload: Any, ctx: TaskContext) -> Any:
+    """Call a handler: awaited when async, on a thread when synchronous."""
+    if _is_async(handler):
+        return await handler(payload, ctx)
+    outcome = await asyncio.to_thread(handler, payload, ctx)
+    if inspect.isawaitable(outcome):
+        outcome = await outcome
+    return outcome
+
+
+def payload_for(spec: KindSpec, task: Task) -> Any:
+    """The payload as the kind's model (a plain dict without one)."""
+    if spec.payload_model is None:
+        return dict(task.payload)
+    try:
+        return spec.payload_model.model_validate(dict(task.payload))
+    except ValidationError as exc:
+        raise PermanentError(f"invalid payload for {spec.name!r}: {exc}") from exc
+
+
+def result_for(spec: KindSpec, result: Any) -> Any:
+    """The result checked by the kind's result model, as JSON-ready data."""
+    if spec.result_model is not None and not isinstance(result, spec.result_model):
+        try:
+            result = spec.result_model.model_validate(result)
+        except ValidationError as exc:
+            raise PermanentError(f"result of {spec.name!r} fails its model: {exc}") from exc
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    return result
+
+
+def jsonable(value: Any) -> Any:
+    """An effect's outcome as something a store can keep."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if value is None or isinstance(value, str | int | float | bool | list | dict):
+        return value
+    return repr(value)
+
+
+async def maybe_await(value: Any | Awaitable[Any]) -> Any:
+    """``value``, awaited when it is awaitable."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _is_async(handler: Handler) -> bool:
+    try:
+        return _is_async_cached(handler)
+    except TypeError:  # an unhashable callable object
+        return _check_async(handler)
+
+
+def _check_async(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        type(handler).__call__
+    )
+
+
+_is_async_cached = functools.lru_cache(maxsize=1024)(_check_async)

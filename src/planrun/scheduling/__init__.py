@@ -1,0 +1,40 @@
+"""The scheduling core: every rule of a run, in one place, with no I/O.
+
+:class:`Scheduler` holds a run's state and decides (ready, route, retry or die, reclaim,
+cancel, lock, budget, deadline, effects due, stall); :class:`RetryPolicy` is the one retry
+policy of planrun (the scheduler's and the model client's); :func:`failure_of` turns an
+attempt's exception into the :class:`Failure` the scheduler decides on. The in-process
+:class:`~planrun.Supervisor` and the database :class:`~planrun.Coordinator` are drivers over
+it: they feed it what happened and carry out what it decided.
+"""
+
+from planrun.scheduling._core import (
+    EFFECT_RETRY,
+    OnDead,
+    RunFacts,
+    Scheduler,
+    Sink,
+    check_policies,
+    dependency_order,
+    retries_spent,
+)
+from planrun.scheduling._outcome import Failure, failure_of, timed_out
+from planrun.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_policy
+
+__all__ = [
+    "EFFECT_RETRY",
+    "SCHEDULER_RETRY",
+    "Backoff",
+    "Failure",
+    "OnDead",
+    "RetryPolicy",
+    "RunFacts",
+    "Scheduler",
+    "Sink",
+    "as_policy",
+    "check_policies",
+    "dependency_order",
+    "failure_of",
+    "retries_spent",
+    "timed_out",
+]

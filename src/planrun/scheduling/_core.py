@@ -1,0 +1,797 @@
+"""The scheduling core: every decision of a run, over plain data and a time given to it.
+
+:class:`Scheduler` holds the state of one run (the records, who depends on whom, how many
+dependencies each task still waits for, the ready heap ordered by critical path, resource
+holders, leases, retry times, retries spent, effects due) and decides everything: what
+becomes ready, which worker gets it, what a failure means (retry at a time, dead, budget
+stop), what a death cancels, what an expired lease means, which effects are due, when the
+run has passed its deadline, is stalled or is finished.
+
+It does no I/O and reads no clock: every call passes ``now``. Each change it decides is a
+new task record made by :func:`planrun.task.transition`, handed to the ``sink`` with its
+ledger event; a driver persists the change (in-process: a batch for the store; the
+coordinator: a fenced write) and carries it out (start an attempt, apply an effect).
+
+Two ways to feed it:
+
+* outcomes the driver saw itself (:meth:`Scheduler.complete`, :meth:`Scheduler.fail`,
+  :meth:`Scheduler.heartbeat`), used by the in-process supervisor;
+* records changed by someone else (:meth:`Scheduler.observe`), used by the coordinator for
+  what worker processes wrote. A worker reports ``failed`` without deciding anything; the
+  core decides retry or death when it observes the record, with the same rule as for an
+  outcome it saw itself.
+"""
+
+from __future__ import annotations
+
+import graphlib
+import heapq
+import random
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from planrun.errors import ErrorClass, InvalidPlan, UsageError
+from planrun.ledger import EventName as E
+from planrun.registry import WorkerSpec
+from planrun.routing import Router, WorkerState
+from planrun.scheduling._outcome import Failure
+from planrun.scheduling._retry import RetryPolicy
+from planrun.task import FINAL, Status, Task, transition
+
+__all__ = ["OnDead", "RunFacts", "Scheduler", "Sink", "dependency_order", "retries_spent"]
+
+OnDead = Literal["cancel_dependents", "abort_run"]
+ON_DEAD: tuple[str, ...] = ("cancel_dependents", "abort_run")
+
+Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None]
+"""``sink(record, event, worker, detail, token)``: one decided change and its ledger event;
+``token`` is the fencing token the change was decided under (the record's before it)."""
+
+_IN_FLIGHT = frozenset({Status.ASSIGNED, Status.RUNNING})
+_CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED})
+
+EFFECT_RETRY = RetryPolicy(attempts=6, base=1.0, cap=30.0, jitter=0.25, max_retry_after=60.0)
+"""How a failing effect is tried again: 6 tries, 1 s doubling to 30 s."""
+
+
+@dataclass
+class RunFacts:
+    """What the run came to, beyond its task records (for the driver's result)."""
+
+    aborted_by: str | None = None
+    budget_exhausted: bool = False
+    deadline_reached: bool = False
+    effects_failed: dict[str, str] = field(default_factory=dict)
+    """Task id -> last error of an effect that was given up on."""
+
+
+def dependency_order(batch: Sequence[Task]) -> list[Task]:
+    """``batch`` reordered so that dependencies come first (stable; ties keep input order).
+
+    Raises:
+        InvalidPlan: the batch has a dependency cycle.
+        UsageError: duplicate ids in the batch.
+    """
+    by_id = {t.id: t for t in batch}
+    if len(by_id) != len(batch):
+        raise UsageError("duplicate task ids in one batch")
+    if not any(d in by_id for t in batch for d in t.depends_on):
+        return list(batch)  # nothing in the batch waits for the batch: order as given
+    position = {t.id: i for i, t in enumerate(batch)}
+    sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
+    for t in batch:
+        sorter.add(t.id, *(d for d in t.depends_on if d in by_id))
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        from planrun.plan import Problem
+
+        cycle = list(exc.args[1]) if len(exc.args) > 1 else []
+        raise InvalidPlan(
+            [Problem("cycle", None, f"tasks form a dependency cycle: {' -> '.join(cycle)}")]
+        ) from exc
+    from planrun.plan import smallest_order
+
+    return [by_id[i] for i in smallest_order(sorter, position.__getitem__)]
+
+
+def retries_spent(events: Iterable[Any]) -> int:
+    """Retries of the run's budget spent by a stored run: one per ``retry`` event."""
+    return sum(1 for e in events if e.event == E.RETRY)
+
+
+class Scheduler:
+    """The state and the rules of one run.
+
+    Args:
+        router: picks a worker among capable candidates.
+        retry: backoff between attempts and the ``Retry-After`` clamp (attempts per task
+            come from each record's ``max_attempts``).
+        retry_budget: retries allowed over the whole run (None: no limit).
+        max_reclaims: reclaims of an expired lease after which a task is dead.
+        on_dead: ``cancel_dependents`` or ``abort_run``.
+        stale_after: lease length, from assignment (push) or start.
+        stall_after: seconds without any change before :meth:`stalled` says so.
+        effects: kinds whose completion has an effect to apply once.
+        sink: receives every decided change.
+        seed: seed of the jitter.
+        deadline: time after which nothing new starts (None: no deadline).
+    """
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        retry: RetryPolicy,
+        sink: Sink,
+        retry_budget: int | None = None,
+        max_reclaims: int = 3,
+        on_dead: OnDead = "cancel_dependents",
+        stale_after: float = 90.0,
+        stall_after: float = 900.0,
+        effects: Collection[str] = (),
+        seed: int | None = None,
+        deadline: float | None = None,
+        effect_retry: RetryPolicy = EFFECT_RETRY,
+    ) -> None:
+        check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
+                       stall_after=stall_after, max_reclaims=max_reclaims)
+        self.router = router
+        self.retry = retry
+        self.retry_budget = retry_budget
+        self.max_reclaims = max_reclaims
+        self.on_dead: OnDead = on_dead
+        self.stale_after = stale_after
+        self.stall_after = stall_after
+        self.effect_kinds = frozenset(effects)
+        self.deadline = deadline
+        self.effect_retry = effect_retry
+        self.facts = RunFacts()
+        self._sink = sink
+        self._rng = random.Random(seed)
+        self.tasks: dict[str, Task] = {}
+        self._order: dict[str, int] = {}
+        self._dependents: dict[str, list[str]] = {}
+        self._waiting: dict[str, int] = {}
+        self._priority: dict[str, tuple[float, int]] = {}
+        self._ready: list[tuple[tuple[float, int], str]] = []
+        self._queued: set[str] = set()
+        self._delayed: list[tuple[float, str, int]] = []
+        self._decided: set[str] = set()
+        self._leases: list[tuple[float, str, int]] = []
+        self._locks: dict[str, str] = {}
+        self._parked: dict[str, list[str]] = {}
+        self._avoid: dict[str, str] = {}
+        self.workers: dict[str, WorkerState] = {}
+        self._effects_due: list[tuple[float, str]] = []
+        self._effect_tries: dict[str, int] = {}
+        self._effects_open: set[str] = set()
+        self.effects_applied: set[str] = set()
+        self.unfinished = 0
+        self.retries_used = 0
+        self.last_change = 0.0
+        self.started = False
+        self.paused = False
+        """While true nothing starts (the driver cannot record what would happen)."""
+
+    # ---- the graph -------------------------------------------------------------------------
+
+    def add(self, tasks: Sequence[Task], now: float, *, default_attempts: int | None = None,
+            known: Callable[[str], bool] | None = None) -> list[Task]:
+        """Add pending tasks (any order; dependencies in the batch or already added).
+
+        Each gets ``created_at`` and, when it kept the default, ``default_attempts``; each
+        is handed to the sink as ``created``. Added to a started run, the ready ones are
+        queued at once.
+
+        Raises:
+            InvalidPlan: a dependency cycle in the batch.
+            UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
+        """
+        ordered = dependency_order(tasks)
+        new: list[Task] = []
+        seen: set[str] = set()
+        for task in ordered:
+            if task.id in self.tasks or task.id in seen:
+                raise UsageError(f"task id {task.id!r} is already in this run")
+            unknown = [d for d in task.depends_on if d not in self.tasks and d not in seen]
+            if unknown:
+                raise UsageError(f"task {task.id!r} depends on unknown or later task(s) {unknown}")
+            if known is not None and not known(task.kind):
+                raise UsageError(f"task {task.id!r}: kind {task.kind!r} is not registered")
+            if task.status is not Status.PENDING:
+                raise UsageError(f"task {task.id!r} must be pending to be added")
+            seen.add(task.id)
+        default = Task.__dataclass_fields__["max_attempts"].default
+        for task in ordered:
+            changes: dict[str, Any] = {}
+            if task.created_at is None:
+                changes["created_at"] = now
+            if default_attempts is not None and task.max_attempts == default:
+                changes["max_attempts"] = default_attempts
+            if changes:
+                task = task.evolve(**changes)
+            self._insert(task)
+            self._sink(task, E.CREATED, None, None, task.token)
+            new.append(task)
+        self._prioritise(new)
+        if self.started:
+            for task in new:
+                self._offer(task.id)
+        return new
+
+    def restore(self, tasks: Sequence[Task]) -> None:
+        """Load stored records as they are (resume, or a coordinator's first read)."""
+        ordered = dependency_order(tasks)
+        for task in ordered:
+            self._insert(task)
+        self._prioritise(ordered)
+
+    def _insert(self, task: Task) -> None:
+        tid = task.id
+        self.tasks[tid] = task
+        self._order[tid] = len(self._order)
+        self._dependents.setdefault(tid, [])
+        waiting = 0
+        for dep in task.depends_on:
+            self._dependents.setdefault(dep, []).append(tid)
+            other = self.tasks.get(dep)
+            if other is None or other.status is not Status.COMPLETED:
+                waiting += 1
+        self._waiting[tid] = waiting
+        if task.status not in FINAL:
+            self.unfinished += 1
+        self._index(task)
+
+    def _prioritise(self, batch: Sequence[Task]) -> None:
+        """Longest path to the end of the graph (critical path) first, when the router asks
+        for it; otherwise the order tasks were added in."""
+        if not self.router.orders_by_critical_path:
+            for t in batch:
+                self._priority[t.id] = (0.0, self._order[t.id])
+            return
+        path: dict[str, float] = {}
+        for t in reversed(batch):
+            below = max((path.get(d, 0.0) for d in self._dependents[t.id]), default=0.0)
+            path[t.id] = t.estimate_s + below
+            self._priority[t.id] = (-path[t.id], self._order[t.id])
+
+    # ---- workers ---------------------------------------------------------------------------
+
+    def add_worker(self, spec: WorkerSpec) -> WorkerState:
+        """Register a worker the router may pick (a name once)."""
+        if spec.name in self.workers:
+            raise UsageError(f"worker {spec.name!r} is already registered")
+        state = WorkerState(spec)
+        self.workers[spec.name] = state
+        return state
+
+    def sync_worker(self, name: str, kinds: Sequence[str], capacity: int) -> WorkerState:
+        """Create or refresh a worker seen in the store (external workers)."""
+        state = self.workers.get(name)
+        spec = WorkerSpec(name, dict.fromkeys(kinds, 1.0), max(1, capacity))
+        if state is None:
+            state = WorkerState(spec)
+            self.workers[name] = state
+        else:
+            state.spec = spec
+        return state
+
+    def capable(self, kind: str) -> bool:
+        """True when some registered worker does ``kind``."""
+        return any(w.spec.can_do(kind) for w in self.workers.values())
+
+    # ---- starting --------------------------------------------------------------------------
+
+    def start(self, now: float) -> None:
+        """Begin: queue every ready task."""
+        self.started = True
+        self.last_change = now
+        for tid, task in self.tasks.items():
+            if task.status is Status.PENDING:
+                self._offer(tid)
+
+    def recover(self, now: float, reason: str | None = "supervisor restart") -> None:
+        """Turn what a dead driver left into a state this one can run.
+
+        With a ``reason``, tasks that were assigned or running are put back without counting
+        a reclaim (their driver died, not they: only a lease that expired while a live worker
+        held the task counts toward ``max_reclaims``); ``None`` leaves them to their workers
+        (a coordinator's workers outlive it). Failed tasks get their retry decided again; a
+        death's dependents are cancelled; a budget stop stands.
+        """
+        for task in list(self.tasks.values()):
+            if task.status in _IN_FLIGHT and reason is not None:
+                self._change(task, Status.PENDING, E.RECLAIMED, task.assigned_to,
+                             {"reason": reason}, assigned_to=None, lease=None)
+                self._offer(task.id)
+            elif task.status is Status.FAILED:
+                self._decide_failed(self.tasks[task.id], now)
+            elif task.status is Status.DEAD:
+                self._after_death(task, now)
+            elif task.status is Status.CANCELLED and task.cause == "budget":
+                self._budget_stop(now)
+
+    # ---- assigning -------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """Nothing new starts: aborted, out of budget, or past the deadline."""
+        f = self.facts
+        return f.aborted_by is not None or f.budget_exhausted or f.deadline_reached
+
+    def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
+        """In-process: give every ready task to a worker's queue; return what starts now."""
+        touched: list[WorkerState] = []
+        while self._ready and not self.stopping and not self.paused:
+            task = self._pop_ready(now)
+            if task is None:
+                continue
+            worker = self._route(task, None)
+            if worker is None:
+                self._queued.add(task.id)
+                heapq.heappush(self._ready, (self._priority[task.id], task.id))
+                break  # no worker for it yet; _check_workers refuses this up front
+            self._assign(task, worker, now)
+            worker.queue.append(task.id)
+            if worker.active < worker.spec.capacity and worker not in touched:
+                touched.append(worker)
+        starts: list[tuple[WorkerState, Task]] = []
+        for worker in touched:
+            self._pump(worker, now, starts)
+        return starts
+
+    def assign(self, now: float, free: dict[str, int]) -> list[Task]:
+        """Push mode: assign ready tasks to workers with ``free`` slots (name -> slots)."""
+        assigned: list[Task] = []
+        later: list[str] = []
+        while (self._ready and not self.stopping and not self.paused
+               and any(n > 0 for n in free.values())):
+            task = self._pop_ready(now)
+            if task is None:
+                continue
+            worker = self._route(task, free)
+            if worker is None:
+                later.append(task.id)
+                continue
+            assigned.append(self._assign(task, worker, now, lease=now + self.stale_after))
+            free[worker.name] -= 1
+        for tid in later:
+            self._queued.add(tid)
+            heapq.heappush(self._ready, (self._priority[tid], tid))
+        return assigned
+
+    def _pop_ready(self, now: float) -> Task | None:
+        _, tid = heapq.heappop(self._ready)
+        self._queued.discard(tid)
+        task = self.tasks[tid]
+        if task.status is not Status.PENDING or self._waiting[tid]:
+            return None  # stale entry
+        if task.not_before is not None and task.not_before > now:
+            heapq.heappush(self._delayed, (task.not_before, tid, task.token))
+            return None
+        for r in task.resources:
+            if r in self._locks:
+                self._parked.setdefault(r, []).append(tid)
+                return None
+        return task
+
+    def _route(self, task: Task, free: Mapping[str, int] | None) -> WorkerState | None:
+        candidates = [w for w in self.workers.values() if w.spec.can_do(task.kind)
+                      and (free is None or free.get(w.name, 0) > 0)]
+        if not candidates:
+            return None
+        avoid = self._avoid.get(task.id)
+        if avoid is not None and len(candidates) > 1:
+            candidates = [w for w in candidates if w.name != avoid] or candidates
+        return self.router.pick(task, candidates)
+
+    def _assign(self, task: Task, worker: WorkerState, now: float,
+                lease: float | None = None) -> Task:
+        return self._change(task, Status.ASSIGNED, E.ASSIGNED, worker.name,
+                            assigned_to=worker.name, token=task.token + 1, lease=lease)
+
+    def _pump(self, worker: WorkerState, now: float,
+              starts: list[tuple[WorkerState, Task]]) -> None:
+        queue = worker.queue
+        while worker.active < worker.spec.capacity and queue and not self.paused:
+            task = self.tasks[queue.popleft()]
+            if task.status is not Status.ASSIGNED or task.assigned_to != worker.name:
+                continue
+            lease = now + self.stale_after
+            task = self._change(task, Status.RUNNING, E.STARTED, worker.name,
+                                started_at=now, lease=lease)
+            heapq.heappush(self._leases, (lease, task.id, task.token))
+            starts.append((worker, task))
+
+    # ---- outcomes seen by the driver -------------------------------------------------------
+
+    def current(self, task_id: str, token: int, worker: str | None) -> bool:
+        """True when ``token`` is the task's running attempt; else log the refusal."""
+        task = self.tasks[task_id]
+        if task.token == token and task.status is Status.RUNNING:
+            return True
+        self._sink(task, E.REJECTED, worker,
+                   {"reason": "stale fencing token", "current": task.token}, token)
+        return False
+
+    def complete(self, task_id: str, token: int, result: Any, now: float,
+                 worker: str | None) -> bool:
+        """An attempt returned ``result``; False when it was fenced off."""
+        if not self.current(task_id, token, worker):
+            return False
+        task = self.tasks[task_id]
+        self._change(task, Status.COMPLETED, E.COMPLETED, worker, result=result,
+                     finished_at=now, attempts=task.attempts + 1, lease=None, error=None,
+                     error_class=None)
+        self.touch(now)
+        return True
+
+    def fail(self, task_id: str, token: int, failure: Failure, now: float,
+             worker: str | None) -> bool:
+        """An attempt raised; decide retry, death or budget stop. False when fenced off."""
+        if not self.current(task_id, token, worker):
+            return False
+        task = self.tasks[task_id]
+        if failure.budget:
+            self._change(task, Status.CANCELLED, E.CANCELLED, worker, cause="budget",
+                         error=failure.error, error_class=failure.error_class,
+                         finished_at=now, lease=None, detail={"cause": "budget"})
+            self._budget_stop(now)
+            return True
+        server_at = None if failure.retry_after is None else now + failure.retry_after
+        attempts = task.attempts + 1
+        at, error = self._decision(task, attempts, failure.error_class, failure.error,
+                                   server_at, now)
+        if at is None:
+            dead = self._change(task, Status.DEAD, E.DEAD, worker, error=error,
+                                error_class=failure.error_class, attempts=attempts,
+                                finished_at=now, lease=None, detail={"error": error})
+            self._after_death(dead, now)
+        else:
+            self._change(task, Status.FAILED, E.FAILED, worker, error=error,
+                         error_class=failure.error_class, attempts=attempts, lease=None,
+                         not_before=at, detail={"error": error, "retry_at": at})
+            self._schedule_retry(task_id, at, worker)
+        self.touch(now)
+        return True
+
+    def heartbeat(self, task_id: str, token: int, now: float) -> None:
+        """The attempt ``token`` of ``task_id`` is alive: extend its lease."""
+        task = self.tasks[task_id]
+        if task.token != token or task.status is not Status.RUNNING:
+            return
+        lease = now + self.stale_after
+        self.tasks[task_id] = task.evolve(lease=lease)
+        heapq.heappush(self._leases, (lease, task_id, token))
+
+    def _decision(self, task: Task, attempts: int, error_class: str | None, error: str | None,
+                  server_at: float | None, now: float) -> tuple[float | None, str]:
+        """When a failed task is tried again (None: never), and the error to record."""
+        error = error or "failed"
+        if error_class != ErrorClass.TRANSIENT or attempts >= task.max_attempts:
+            return None, error
+        if self.stopping:
+            return None, error
+        if self.retry_budget is not None and self.retries_used >= self.retry_budget:
+            return None, f"{error} (retry budget exhausted)"
+        self.retries_used += 1
+        at = now + self.retry.backoff(attempts, self._rng)
+        if server_at is not None:
+            at = max(at, min(server_at, now + self.retry.max_retry_after))
+        return at, error
+
+    def _schedule_retry(self, task_id: str, at: float, worker: str | None) -> None:
+        self._decided.add(task_id)
+        if worker is not None:
+            self._avoid[task_id] = worker
+        heapq.heappush(self._delayed, (at, task_id, self.tasks[task_id].token))
+
+    def _decide_failed(self, task: Task, now: float) -> None:
+        """A ``failed`` record nobody decided on yet (a worker's report, or a resume)."""
+        # A failed record says a retry may follow: only a permanent error class rules it out.
+        at, error = self._decision(task, task.attempts, task.error_class or ErrorClass.TRANSIENT,
+                                   task.error, task.not_before, now)
+        if at is None:
+            dead = self._change(task, Status.DEAD, E.DEAD, task.assigned_to, error=error,
+                                finished_at=now, lease=None, detail={"error": error})
+            self._after_death(dead, now)
+            return
+        self._schedule_retry(task.id, at, task.assigned_to)
+
+    # ---- time ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Everything due by ``now``: the deadline, expired leases, retries whose time came."""
+        if self.deadline is not None and now >= self.deadline and not self.facts.deadline_reached:
+            self.facts.deadline_reached = True
+            self._cancel_all("deadline", now)
+        while self._leases and self._leases[0][0] <= now:
+            _, tid, token = heapq.heappop(self._leases)
+            task = self.tasks[tid]
+            if task.token != token or task.status is not Status.RUNNING:
+                continue
+            if task.lease is not None and task.lease > now:
+                continue  # renewed; a newer heap entry stands for it
+            self.expire(task, now)
+        while self._delayed and self._delayed[0][0] <= now:
+            _, tid, token = heapq.heappop(self._delayed)
+            task = self.tasks[tid]
+            if task.token != token:
+                continue
+            if task.status is Status.FAILED:
+                self._decided.discard(tid)
+                self._change(task, Status.PENDING, E.RETRY, None, None, assigned_to=None,
+                             not_before=None)
+                self._offer(tid)
+            elif task.status is Status.PENDING:
+                self._offer(tid)
+
+    def expire(self, task: Task, now: float) -> None:
+        """The lease of ``task`` (a fresh record) ran out while a live worker held it."""
+        self.observe(task, now)
+        task = self.tasks[task.id]
+        if task.status not in _IN_FLIGHT:
+            return
+        worker = task.assigned_to
+        if task.reclaims >= self.max_reclaims:
+            error = f"reclaimed {task.reclaims} times without a result; giving up"
+            dead = self._change(task, Status.DEAD, E.DEAD, worker, error=error,
+                                error_class=ErrorClass.TRANSIENT, finished_at=now, lease=None,
+                                detail={"error": error})
+            self._after_death(dead, now)
+            return
+        # The token moves on: the reclaimed attempt's result can no longer be written.
+        self._change(task, Status.PENDING, E.RECLAIMED, worker, {"reason": "lease expired"},
+                     reclaims=task.reclaims + 1, assigned_to=None, lease=None,
+                     token=task.token + 1)
+        if worker is not None:
+            self._avoid[task.id] = worker
+        self._offer(task.id)
+
+    def next_wakeup(self, now: float) -> float:
+        """The next time something is due: a lease, a retry, an effect, the deadline, a stall."""
+        times = [self.last_change + self.stall_after]
+        if self._leases:
+            times.append(self._leases[0][0])
+        if self._delayed:
+            times.append(self._delayed[0][0])
+        if self._effects_due:
+            times.append(self._effects_due[0][0])
+        if self.deadline is not None and not self.facts.deadline_reached:
+            times.append(self.deadline)
+        return min(times)
+
+    def touch(self, now: float) -> None:
+        """Something changed at ``now`` (the stall clock starts again)."""
+        self.last_change = now
+
+    def stalled(self, now: float) -> bool:
+        """No change for ``stall_after`` seconds, with work left and nothing scheduled.
+
+        A task waiting for a known retry time, or an effect waiting for its next try, is not
+        a stall: the run knows when it goes on.
+        """
+        if not self.unfinished and not self.effects_pending:
+            return False
+        if self._delayed or self._effects_due:
+            return False
+        return now - self.last_change >= self.stall_after
+
+    def stall_message(self, run_id: str, now: float) -> str:
+        """Why :meth:`stalled` is true, naming a few stuck tasks."""
+        stuck = [t for t in self.tasks.values() if t.status not in FINAL]
+        sample = ", ".join(f"{t.id} ({t.status.value})" for t in stuck[:5])
+        more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
+        return (f"run {run_id} stalled: no task changed for {now - self.last_change:.0f} s "
+                f"with {len(stuck)} unfinished: {sample}{more}")
+
+    @property
+    def done(self) -> bool:
+        """Every task final and every effect applied or given up on."""
+        return not self.unfinished and not self.effects_pending
+
+    # ---- records changed elsewhere ---------------------------------------------------------
+
+    def observe(self, new: Task, now: float) -> None:
+        """A record as the store has it now (written by a worker, or by this driver)."""
+        old = self.tasks.get(new.id)
+        if old is None:
+            self._insert(new)
+            self._prioritise([new])
+            if self.started and new.status is Status.PENDING:
+                self._offer(new.id)
+            return
+        if old is new or (old.status is new.status and old.token == new.token
+                          and old.attempts == new.attempts):
+            if old is not new:
+                self.tasks[new.id] = new
+            return
+        self._replace(old, new)
+        self.touch(now)
+        if new.status is Status.FAILED:
+            self._decide_failed(new, now)
+        elif new.status is Status.DEAD and old.status is not Status.DEAD:
+            self._after_death(new, now)
+        elif new.status is Status.CANCELLED and new.cause == "budget":
+            self._budget_stop(now)
+        elif new.status is Status.PENDING:
+            self._offer(new.id)
+
+    # ---- deaths and stops ------------------------------------------------------------------
+
+    def _after_death(self, task: Task, now: float) -> None:
+        if self.on_dead == "abort_run":
+            if self.facts.aborted_by is None:
+                self.facts.aborted_by = task.id
+            self._cancel_all(f"abort: {task.id} died", now)
+            return
+        stack = list(self._dependents.get(task.id, ()))
+        seen: set[str] = set()
+        while stack:
+            dep_id = stack.pop()
+            if dep_id in seen:
+                continue
+            seen.add(dep_id)
+            stack.extend(self._dependents.get(dep_id, ()))
+            dep = self.tasks.get(dep_id)
+            if dep is not None and dep.status in _CANCELLABLE:
+                self._cancel(dep, task.id, now)
+
+    def _cancel(self, task: Task, cause: str, now: float) -> None:
+        self._change(task, Status.CANCELLED, E.CANCELLED, None, {"cause": cause}, cause=cause,
+                     finished_at=now, lease=None)
+
+    def _cancel_all(self, cause: str, now: float) -> None:
+        for task in list(self.tasks.values()):
+            if task.status in _CANCELLABLE:
+                self._cancel(task, cause, now)
+
+    def _budget_stop(self, now: float) -> None:
+        if not self.facts.budget_exhausted:
+            self.facts.budget_exhausted = True
+        self._cancel_all("budget", now)
+
+    def budget_exhausted(self, now: float) -> None:
+        """The run's budget is spent: nothing more starts, what has not started is cancelled."""
+        self._budget_stop(now)
+
+    # ---- effects ---------------------------------------------------------------------------
+
+    @property
+    def effects_pending(self) -> bool:
+        """Effects due or being applied."""
+        return bool(self._effects_due or self._effects_open)
+
+    def effects_due(self, now: float) -> list[Task]:
+        """Completed tasks whose effect is due now (each handed out once until it reports)."""
+        due: list[Task] = []
+        while self._effects_due and self._effects_due[0][0] <= now:
+            _, tid = heapq.heappop(self._effects_due)
+            if tid in self.effects_applied or tid in self._effects_open:
+                continue
+            self._effects_open.add(tid)
+            due.append(self.tasks[tid])
+        return due
+
+    def effect_applied(self, task_id: str, now: float) -> None:
+        """The effect of ``task_id`` is applied and recorded."""
+        self._effects_open.discard(task_id)
+        self.effects_applied.add(task_id)
+        self.facts.effects_failed.pop(task_id, None)
+        self.touch(now)
+
+    def effect_failed(self, task_id: str, error: str, now: float,
+                      transient: bool = True) -> float | None:
+        """Applying the effect failed: when to try again (None: given up, recorded)."""
+        self._effects_open.discard(task_id)
+        tries = self._effect_tries.get(task_id, 0) + 1
+        self._effect_tries[task_id] = tries
+        self.touch(now)
+        if not transient or tries >= self.effect_retry.attempts:
+            self.facts.effects_failed[task_id] = error
+            return None
+        at = now + self.effect_retry.backoff(tries, self._rng)
+        heapq.heappush(self._effects_due, (at, task_id))
+        return at
+
+    def effect_known(self, task_id: str) -> None:
+        """The effect of ``task_id`` was applied by an earlier process."""
+        self.effects_applied.add(task_id)
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+
+    def _offer(self, tid: str) -> None:
+        if tid in self._queued:
+            return
+        task = self.tasks[tid]
+        if task.status is Status.PENDING and not self._waiting[tid]:
+            self._queued.add(tid)
+            heapq.heappush(self._ready, (self._priority[tid], tid))
+
+    def _change(self, task: Task, to: Status, event: str, worker: str | None,
+                detail: Mapping[str, Any] | None = None, **changes: Any) -> Task:
+        new = transition(task, to, **changes)
+        self._replace(task, new)
+        self._sink(new, event, worker, detail, task.token)
+        return new
+
+    def _replace(self, old: Task, new: Task) -> None:
+        """Put ``new`` in place of ``old`` and keep every index right."""
+        tid = new.id
+        self.tasks[tid] = new
+        self._unindex(old)
+        self._index(new)
+        if old.status not in FINAL and new.status in FINAL:
+            self.unfinished -= 1
+        elif old.status in FINAL and new.status not in FINAL:
+            self.unfinished += 1  # a mirror that ran ahead of the store, corrected
+        if new.status is Status.COMPLETED and old.status is not Status.COMPLETED:
+            for dep in self._dependents.get(tid, ()):
+                self._waiting[dep] -= 1
+                if not self._waiting[dep] and self.started:
+                    self._offer(dep)
+
+    def _index(self, task: Task) -> None:
+        status = task.status
+        if status in _IN_FLIGHT:
+            for r in task.resources:
+                self._locks[r] = task.id
+            worker = self.workers.get(task.assigned_to or "")
+            if worker is not None:
+                worker.load_s += worker.cost(task)
+                if status is Status.RUNNING:
+                    worker.active += 1
+        elif status is Status.COMPLETED and task.kind in self.effect_kinds \
+                and task.id not in self.effects_applied:
+            heapq.heappush(self._effects_due, (task.finished_at or 0.0, task.id))
+
+    def _unindex(self, task: Task) -> None:
+        status = task.status
+        if status not in _IN_FLIGHT:
+            return
+        freed: list[str] = []
+        for r in task.resources:
+            if self._locks.get(r) == task.id:
+                del self._locks[r]
+                freed.append(r)
+        worker = self.workers.get(task.assigned_to or "")
+        if worker is not None:
+            worker.load_s = max(0.0, worker.load_s - worker.cost(task))
+            if status is Status.RUNNING:
+                worker.active -= 1
+        for r in freed:
+            for tid in self._parked.pop(r, ()):
+                self._offer(tid)
+
+    def release(self, worker: WorkerState, task: Task,
+                now: float) -> list[tuple[WorkerState, Task]]:
+        """After an attempt ended on ``worker``: what starts now (queued work, freed locks)."""
+        if task.status is Status.COMPLETED:
+            worker.done += 1
+        if task.started_at is not None:
+            worker.busy_s += now - task.started_at
+        starts: list[tuple[WorkerState, Task]] = []
+        starts.extend(self.dispatch(now))
+        self._pump(worker, now, starts)
+        return starts
+
+
+def check_policies(*, on_dead: str = "cancel_dependents", retry_budget: int | None = None,
+                   timeout: float | None = None, stale_after: float = 1.0,
+                   stall_after: float = 1.0, max_reclaims: int = 0,
+                   max_attempts: int = 1) -> None:
+    """Refuse settings no run can honour, with one clear message each."""
+    if on_dead not in ON_DEAD:
+        raise UsageError(f"on_dead must be 'cancel_dependents' or 'abort_run', not {on_dead!r}")
+    if max_attempts < 1:
+        raise UsageError("max_attempts must be >= 1")
+    if not (stale_after > 0 and stall_after > 0):
+        raise UsageError("stale_after and stall_after must be > 0")
+    if max_reclaims < 0:
+        raise UsageError(f"max_reclaims must be >= 0, got {max_reclaims}")
+    if retry_budget is not None and retry_budget < 0:
+        raise UsageError(f"retry_budget must be >= 0 or None, got {retry_budget}")
+    if timeout is not None and not timeout > 0:
+        raise UsageError(f"timeout must be > 0 or None, got {timeout}")
