@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,3 +173,31 @@ def test_a_bad_option_in_a_real_process() -> None:
     assert proc.stderr.splitlines() == [
         "planrun: error: unknown agent 'deploy-9' (agents: deploy-1, deploy-2, qa-1, db-1)"
     ]
+
+
+def readme_compare_runs() -> list[tuple[list[str], str]]:
+    """Each ``$ planrun compare ...`` in the README's code blocks, with the output shown."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    runs: list[tuple[list[str], list[str]]] = []
+    fenced = False
+    current: list[str] | None = None
+    for line in readme.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            current = None
+        elif fenced and line.startswith("$ "):
+            current = [] if line.startswith("$ planrun compare") else None
+            if current is not None:
+                runs.append((shlex.split(line)[3:], current))
+        elif fenced and current is not None:
+            current.append(line)
+    return [(argv, "\n".join(lines).rstrip("\n") + "\n") for argv, lines in runs]
+
+
+def test_the_readme_shows_the_real_output(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = readme_compare_runs()
+    assert [argv for argv, _ in runs][:2] == [[], ["--agent-rules", "deploy-2=claims,retry"]]
+    assert ["--sweep"] in [argv for argv, _ in runs]
+    for argv, expected in runs:
+        code, out, _ = run_cli(capsys, "compare", *argv)
+        assert code == 0 and out == expected, argv
