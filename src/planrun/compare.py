@@ -258,7 +258,7 @@ def parse_agent_rules(
             raise UsageError(f"agent rules {item!r}: expected AGENT=RULES, "
                              "e.g. deploy-2=claims,retry")
         if agent in rules:
-            raise UsageError(f"agent rules: {agent} is given twice")
+            raise UsageError(f"agent rules: {agent!r} is given twice")
         rules[agent] = parse_rules(text)
     return _check_agent_rules(rules, agents)
 
@@ -566,7 +566,7 @@ def format_table(
         lines.append(f"{row.system:<{width}} {a.order_violations:>16} {a.duplicates:>10}  "
                      f"{a.missing}")
     if ledger:
-        lines += [f"{row.system}: {' '.join(trace(row.events))}" for row in rows]
+        lines += [f"{row.system}: {' '.join(trace(row.events))}".rstrip() for row in rows]
     return lines
 
 
