@@ -2,7 +2,8 @@
 
     planrun validate PLAN.json --kinds a,b,c [--json] [--min-tasks N] [--max-tasks N]
     planrun simulate (--scenario FILE|NAME | --durations 10,2,2 --workers 3) [--strategy S] [--json]
-    planrun compare [--json]
+    planrun compare [--rules R,R] [--agent-rules AGENT=R,R]... [--db-failures N]
+                [--deploy1-failures N] [--max-retries N] [--sweep] [--ledger] [--json]
     planrun plan GOAL --app module:attr [--json]
     planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
                 [--db URL] [--json]
@@ -232,25 +233,58 @@ def _add_compare(subparsers: _Subparsers) -> None:
         "compare",
         help="the release scenario through naive peers, peers with a protocol, the supervisor",
         description="Run the release (migrate_db, deploy_app, smoke_test) through three "
-        "systems and audit each ledger: order violations, duplicates, missing tasks.",
+        "systems and audit each ledger: order violations, duplicates, missing tasks. The "
+        "second peer board follows the rules check_deps, claims and retry; every system "
+        "runs under the same failure plan.",
     )
+    parser.add_argument("--rules", metavar="RULES",
+                        help="every agent's rules on the second peer board, e.g. "
+                        "check_deps,claims (or none; default all three)")
+    parser.add_argument("--agent-rules", action="append", metavar="AGENT=RULES",
+                        help="one agent's rules instead, e.g. deploy-2=claims,retry "
+                        "(repeatable; agents deploy-1, deploy-2, qa-1, db-1)")
+    parser.add_argument("--db-failures", metavar="N",
+                        help="times db-1 fails migrate_db (default 1)")
+    parser.add_argument("--deploy1-failures", metavar="N",
+                        help="times deploy-1 fails deploy_app (default 0)")
+    parser.add_argument("--max-retries", metavar="N",
+                        help="retries after a failure, supervisor and peer retry rule "
+                        "(default 2)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="every set of rules for all agents and every agent without "
+                        "each rule, next to the supervisor")
+    parser.add_argument("--ledger", action="store_true",
+                        help="also print each system's ledger (run:, fail:, abort:)")
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"system", "order_violations", "duplicates", '
-                        '"missing"}]}')
+                        '"missing"}]}, plus "settings" when an option is given')
     parser.set_defaults(func=_cmd_compare)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from planrun.compare import compare
+    from planrun import compare as cmp
 
-    rows = [r.to_dict() for r in compare()]
-    if args.json:
-        print(json.dumps({"rows": rows}))
+    rules, failures = cmp.options_from_text(args.rules, args.agent_rules, args.db_failures,
+                                            args.deploy1_failures, args.max_retries)
+    if args.sweep:
+        if rules is not None or args.ledger:
+            raise _CliError("--sweep runs every set of rules; drop --rules, --agent-rules "
+                            "and --ledger")
+        combos = cmp.sweep(failures=failures)
+        if args.json:
+            print(json.dumps({"settings": (failures or cmp.Failures()).to_dict(),
+                              "combinations": [c.to_dict() for c in combos]}))
+        else:
+            print("\n".join(cmp.format_sweep(combos, failures)))
         return EXIT_OK
-    print(f"{'system':<18} {'order violations':>16} {'duplicates':>10}  missing")
-    for row in rows:
-        print(f"{row['system']:<18} {row['order_violations']:>16} {row['duplicates']:>10}  "
-              f"{row['missing']}")
+    rows = cmp.compare(rules=rules, failures=failures)
+    if args.json:
+        data: dict[str, Any] = {"rows": [r.to_dict(ledger=args.ledger) for r in rows]}
+        if rules is not None or failures is not None:
+            data["settings"] = cmp.settings(rules, failures)
+        print(json.dumps(data))
+        return EXIT_OK
+    print("\n".join(cmp.format_table(rows, rules=rules, failures=failures, ledger=args.ledger)))
     return EXIT_OK
 
 
