@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import hashlib
 import json
 import logging
 import os
 import random
 import re
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, overload
 
@@ -56,15 +59,19 @@ from planrun.errors import (
 )
 from planrun.limiter import RateLimiter
 from planrun.prompts import RenderedPrompt
+from planrun.redact import redact, register_secret
 from planrun.usage import Usage, UsageRecord, estimate_tokens
 
 __all__ = [
     "DEFAULT_MODEL",
     "PROMPT_HEADER",
+    "VALIDATION_KEYWORDS",
     "Completion",
     "Model",
     "RetryPolicy",
     "StrictSchema",
+    "portable_schema",
+    "rejects_schema",
     "retry_after_seconds",
     "strict_schema",
     "translate_error",
@@ -78,7 +85,10 @@ PROMPT_HEADER = "X-Planrun-Prompt"
 DEFAULT_COMPLETION_ESTIMATE = 1024
 """Completion tokens assumed by the budget and the limiter when ``max_tokens`` is unset."""
 
-Structured = Literal["auto", "json_schema", "json_mode"]
+Structured = Literal["auto", "strict", "json_object", "json_schema", "json_mode"]
+"""How a result schema is asked for (``json_schema``/``json_mode`` are the older spellings)."""
+SchemaMode = Literal["full", "portable"]
+Api = Literal["chat", "responses"]
 Mode = Literal["json_schema", "json_mode", "text"]
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -404,18 +414,58 @@ def strict_schema(model_or_schema: type[BaseModel] | Mapping[str, Any]) -> Stric
     return StrictSchema(schema, tuple(work.encoded), wrapped, decoder)
 
 
+VALIDATION_KEYWORDS = frozenset(
+    {
+        "minItems",
+        "maxItems",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "pattern",
+        "format",
+        "minLength",
+        "maxLength",
+    }
+)
+"""What ``schema="portable"`` leaves out of the schema sent (some models reject them)."""
+
+_NAMED = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+_LITERAL = frozenset({"enum", "const", "default", "examples", "required", "description"})
+
+
+def portable_schema(schema: Any) -> Any:
+    """``schema`` without :data:`VALIDATION_KEYWORDS`: what models that reject them accept.
+
+    Fine-tuned OpenAI models and several local servers refuse ``minItems``, ``pattern``,
+    ``format``, ...; the reply is still validated locally against the full schema, so the
+    constraints hold all the same (a violation fails the call, or is repaired).
+    Property names are never touched: a property called ``format`` stays.
+    """
+    if isinstance(schema, list):
+        return [portable_schema(item) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in VALIDATION_KEYWORDS:
+            continue
+        if key in _NAMED and isinstance(value, Mapping):
+            out[key] = {name: portable_schema(sub) for name, sub in value.items()}
+        elif key in _LITERAL:
+            out[key] = value
+        else:
+            out[key] = portable_schema(value)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 
-_KEY_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{6,}")
-
-
 def _redact(text: str, secrets: Sequence[str] = ()) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    return _KEY_PATTERN.sub("sk-[redacted]", text)
+    return redact(text, secrets)
 
 
 def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
@@ -448,7 +498,7 @@ def _status_error(exc: openai.APIStatusError, secrets: Sequence[str]) -> WorkerE
     status = exc.status_code
     body = exc.body if isinstance(exc.body, Mapping) else {}
     code = exc.code or body.get("code")
-    detail = _redact(str(body.get("message") or exc.message), secrets)
+    detail = _redact(str(body.get("message") or exc.message), secrets).strip()
     message = f"HTTP {status}{f' ({code})' if code else ''} from the model API: {detail}"
     retry_after = retry_after_seconds(exc.response.headers)
     if code in ("context_length_exceeded", "insufficient_quota"):
@@ -503,11 +553,59 @@ def _prompt_header(name: str | None, prompt_hash: str) -> str:
     return f"{safe}:{prompt_hash}"
 
 
-def _rejects_json_schema(exc: BaseException | None) -> bool:
-    if not isinstance(exc, openai.BadRequestError):
+_SCHEMA_REJECTIONS: tuple[tuple[frozenset[int], re.Pattern[str]], ...] = (
+    # OpenAI: 400 naming response_format / json_schema (a model without structured output,
+    # or an unknown ``response_format.schema`` in JSON mode).
+    (frozenset({400, 422}), re.compile(r"response_format|json_schema")),
+    # vLLM: 400 "The provided JSON schema contains features not supported by xgrammar".
+    (frozenset({400}), re.compile(r"json schema contains features not supported")),
+    # Ollama: 500 "invalid JSON schema in format".
+    (frozenset({400, 500}), re.compile(r"invalid json schema in format")),
+    # llama.cpp's llama-server: 400 "Failed to initialize samplers: failed to parse grammar".
+    (frozenset({400, 500}), re.compile(r"failed to parse grammar|json schema conversion")),
+    # llama-cpp-python's server: 500 with pydantic's "Input should be 'text' or
+    # 'json_object'" on ('body', 'response_format', 'type') (matched by the first pattern
+    # for 400/422; here for its 500).
+    (frozenset({500}), re.compile(r"response_format.{0,40}type|input should be 'text' or")),
+)
+"""(statuses, message pattern) of each server's way of rejecting a response schema."""
+
+
+def rejects_schema(exc: BaseException | None) -> bool:
+    """True when ``exc`` is a server's refusal of the response schema (not of the request).
+
+    Recognises OpenAI's 400 naming ``response_format``, vLLM's 400 ("... not supported by
+    xgrammar"), Ollama's 500 ("invalid JSON schema in format"), llama.cpp's 400 ("failed to
+    parse grammar") and llama-cpp-python's 500 (pydantic: ``response_format.type`` must be
+    ``'text'`` or ``'json_object'``).
+    """
+    if not isinstance(exc, openai.APIStatusError):
         return False
-    text = f"{exc.param or ''} {exc.message}".lower()
-    return "response_format" in text or "json_schema" in text
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    param = getattr(exc, "param", None) or body.get("param") or ""
+    text = f"{param} {body.get('message') or exc.message}".lower()
+    return any(exc.status_code in statuses and pattern.search(text)
+               for statuses, pattern in _SCHEMA_REJECTIONS)
+
+
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, RuntimeError)
+"""Raised beneath the SDK by a broken connection or a loop going away: worth a retry."""
+
+
+def _transport_error(exc: BaseException, secrets: Sequence[str]) -> WorkerError:
+    """A planrun error for an exception the SDK let through (never a raw foreign one)."""
+    detail = _redact(f"{type(exc).__name__}: {exc}", secrets)
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        return PermanentError(f"the model API answered with a body that is not JSON ({detail})")
+    if isinstance(exc, _TRANSPORT_ERRORS) or _is_transport_error(exc):
+        return TransientError(f"the connection to the model API failed: {detail}")
+    return PermanentError(f"model API call failed: {detail}")
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"TransportError", "ClosedResourceError", "BrokenResourceError",
+                         "EndOfStream", "NetworkError", "ProtocolError"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -627,10 +725,28 @@ class _Target:
             raise PermanentError(f"the reply does not match {self.name}: " + "; ".join(problems))
         return data
 
-    def json_mode_instructions(self) -> str:
-        schema = self.original
+    @property
+    def key(self) -> str:
+        """Identifies the schema sent, so a server's rejection is remembered for it alone."""
+        text = json.dumps(self.strict.schema, sort_keys=True)
+        return f"{self.name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+    def sent_schema(self, portable: bool) -> dict[str, Any]:
+        """The strict schema as sent: without validation keywords when ``portable``."""
+        return portable_schema(self.strict.schema) if portable else self.strict.schema
+
+    def json_mode_schema(self, portable: bool) -> dict[str, Any]:
+        """The schema JSON mode asks for (the original; a non-object root wrapped)."""
+        schema: dict[str, Any] = dict(self.original)
         if self.strict.wrapped:
+            defs = schema.pop("$defs", None)
             schema = {"type": "object", "properties": {"value": schema}, "required": ["value"]}
+            if defs is not None:
+                schema["$defs"] = defs
+        return portable_schema(schema) if portable else schema
+
+    def json_mode_instructions(self, portable: bool = False) -> str:
+        schema = self.json_mode_schema(portable)
         return (
             "Reply with one JSON object and nothing else. It must be valid against this "
             f"JSON Schema:\n{json.dumps(schema, separators=(',', ':'))}"
@@ -669,19 +785,72 @@ class _Call:
     attempts: int = 0
     fell_back: bool = False
     prompt_name: str | None = None
+    level: int = 0
+    """0: strict ``json_schema``; 1: JSON mode with the schema; 2: JSON mode, prompt only."""
+
+
+class _LoopClient:
+    """The SDK client of one event loop, closed when that loop shuts down."""
+
+    def __init__(self, client: openai.AsyncOpenAI) -> None:
+        self.client = client
+        self.closer = self._close_at_shutdown()
+
+    async def _close_at_shutdown(self) -> AsyncGenerator[None, None]:
+        # Started once on its loop, this generator is finalised by the loop's
+        # shutdown_asyncgens() (asyncio.run, VirtualClock.run and asyncio.Runner call it
+        # before closing), which closes the pooled connections while the loop still runs.
+        try:
+            yield
+        finally:
+            await self.client.close()
 
 
 class Model:
     """An async chat model client: one policy for structure, retries, rate and usage.
 
     Configuration comes from the arguments; what is not given is read from the
-    environment once, here: ``OPENAI_API_KEY``, ``OPENAI_BASE_URL`` and ``PLANRUN_MODEL``
-    (default ``gpt-4o-mini``). Pass ``client=`` to use a ready ``openai.AsyncOpenAI``
-    (its SDK retries are switched off all the same). A missing key raises
-    :class:`~planrun.errors.ConfigError` now, before any task starts.
+    environment once, here: ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``, ``PLANRUN_MODEL``
+    (default ``gpt-4o-mini``), ``PLANRUN_STRUCTURED``, ``PLANRUN_SCHEMA``,
+    ``PLANRUN_COMPAT`` and ``PLANRUN_API``. Pass ``client=`` to use a ready
+    ``openai.AsyncOpenAI`` (its SDK retries are switched off all the same). A missing key
+    raises :class:`~planrun.errors.ConfigError` now, before any task starts.
 
-    ``meter`` is the default :class:`~planrun.usage.Usage` for calls that pass none;
-    ``limiter`` a :class:`~planrun.limiter.RateLimiter` awaited before every request.
+    Args:
+        structured: how a result schema is asked for. ``"strict"`` (alias
+            ``"json_schema"``): strict structured output, and a server that rejects it fails
+            the call. ``"json_object"`` (alias ``"json_mode"``): JSON mode, with the schema
+            in a system message and in ``response_format.schema`` (where llama-cpp-python
+            and others enforce it). ``"auto"`` (default): strict, falling back to JSON mode
+            *for that schema* when the server rejects it (OpenAI, vLLM, Ollama, llama.cpp and
+            llama-cpp-python rejections are recognised; see :func:`rejects_schema`), and to
+            JSON mode with the schema in the prompt only when even ``response_format.schema``
+            is refused. Every reply is validated locally against the full schema.
+        schema: ``"full"`` (default) sends the schema's validation keywords;
+            ``"portable"`` strips :data:`VALIDATION_KEYWORDS` (``minItems``, ``pattern``,
+            ``format``, ...) from what is sent, for models that reject them, and enforces
+            them locally all the same.
+        compat: also send ``max_tokens`` beside ``max_completion_tokens`` (Ollama and
+            llama-cpp-python read only the former). OpenAI's reasoning models reject it,
+            so it is off by default.
+        api: ``"chat"`` (default) for Chat Completions, ``"responses"`` for the Responses API
+            (structured output through ``text.format``; same retries, fallback, limiter and
+            usage).
+        meter: the default :class:`~planrun.usage.Usage` for calls that pass none.
+        limiter: a :class:`~planrun.limiter.RateLimiter` awaited before every request.
+
+    **Loops and threads.** One ``Model`` serves any number of calls from any event loops and
+    threads: it keeps one SDK client per event loop, created on the loop's first call and
+    closed when that loop shuts down. Each synchronous entry point (:func:`planrun.decompose`,
+    :func:`planrun.plan_and_run`, a notebook cell) runs on a loop of its own, and an HTTP/1.1
+    connection pool belongs to the loop that opened it, so sharing one pool across loops
+    breaks ("Event loop is closed"). A single long-lived loop thread behind the sync API was
+    the alternative; it was not chosen because waits (backoff, ``Retry-After``, the rate
+    limiter, timeouts) must run on the caller's loop, where a
+    :class:`~planrun.clock.VirtualClock` can skip them, and a request in flight on another
+    thread would be invisible to that clock. A given ``client=`` serves the first loop that
+    uses it; other loops get a copy of it (same key, address, headers, timeout) with a fresh
+    connection pool.
     """
 
     def __init__(
@@ -693,35 +862,48 @@ class Model:
         client: openai.AsyncOpenAI | None = None,
         timeout: float | None = 60.0,
         retry: int | RetryPolicy = 4,
-        structured: Structured = "auto",
+        structured: Structured | None = None,
         limiter: RateLimiter | None = None,
         meter: Usage | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
         rng: random.Random | None = None,
+        schema: SchemaMode | None = None,
+        compat: bool | None = None,
+        api: Api | None = None,
     ) -> None:
-        if structured not in ("auto", "json_schema", "json_mode"):
-            raise UsageError(
-                f"structured must be 'auto', 'json_schema' or 'json_mode', got {structured!r}"
-            )
+        self.structured: Structured = _choice(
+            "structured", structured, "PLANRUN_STRUCTURED", _STRUCTURED, "auto"
+        )
+        self.schema: SchemaMode = _choice("schema", schema, "PLANRUN_SCHEMA", _SCHEMA, "full")
+        self.api: Api = _choice("api", api, "PLANRUN_API", _APIS, "chat")
+        self.compat = _flag(compat, "PLANRUN_COMPAT")
         self.model = model or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
-        self._client = (
+        self._template = (
             client.with_options(max_retries=0)
             if client is not None
             else self._new_client(api_key, base_url, timeout)
         )
         self._secrets = tuple(
-            s for s in (api_key, getattr(self._client, "api_key", None)) if isinstance(s, str) and s
+            s
+            for s in (api_key, getattr(self._template, "api_key", None))
+            if isinstance(s, str) and s
         )
+        for secret in self._secrets:
+            register_secret(secret)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._template_used = False
+        self._lock = threading.Lock()
         self.timeout = timeout
         self.retry = RetryPolicy.of(retry)
-        self.structured: Structured = structured
         self.limiter = limiter
         self.meter = meter if meter is not None else Usage()
         self.max_tokens = max_tokens
         self.temperature = temperature
         self._rng = rng or random.Random()
-        self._json_schema_rejected = False
+        self._fallback: dict[str, int] = {}
         self._strict_cache: dict[tuple[type[BaseModel], str | None], _Target] = {}
 
     @staticmethod
@@ -732,30 +914,55 @@ class Model:
         if not key:
             raise ConfigError(
                 "OPENAI_API_KEY is not set: pass api_key= to Model or set the OPENAI_API_KEY "
-                "environment variable"
+                "environment variable (a local server takes any key)"
             )
         url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         return openai.AsyncOpenAI(api_key=key, base_url=url, timeout=timeout, max_retries=0)
 
     def __repr__(self) -> str:
         return (
-            f"Model(model={self.model!r}, base_url={str(self._client.base_url)!r}, "
+            f"Model(model={self.model!r}, base_url={self.base_url!r}, "
             f"structured={self.structured!r})"
         )
 
     @property
     def base_url(self) -> str:
         """Where requests go."""
-        return str(self._client.base_url)
+        return str(self._template.base_url)
 
     @property
     def json_schema_supported(self) -> bool:
-        """False once the server has rejected ``json_schema`` and JSON mode is used instead."""
-        return not self._json_schema_rejected
+        """False once the server has rejected a ``json_schema`` and JSON mode is used for it."""
+        return not self._fallback
+
+    async def _client(self) -> openai.AsyncOpenAI:
+        """The SDK client of the running loop (made on the loop's first call)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._clients.get(loop)
+            if entry is not None:
+                return entry.client
+            for old in [k for k in self._clients if k.is_closed()]:
+                del self._clients[old]
+            if self._template_used:
+                client = self._template.copy(
+                    http_client=openai.DefaultAsyncHttpxClient(timeout=self._template.timeout)
+                )
+            else:
+                client, self._template_used = self._template, True
+            entry = self._clients[loop] = _LoopClient(client)
+        await entry.closer.__anext__()
+        return entry.client
 
     async def aclose(self) -> None:
-        """Close the HTTP client."""
-        await self._client.close()
+        """Close the HTTP client of the running loop (other loops close theirs at shutdown)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._clients.pop(loop, None)
+        if entry is not None:
+            await entry.closer.aclose()
+        elif not self._template_used:
+            await self._template.close()
 
     async def __aenter__(self) -> Model:
         return self
@@ -845,6 +1052,7 @@ class Model:
             validate,
             prompt_name=prompt_name,
         )
+        call.level = self._level(call)
         retrying = AsyncRetrying(
             stop=self._stop,
             wait=self._wait,
@@ -866,49 +1074,40 @@ class Model:
             return self._strict_cache[result, name]
         return _Target.of(result, name)
 
-    def _mode(self, call: _Call) -> Mode:
-        if call.target is None:
-            return "text"
-        if self.structured == "json_mode" or (
-            self.structured == "auto" and self._json_schema_rejected
-        ):
-            return "json_mode"
-        return "json_schema"
+    def _level(self, call: _Call) -> int:
+        if call.target is None or self.structured in ("strict", "json_schema"):
+            return 0
+        start = 1 if self.structured in ("json_object", "json_mode") else 0
+        return max(start, self._fallback.get(call.target.key, 0))
 
     async def _attempt(self, call: _Call) -> Completion[Any]:
-        mode = self._mode(call)
-        try:
-            return await self._request(call, mode)
-        except PermanentError as exc:
-            fallback = mode == "json_schema" and self.structured == "auto"
-            if not (fallback and _rejects_json_schema(exc.__cause__)):
-                raise
-            self._json_schema_rejected = call.fell_back = True
-            log.warning(
-                "the model API at %s rejected a json_schema response_format (%s); using JSON "
-                "mode with local validation from now on",
-                self.base_url,
-                exc,
-            )
-            return await self._request(call, "json_mode")
+        while True:
+            try:
+                return await self._request(call)
+            except _SchemaRejected as exc:
+                if self.structured in ("strict", "json_schema") or call.level >= 2:
+                    raise PermanentError(str(exc)) from exc.__cause__
+                assert call.target is not None
+                call.level += 1
+                call.fell_back = True
+                with self._lock:
+                    key = call.target.key
+                    self._fallback[key] = max(self._fallback.get(key, 0), call.level)
+                log.warning(
+                    "the model API at %s rejected the %s response schema %r (%s); using JSON "
+                    "mode%s with local validation for it from now on",
+                    self.base_url,
+                    "strict" if call.level == 1 else "JSON-mode",
+                    call.target.name,
+                    exc,
+                    " with the schema in the request" if call.level == 1 else "",
+                )
 
-    def _params(self, call: _Call, mode: Mode) -> dict[str, Any]:
-        params: dict[str, Any] = {"model": self.model, "messages": call.messages}
-        if call.target is not None and mode == "json_schema":
-            params["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {
-                    "name": call.target.name,
-                    "strict": True,
-                    "schema": call.target.strict.schema,
-                },
-            }
-        elif call.target is not None:
-            instructions = {"role": "system", "content": call.target.json_mode_instructions()}
-            params["messages"] = [instructions, *call.messages]
-            params["response_format"] = {"type": "json_object"}
-        if call.max_tokens is not None:
-            params["max_completion_tokens"] = call.max_tokens
+    def _params(self, call: _Call) -> dict[str, Any]:
+        if self.api == "responses":
+            params = self._responses_params(call)
+        else:
+            params = self._chat_params(call)
         if call.temperature is not None:
             params["temperature"] = call.temperature
         headers: dict[str, str] = {}
@@ -922,69 +1121,136 @@ class Model:
             params["timeout"] = call.timeout
         return params
 
-    async def _request(self, call: _Call, mode: Mode) -> Completion[Any]:
-        params = self._params(call, mode)
-        response_format = params.get("response_format")
-        schema_text = json.dumps(response_format) if response_format else ""
-        prompt_estimate = estimate_tokens(params["messages"], extra_text=schema_text)
+    def _messages(self, call: _Call) -> list[dict[str, Any]]:
+        if call.target is None or call.level == 0:
+            return call.messages
+        instructions = call.target.json_mode_instructions(self.schema == "portable")
+        return [{"role": "system", "content": instructions}, *call.messages]
+
+    def _chat_params(self, call: _Call) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "messages": self._messages(call)}
+        portable = self.schema == "portable"
+        target = call.target
+        if target is not None and call.level == 0:
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": target.name,
+                    "strict": True,
+                    "schema": target.sent_schema(portable),
+                },
+            }
+        elif target is not None and call.level == 1:
+            params["response_format"] = {
+                "type": "json_object",
+                "schema": target.json_mode_schema(portable),
+            }
+        elif target is not None:
+            params["response_format"] = {"type": "json_object"}
+        if call.max_tokens is not None:
+            params["max_completion_tokens"] = call.max_tokens
+            if self.compat:
+                params["max_tokens"] = call.max_tokens
+        return params
+
+    def _responses_params(self, call: _Call) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "input": self._messages(call)}
+        target = call.target
+        if target is not None and call.level == 0:
+            params["text"] = {
+                "format": {
+                    "type": "json_schema",
+                    "name": target.name,
+                    "strict": True,
+                    "schema": target.sent_schema(self.schema == "portable"),
+                }
+            }
+        elif target is not None:
+            params["text"] = {"format": {"type": "json_object"}}
+        if call.max_tokens is not None:
+            params["max_output_tokens"] = call.max_tokens
+        params["store"] = False
+        return params
+
+    async def _request(self, call: _Call) -> Completion[Any]:
+        params = self._params(call)
+        shape = params.get("response_format") or params.get("text")
+        schema_text = json.dumps(shape) if shape else ""
+        chat = params["messages"] if "messages" in params else params["input"]
+        prompt_estimate = estimate_tokens(chat, extra_text=schema_text)
         completion_estimate = call.max_tokens or DEFAULT_COMPLETION_ESTIMATE
         reservation = call.meter.reserve(self.model, prompt_estimate, completion_estimate)
         try:
             if self.limiter is not None:
                 await self.limiter.acquire(prompt_estimate + completion_estimate)
             reply = await self._send(call, params, prompt_estimate + completion_estimate)
-            return self._finish(call, mode, reply, prompt_estimate + completion_estimate)
+            return self._finish(call, reply, prompt_estimate + completion_estimate)
         finally:
             reservation.release()
 
-    async def _send(self, call: _Call, params: dict[str, Any], estimate: int) -> Any:
+    async def _send(self, call: _Call, params: dict[str, Any], estimate: int) -> _Reply:
+        """One HTTP request to the model API: the single place planrun's traffic leaves."""
         call.attempts += 1
         try:
-            create = self._client.chat.completions.create(**params)
-            return await asyncio.wait_for(create, call.timeout)
-        except (openai.OpenAIError, asyncio.TimeoutError) as exc:
-            own = _own_error(exc)
-            if own is not None:
-                if self.limiter is not None:
-                    self.limiter.reconcile(estimate, 0)
-                # A planrun error raised beneath the SDK (a fixture miss in a replaying
-                # transport) is not a connection problem: never retried, never translated.
-                raise own from None
-            error = translate_error(exc, secrets=self._secrets)
-            call.meter.record(self.model, prompt_hash=call.prompt_hash, error=type(error).__name__)
-            if self.limiter is not None:
-                self.limiter.reconcile(estimate, 0)
-                if isinstance(error, RateLimited):
-                    self.limiter.penalize(error.retry_after or self.retry.base)
-            raise error from exc
+            client = await self._client()
+            if self.api == "responses":
+                create: Any = client.responses.create(**params)
+            else:
+                create = client.chat.completions.create(**params)
+            raw = await asyncio.wait_for(create, call.timeout)
+            return _Reply.of(raw, self.base_url)
+        except AssertionError:
+            raise  # a test harness refusing the request (respx's "not mocked"), not the API
+        except Exception as exc:
+            raise self._failed(call, exc, estimate) from exc
 
-    def _finish(self, call: _Call, mode: Mode, reply: Any, estimate: int) -> Completion[Any]:
-        usage = reply.usage
-        details = getattr(usage, "prompt_tokens_details", None)
-        request_id = getattr(reply, "_request_id", None)
+    def _failed(self, call: _Call, exc: BaseException, estimate: int) -> PlanrunError:
+        """Meter, tell the limiter, and turn ``exc`` into the planrun error to raise."""
+        if self.limiter is not None:
+            self.limiter.reconcile(estimate, 0)
+        if isinstance(exc, PlanrunError) and not isinstance(exc, WorkerError):
+            return exc
+        own = _own_error(exc)
+        if own is not None:
+            # A planrun error raised beneath the SDK (a fixture miss in a replaying
+            # transport) is not a connection problem: never retried, never translated.
+            return own
+        if isinstance(exc, openai.OpenAIError | asyncio.TimeoutError | WorkerError):
+            error = translate_error(exc, secrets=self._secrets)
+        else:
+            error = _transport_error(exc, self._secrets)
+        call.meter.record(self.model, prompt_hash=call.prompt_hash, error=type(error).__name__)
+        if isinstance(error, RateLimited) and self.limiter is not None:
+            self.limiter.penalize(error.retry_after or self.retry.base)
+        if call.target is not None and call.level < 2 and rejects_schema(exc):
+            return _SchemaRejected(str(error))
+        return error
+
+    def _finish(self, call: _Call, reply: _Reply, estimate: int) -> Completion[Any]:
         record = call.meter.record(
             reply.model or self.model,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            cached_tokens=(details.cached_tokens or 0) if details else 0,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            cached_tokens=reply.cached_tokens,
+            reasoning_tokens=reply.reasoning_tokens,
             prompt_hash=call.prompt_hash,
-            request_id=request_id,
+            request_id=reply.request_id,
         )
         if self.limiter is not None:
             self.limiter.reconcile(estimate, record.total_tokens)
-        if not reply.choices:
+        if not reply.answered:
             raise PermanentError("the model API returned no choices")
-        choice = reply.choices[0]
-        text = choice.message.content or ""
-        _check_refusal(choice.message.refusal, choice.finish_reason)
-        parsed = self._parse(call, mode, text)
+        _check_refusal(reply.refusal, reply.finish_reason)
+        mode: Mode = "text" if call.target is None else "json_schema" if call.level == 0 \
+            else "json_mode"
+        parsed = self._parse(call, mode, reply.text)
         return Completion(
             parsed,
-            text,
+            reply.text,
             record,
             reply.model,
-            choice.finish_reason,
-            request_id,
+            reply.finish_reason,
+            reply.request_id,
             call.prompt_hash,
             mode,
             call.fell_back,
@@ -1030,6 +1296,115 @@ class Model:
             error,
             wait,
         )
+
+
+class _SchemaRejected(PermanentError):
+    """The server refused the response schema; :meth:`Model._attempt` falls back."""
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A Chat Completions or Responses reply, reduced to what planrun reads."""
+
+    model: str
+    text: str
+    refusal: str | None
+    finish_reason: str
+    answered: bool
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    request_id: str | None = None
+
+    @classmethod
+    def of(cls, raw: Any, base_url: str) -> _Reply:
+        request_id = getattr(raw, "_request_id", None)
+        if isinstance(raw, openai.types.chat.ChatCompletion):
+            return cls._chat(raw, request_id)
+        if isinstance(raw, openai.types.responses.Response):
+            return cls._responses(raw, request_id)
+        shown = _redact(str(raw)[:200])
+        raise PermanentError(
+            f"the model API at {base_url} answered with something that is not a completion "
+            f"(is the base URL right?): {shown!r}"
+        )
+
+    @classmethod
+    def _chat(cls, raw: openai.types.chat.ChatCompletion, request_id: str | None) -> _Reply:
+        usage = raw.usage
+        prompt = getattr(usage, "prompt_tokens_details", None)
+        completion = getattr(usage, "completion_tokens_details", None)
+        choice = raw.choices[0] if raw.choices else None
+        return cls(
+            raw.model,
+            (choice.message.content or "") if choice else "",
+            choice.message.refusal if choice else None,
+            (choice.finish_reason or "stop") if choice else "stop",
+            choice is not None,
+            usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0,
+            (prompt.cached_tokens or 0) if prompt else 0,
+            (completion.reasoning_tokens or 0) if completion else 0,
+            request_id,
+        )
+
+    @classmethod
+    def _responses(cls, raw: openai.types.responses.Response, request_id: str | None) -> _Reply:
+        usage = raw.usage
+        refusal = next(
+            (
+                part.refusal
+                for item in raw.output
+                if item.type == "message"
+                for part in item.content
+                if part.type == "refusal"
+            ),
+            None,
+        )
+        reason = raw.incomplete_details.reason if raw.incomplete_details else None
+        finish = {"max_output_tokens": "length", "content_filter": "content_filter"}.get(
+            reason or "", "stop"
+        )
+        return cls(
+            raw.model,
+            raw.output_text,
+            refusal,
+            finish,
+            bool(raw.output),
+            usage.input_tokens if usage else 0,
+            usage.output_tokens if usage else 0,
+            usage.input_tokens_details.cached_tokens if usage else 0,
+            usage.output_tokens_details.reasoning_tokens if usage else 0,
+            request_id,
+        )
+
+
+_STRUCTURED = ("auto", "strict", "json_object", "json_schema", "json_mode")
+_SCHEMA = ("full", "portable")
+_APIS = ("chat", "responses")
+
+
+def _choice(name: str, value: Any, env: str, allowed: tuple[str, ...], default: str) -> Any:
+    """An option from the argument, else the environment variable ``env``, else default."""
+    chosen = value if value is not None else os.environ.get(env) or default
+    if chosen not in allowed:
+        source = f"{name}" if value is not None else f"{env}"
+        raise UsageError(
+            f"{source} must be one of {', '.join(repr(a) for a in allowed)}, got {chosen!r}"
+        )
+    return chosen
+
+
+def _flag(value: bool | None, env: str) -> bool:
+    if value is not None:
+        return value
+    text = os.environ.get(env, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise UsageError(f"{env} must be 1 or 0 (true/false), got {text!r}")
 
 
 def _retry_after(state: RetryCallState) -> float | None:

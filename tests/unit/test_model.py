@@ -373,7 +373,9 @@ def test_structured_json_mode_uses_json_object_from_the_start() -> None:
     with mock_api(server):
         result = run(make_model(structured="json_mode").complete("x", result_model=Label))
     assert result.mode == "json_mode" and not result.fell_back
-    assert server.bodies[0]["response_format"] == {"type": "json_object"}
+    sent = server.bodies[0]["response_format"]
+    assert sent == {"type": "json_object", "schema": Label.model_json_schema()}
+    assert '"confidence"' in server.bodies[0]["messages"][0]["content"]
 
 
 def test_other_bad_requests_do_not_trigger_the_fallback() -> None:
