@@ -16,6 +16,7 @@ from rich.tree import Tree
 
 from planrun.ledger import Event
 from planrun.plan import Plan
+from planrun.redact import redact
 from planrun.runner import RunReport
 from planrun.task import Status, Task
 
@@ -114,7 +115,7 @@ def report_table(report: RunReport, limit: int = 20) -> Table:
         table.add_column(col, justify="right" if col in ("attempts", "tokens", "cost $") else
                          "left")
     for t in report.tasks[:limit]:
-        note = t.error or (f"cause: {t.cause}" if t.cause else "")
+        note = redact(t.error) if t.error else (f"cause: {t.cause}" if t.cause else "")
         table.add_row(t.id, t.kind, Text(t.status, style=_STYLE.get(t.status, "")),
                       str(t.attempts), str(t.tokens), f"{t.cost_usd:.5f}",
                       note[:60])

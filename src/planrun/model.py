@@ -498,6 +498,7 @@ def _status_error(exc: openai.APIStatusError, secrets: Sequence[str]) -> WorkerE
     status = exc.status_code
     body = exc.body if isinstance(exc.body, Mapping) else {}
     code = exc.code or body.get("code")
+    code = code if isinstance(code, str) else None  # vLLM and llama.cpp put the status here
     detail = _redact(str(body.get("message") or exc.message), secrets).strip()
     message = f"HTTP {status}{f' ({code})' if code else ''} from the model API: {detail}"
     retry_after = retry_after_seconds(exc.response.headers)
@@ -737,10 +738,11 @@ class _Target:
 
     def json_mode_schema(self, portable: bool) -> dict[str, Any]:
         """The schema JSON mode asks for (the original; a non-object root wrapped)."""
-        schema: dict[str, Any] = dict(self.original)
+        schema: dict[str, Any] = {**self.original, "title": self.name}
         if self.strict.wrapped:
             defs = schema.pop("$defs", None)
-            schema = {"type": "object", "properties": {"value": schema}, "required": ["value"]}
+            schema = {"title": self.name, "type": "object", "properties": {"value": schema},
+                      "required": ["value"]}
             if defs is not None:
                 schema["$defs"] = defs
         return portable_schema(schema) if portable else schema
