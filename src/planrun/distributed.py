@@ -41,6 +41,7 @@ from planrun.errors import (
     classify,
 )
 from planrun.ledger import Event, analyze
+from planrun.redact import redact
 from planrun.registry import Registry, TaskContext
 from planrun.stores.base import RunInfo, Store
 from planrun.supervisor import (
@@ -590,7 +591,7 @@ class WorkerProcess:
 
     def _failure(self, task: Task, exc: BaseException) -> tuple[Task, str, dict[str, Any]]:
         now = time.time()
-        error = f"{type(exc).__name__}: {exc}"
+        error = redact(f"{type(exc).__name__}: {exc}")
         error_class = classify(exc)
         attempts = task.attempts + 1
         if isinstance(exc, BudgetExceeded):

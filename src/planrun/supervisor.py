@@ -40,6 +40,7 @@ from planrun.errors import (
     classify,
 )
 from planrun.ledger import Audit, Event, Ledger, analyze
+from planrun.redact import redact
 from planrun.registry import Handler, KindSpec, Registry, TaskContext, WorkerSpec
 from planrun.routing import Router, WorkerState, get_router
 from planrun.task import FINAL, Status, Task, transition
@@ -639,7 +640,7 @@ class Supervisor:
             return
         now = self.clock.now()
         task = self._tasks[task_id]
-        error = f"{type(exc).__name__}: {exc}"
+        error = redact(f"{type(exc).__name__}: {exc}")
         if isinstance(exc, BudgetExceeded):
             task = self._set(task, Status.CANCELLED, "cancelled", worker=worker.name,
                              cause="budget", error=error, error_class=ErrorClass.PERMANENT,
