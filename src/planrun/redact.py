@@ -9,17 +9,19 @@ it made, a worker that formats its configuration into a message. :func:`redact` 
 
 with ``[redacted]`` / ``sk-[redacted]``. It is applied where error text enters a task record
 (the supervisor, the external workers, and every store when it writes a task or an event),
-in model errors, in reports and at the CLI, so a key reaches none of them.
+in model errors, in reports, at the CLI and in every log record of planrun's loggers
+(:class:`RedactingFilter`), so a key reaches none of them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
 from collections.abc import Iterable
 
-__all__ = ["MIN_SECRET_LENGTH", "redact", "register_secret"]
+__all__ = ["LOGGERS", "MIN_SECRET_LENGTH", "RedactingFilter", "redact", "register_secret"]
 
 MIN_SECRET_LENGTH = 8
 """Shorter strings are not registered: redacting ``"x"`` everywhere would garble text."""
@@ -51,3 +53,25 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     for secret in sorted(known, key=len, reverse=True):  # longest first: no partial leftovers
         text = text.replace(secret, "[redacted]")
     return KEY_PATTERN.sub("sk-[redacted]", text)
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a log record's message (formatted with its arguments) before any handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, ()
+        return True
+
+
+LOGGERS = ("planrun", "planrun.model", "planrun.distributed", "planrun.supervisor",
+           "planrun.stores", "planrun.fixtures", "planrun.usage", "planrun.cli")
+"""planrun's loggers; each gets a :class:`RedactingFilter` when this module is imported."""
+
+_FILTER = RedactingFilter()
+for _name in LOGGERS:
+    _logger = logging.getLogger(_name)
+    if _FILTER not in _logger.filters:
+        _logger.addFilter(_FILTER)

@@ -47,6 +47,8 @@ from planrun.model import (
     Completion,
     Model,
     RetryPolicy,
+    portable_schema,
+    rejects_schema,
     retry_after_seconds,
     strict_schema,
     translate_error,
@@ -1032,3 +1034,94 @@ def test_bad_json_text_in_an_encoded_field_is_permanent() -> None:
     reply = json.dumps({"kind": "migrate_db", "payload": "{not json"})
     with mock_api(Server(ok(reply))), pytest.raises(PermanentError, match="JSON text"):
         run(make_model().complete("plan", result_model=Step))
+
+
+# ---------------------------------------------------------------------------------------------
+# schema rejections, options from the environment, portable schemas
+# ---------------------------------------------------------------------------------------------
+
+_REJECTIONS = {
+    "openai": (400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
+               "supported with this model.", "response_format"),
+    "vllm": (400, "The provided JSON schema contains features not supported by xgrammar.",
+             None),
+    "ollama": (500, "invalid JSON schema in format", None),
+    "llama.cpp": (400, "Failed to initialize samplers: failed to parse grammar", None),
+    "llama-cpp-python": (500, "1 validation error:\n  {'type': 'literal_error', 'loc': "
+                         "('body', 'response_format', 'type'), 'msg': \"Input should be "
+                         "'text' or 'json_object'\"}", None),
+}
+
+
+def _status_error(status: int, message: str, param: str | None) -> openai.APIStatusError:
+    response = httpx2.Response(status, request=httpx2.Request("POST", f"{BASE_URL}/x"))
+    body = {"message": message, "type": "x", "param": param, "code": None}
+    cls = openai.BadRequestError if status == 400 else openai.InternalServerError
+    return cls(message, response=response, body=body)
+
+
+@pytest.mark.parametrize("server", sorted(_REJECTIONS))
+def test_each_servers_schema_rejection_is_recognised(server: str) -> None:
+    assert rejects_schema(_status_error(*_REJECTIONS[server]))
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [(400, "'messages' must contain the word 'json'"), (500, "The server had an error"),
+     (503, "invalid JSON schema in format"), (400, "This model's maximum context length")],
+)
+def test_other_errors_are_not_schema_rejections(status: int, message: str) -> None:
+    assert not rejects_schema(_status_error(status, message, None))
+    assert not rejects_schema(ValueError("response_format"))
+
+
+def test_options_come_from_the_environment_when_not_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PLANRUN_STRUCTURED", "json_object")
+    monkeypatch.setenv("PLANRUN_SCHEMA", "portable")
+    monkeypatch.setenv("PLANRUN_COMPAT", "1")
+    monkeypatch.setenv("PLANRUN_API", "responses")
+    model = make_model()
+    assert (model.structured, model.schema, model.compat, model.api) == (
+        "json_object", "portable", True, "responses")
+    explicit = make_model(structured="strict", schema="full", compat=False, api="chat")
+    assert (explicit.structured, explicit.schema, explicit.compat, explicit.api) == (
+        "strict", "full", False, "chat")
+    monkeypatch.setenv("PLANRUN_COMPAT", "maybe")
+    with pytest.raises(UsageError, match="PLANRUN_COMPAT"):
+        make_model()
+    monkeypatch.setenv("PLANRUN_COMPAT", "0")
+    monkeypatch.setenv("PLANRUN_SCHEMA", "loose")
+    with pytest.raises(UsageError, match="PLANRUN_SCHEMA"):
+        make_model()
+
+
+def test_portable_schema_keeps_property_names_that_look_like_keywords() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "format": {"type": "string", "maxLength": 5, "format": "email"},
+            "pattern": {"type": "array", "minItems": 1, "items": {"type": "integer",
+                                                                  "minimum": 0}},
+        },
+        "required": ["format", "pattern"],
+        "$defs": {"minimum": {"type": "number", "maximum": 3}},
+    }
+    assert portable_schema(schema) == {
+        "type": "object",
+        "properties": {"format": {"type": "string"},
+                       "pattern": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["format", "pattern"],
+        "$defs": {"minimum": {"type": "number"}},
+    }
+
+
+def test_the_default_request_is_unchanged_by_the_new_options() -> None:
+    server = Server(ok(LABEL_JSON))
+    with mock_api(server):
+        run(make_model(max_tokens=9).complete("label", result_model=Label))
+    body = server.bodies[0]
+    assert set(body) == {"model", "messages", "response_format", "max_completion_tokens"}
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["strict"] is True
