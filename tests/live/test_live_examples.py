@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import LIVE_KEY, REPO, live_model
+from live_support import LIVE_KEY, REPO, live_model
 from standin import StandIn
 
 from planrun.decompose import adecompose, decompose
@@ -25,7 +25,8 @@ def _all_completed(report: RunReport, count: int) -> None:
     assert report.audit.clean
 
 
-def test_one_model_across_decompose_and_two_runs(server: StandIn) -> None:
+def test_one_model_across_decompose_and_two_runs(live_server: StandIn) -> None:
+    server = live_server
     model = live_model(server)
     app = brief.make_app()
     plan = decompose(brief.GOAL, app.registry, model)
@@ -36,7 +37,8 @@ def test_one_model_across_decompose_and_two_runs(server: StandIn) -> None:
     assert server.connections < server.requests  # keep-alive: connections are reused
 
 
-def test_async_api_then_sync_api_with_the_same_model(server: StandIn) -> None:
+def test_async_api_then_sync_api_with_the_same_model(live_server: StandIn) -> None:
+    server = live_server
     model = live_model(server)
     app, outbox, desk = tickets.make_app()
     plan = tickets.ticket_plan(generate_tickets(12, seed=3), app.registry)
@@ -55,7 +57,8 @@ def test_async_api_then_sync_api_with_the_same_model(server: StandIn) -> None:
     _all_completed(plan_and_run(release.RELEASE_PLAN, release.make_app(), model=model), 3)
 
 
-def test_two_threads_share_one_model(server: StandIn) -> None:
+def test_two_threads_share_one_model(live_server: StandIn) -> None:
+    server = live_server
     model = live_model(server)
     reports: list[RunReport] = []
     failures: list[BaseException] = []
@@ -77,7 +80,8 @@ def test_two_threads_share_one_model(server: StandIn) -> None:
         _all_completed(report, 3)
 
 
-def test_the_sync_api_inside_a_running_loop_as_in_a_notebook(server: StandIn) -> None:
+def test_the_sync_api_inside_a_running_loop_as_in_a_notebook(live_server: StandIn) -> None:
+    server = live_server
     model = live_model(server)
 
     async def cell() -> list[RunReport]:
@@ -98,7 +102,8 @@ def _live_env(server: StandIn) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("demo", "completed"), [("brief", 6), ("release", 3), ("tickets", 400)]
 )
-def test_cli_demo_live(server: StandIn, demo: str, completed: int) -> None:
+def test_cli_demo_live(live_server: StandIn, demo: str, completed: int) -> None:
+    server = live_server
     planrun = str(Path(sys.executable).parent / "planrun")
     args = [planrun, "demo", *([demo] if demo != "brief" else []), "--live"]
     done = subprocess.run(args, env=_live_env(server), capture_output=True, text=True,
@@ -109,7 +114,8 @@ def test_cli_demo_live(server: StandIn, demo: str, completed: int) -> None:
     assert LIVE_KEY not in done.stdout + done.stderr
 
 
-def test_example_module_runs_live(server: StandIn) -> None:
+def test_example_module_runs_live(live_server: StandIn) -> None:
+    server = live_server
     done = subprocess.run([sys.executable, "-m", "planrun.examples.brief"],
                           env=_live_env(server), capture_output=True, text=True, timeout=120,
                           cwd=REPO)
@@ -117,7 +123,8 @@ def test_example_module_runs_live(server: StandIn) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_decompose_notebook_runs_live(server: StandIn, tmp_path: Path) -> None:
+def test_decompose_notebook_runs_live(live_server: StandIn, tmp_path: Path) -> None:
+    server = live_server
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 

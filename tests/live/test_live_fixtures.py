@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from conftest import LIVE_KEY, live_model
+from live_support import LIVE_KEY, live_model
 from standin import StandIn
 
 from planrun.clock import VirtualClock
@@ -20,7 +20,8 @@ def _release(model: object, clock: object = None) -> object:
                          clock=clock)  # type: ignore[arg-type]
 
 
-def test_a_responses_run_records_and_replays(server: StandIn, tmp_path: Path) -> None:
+def test_a_responses_run_records_and_replays(live_server: StandIn, tmp_path: Path) -> None:
+    server = live_server
     path = tmp_path / "release_responses.json"
     with record(path, made="synthesized") as recorder:
         live = asyncio.run(_release(live_model(server, api="responses")))  # type: ignore[arg-type]
@@ -40,7 +41,8 @@ def test_a_responses_run_records_and_replays(server: StandIn, tmp_path: Path) ->
     assert "tokens:" in cassette.summary() and " 0 prompt" not in cassette.summary()
 
 
-def test_a_chat_request_misses_a_responses_cassette(server: StandIn, tmp_path: Path) -> None:
+def test_a_chat_request_misses_a_responses_cassette(live_server: StandIn, tmp_path: Path) -> None:
+    server = live_server
     path = tmp_path / "responses.json"
     with record(path, made="synthesized"):
         asyncio.run(live_model(server, api="responses").complete("hello"))

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import LIVE_KEY, Start, live_model
+from live_support import LIVE_KEY, Start, live_model
 from pydantic import BaseModel, Field
 from standin import DROP, EMULATIONS, StandIn
 
@@ -298,7 +298,8 @@ def test_responses_api_falls_back_retries_and_refuses(make: Any) -> None:
         run(live_model(server, api="responses", retry=1).complete("x"))
 
 
-def test_release_runs_on_the_responses_api(server: StandIn) -> None:
+def test_release_runs_on_the_responses_api(live_server: StandIn) -> None:
+    server = live_server
     model = live_model(server, api="responses")
     report = plan_and_run(release.RELEASE_PLAN, release.make_app(), model=model)
     assert report.counts["completed"] == 3
