@@ -145,3 +145,17 @@ def test_decompose_notebook_runs_live(live_server: StandIn, tmp_path: Path) -> N
               for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert server.requests >= 2
+
+
+def test_example_module_ends_an_invalid_plan_without_a_traceback() -> None:
+    from planrun.examples.answers import INVALID_BRIEF_PLAN, answers
+    from planrun.testing import FakeOpenAI
+
+    with StandIn(FakeOpenAI({**answers(), "plan": INVALID_BRIEF_PLAN})) as server:
+        done = subprocess.run([sys.executable, "-m", "planrun.examples.brief"],
+                              env=_live_env(server), capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
+    assert done.returncode == 1
+    assert "still invalid after 3 attempt(s)" in done.stderr
+    assert "unknown_kind" in done.stderr or "verify_sources" in done.stderr
+    assert "Traceback" not in done.stderr and "no running event loop" not in done.stderr

@@ -311,3 +311,26 @@ def test_model_rejects_an_unknown_api() -> None:
 
     with pytest.raises(UsageError, match="api"):
         Model(api="completions", api_key=LIVE_KEY)  # type: ignore[arg-type]
+
+
+def test_a_worker_reasks_over_http_and_the_run_completes() -> None:
+    from planrun.examples import tickets
+    from planrun.examples.answers import answers
+    from planrun.examples.ticket_data import generate_tickets
+
+    base = answers()
+    classify = base["classify_ticket"]
+
+    def first_wrong(req: Any) -> Any:
+        return {"category": "spam"} if req.repairs == 0 else classify(req)
+
+    with StandIn(FakeOpenAI({**base, "classify_ticket": first_wrong})) as server:
+        app, _, _ = tickets.make_app()
+        plan = tickets.ticket_plan(generate_tickets(3, seed=1), app.registry)
+        usage = Usage()
+        report = plan_and_run(plan, app, model=live_model(server), usage=usage)
+    assert report.counts["completed"] == 6
+    assert server.requests == 3 * 2 + 3  # each classification re-asked once, drafts once
+    reasks = [r for r in server.fake.requests if r.repairs]
+    assert len(reasks) == 3 and all("Validation errors" in r.last_user for r in reasks)
+    assert usage.total.requests == 9
