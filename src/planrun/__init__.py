@@ -53,6 +53,7 @@ from planrun.runner import (
     plan_and_run,
     resume_run,
 )
+from planrun.redact import redact
 from planrun.sim import Scenario, SimResult, simulate
 from planrun.stores import open_store
 from planrun.supervisor import Backoff, RunResult, Supervisor
@@ -131,6 +132,7 @@ __all__ = [
     "plan_schema",
     "read_jsonl",
     "record",
+    "redact",
     "replay",
     "resume_run",
     "simulate",

@@ -1125,3 +1125,36 @@ def test_the_default_request_is_unchanged_by_the_new_options() -> None:
     assert set(body) == {"model", "messages", "response_format", "max_completion_tokens"}
     assert body["response_format"]["type"] == "json_schema"
     assert body["response_format"]["json_schema"]["strict"] is True
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("Event loop is closed"), ConnectionResetError(104, "Connection reset by peer"),
+     httpx2.RemoteProtocolError("Server disconnected without sending a response.")],
+    ids=["loop-closed", "reset", "disconnected"],
+)
+def test_transport_failures_are_transient_and_retried(failure: BaseException) -> None:
+    server = Server(failure, ok("fine"))
+    with mock_api(server):
+        completion = run(make_model().complete("hi"))
+    assert completion.text == "fine" and completion.attempts == 2
+
+
+def test_a_failure_outside_the_sdk_is_a_planrun_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    async def broken(self: Any, **params: Any) -> Any:
+        calls.append(1)
+        raise RuntimeError("Event loop is closed")
+
+    monkeypatch.setattr(openai.resources.chat.AsyncCompletions, "create", broken)
+    with pytest.raises(TransientError, match="Event loop is closed") as caught:
+        run(make_model(retry=2).complete("hi"))
+    assert len(calls) == 2 and isinstance(caught.value.__cause__, RuntimeError)
+
+    async def buggy(self: Any, **params: Any) -> Any:
+        raise KeyError("choices")
+
+    monkeypatch.setattr(openai.resources.chat.AsyncCompletions, "create", buggy)
+    with pytest.raises(PermanentError, match="KeyError"):
+        run(make_model().complete("hi"))
