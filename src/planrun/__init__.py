@@ -43,6 +43,7 @@ from planrun.limiter import RateLimiter
 from planrun.model import Completion, Model, RetryPolicy
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
 from planrun.prompts import PromptLibrary, RenderedPrompt
+from planrun.redact import redact
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
 from planrun.runner import (
     App,
@@ -53,7 +54,6 @@ from planrun.runner import (
     plan_and_run,
     resume_run,
 )
-from planrun.redact import redact
 from planrun.sim import Scenario, SimResult, simulate
 from planrun.stores import open_store
 from planrun.supervisor import Backoff, RunResult, Supervisor
