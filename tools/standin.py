@@ -200,6 +200,7 @@ class StandIn:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are separate small writes
 
             def setup(self) -> None:
                 super().setup()
