@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_httpx2  # noqa: F401  (registers respx's "httpcore2" mocker: openai sends via httpx2)
@@ -46,3 +48,33 @@ def fake_model(**options: object) -> Model:
     """A Model aimed at the fake endpoint, with fast, deterministic retries."""
     options.setdefault("retry", RetryPolicy(attempts=4, base=1.0, cap=8.0, jitter=0.0))
     return Model("gpt-4o-mini", api_key=FAKE_KEY, base_url=FAKE_BASE_URL, **options)  # type: ignore[arg-type]
+
+
+# ---- the live tier: tools/standin.py as a real HTTP/1.1 keep-alive server --------------------
+# (tests/live/: the real openai SDK against it over loopback; nothing is mocked there)
+
+sys.path.insert(0, str(REPO / "tools"))
+
+from standin import StandIn, for_scenario  # noqa: E402
+
+
+@pytest.fixture
+def standin() -> Iterator[Callable[..., StandIn]]:
+    """Start stand-ins on ephemeral loopback ports (``for_scenario`` arguments), each in a
+    thread; every one started is stopped after the test."""
+    started: list[StandIn] = []
+
+    def start(scenario: str | None = None, **options: Any) -> StandIn:
+        server = for_scenario(scenario, **options).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def live_server(standin: Callable[..., StandIn]) -> StandIn:
+    """A plain stand-in: every example's answers, no scripted failures."""
+    return standin()

@@ -1,12 +1,15 @@
 """A local OpenAI-compatible stand-in server, used to synthesise the project's fixtures.
 
-It answers ``POST /v1/chat/completions`` on 127.0.0.1 in the exact wire format of the
+It answers ``POST /v1/chat/completions`` and ``POST /v1/responses`` on 127.0.0.1 over
+HTTP/1.1 with keep-alive in the exact wire format of the
 OpenAI API by delegating to :class:`planrun.testing.FakeOpenAI` with the synthetic
 answerers of :mod:`planrun.examples.answers`, after serving a scenario's scripted replies
 (429 with Retry-After, 500, a refusal, a permanent 400; see :mod:`planrun.scenarios`).
 Every request must carry ``Authorization: Bearer ...``; a key listed in ``reject_keys``
 gets the API's 401, whose message quotes the key as the real API does (which is what the
-recorder's scrubbing must remove).
+recorder's scrubbing must remove). ``emulate=`` (``--emulate``) makes it refuse response
+schemas the way OpenAI, vLLM, Ollama, llama.cpp's server or llama-cpp-python's server do
+(see :data:`EMULATIONS`), so the JSON-mode fallback is tested over real HTTP.
 
     python tools/standin.py --scenario rate_limited      # serve until Ctrl-C
     OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 OPENAI_API_KEY=sk-anything planrun ...
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,11 +34,36 @@ import httpx
 
 from planrun.examples.answers import answers
 from planrun.scenarios import get_scenario
-from planrun.testing import FakeOpenAI, error_body
+from planrun.testing import ChatRequest, FakeOpenAI, error_body
 
-__all__ = ["StandIn", "for_scenario", "main"]
+__all__ = ["EMULATIONS", "StandIn", "for_scenario", "main"]
 
 CHAT_PATH = "/v1/chat/completions"
+DROP = None
+"""In ``raw``: close the connection instead of answering."""
+Raw = tuple[int, dict[str, str], bytes] | None
+_NO_RAW = object()
+RESPONSES_PATH = "/v1/responses"
+
+_OPENAI_REJECTS = (
+    "Invalid parameter: 'response_format' of type 'json_schema' is not supported with this "
+    "model. Learn more about supported models at the Structured Outputs guide: "
+    "https://platform.openai.com/docs/guides/structured-outputs"
+)
+_LLAMA_CPP_PYTHON_REJECTS = (
+    "1 validation error:\n"
+    "  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg': "
+    "\"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': "
+    "{'expected': \"'text' or 'json_object'\"}}"
+)
+EMULATIONS: dict[str, str] = {
+    "openai": "400 naming response_format for json_schema, and for response_format.schema",
+    "vllm": "400 'The provided JSON schema contains features not supported by xgrammar.'",
+    "ollama": "500 'invalid JSON schema in format'",
+    "llama.cpp": "400 'Failed to initialize samplers: failed to parse grammar'",
+    "llama-cpp-python": "500 pydantic literal_error on ('body', 'response_format', 'type')",
+}
+"""Servers whose refusal of a response schema the stand-in can imitate (``emulate=``)."""
 
 
 class StandIn:
@@ -52,13 +82,25 @@ class StandIn:
         port: int = 0,
         reject_keys: Iterable[str] = (),
         extra_headers: Mapping[str, str] | None = None,
+        emulate: str | None = None,
+        raw: Iterable[Raw] = (),
     ) -> None:
+        if emulate is not None and emulate not in EMULATIONS:
+            raise ValueError(f"emulate must be one of {sorted(EMULATIONS)}, got {emulate!r}")
         self.fake = fake
         self.reject_keys = frozenset(reject_keys)
         self.extra_headers = dict(extra_headers or {})
+        self.emulate = emulate
+        self.raw: list[Raw] = list(raw)
+        """Answers served first, as they are: ``(status, headers, body)``, or ``DROP`` to close
+        the connection without answering (what a crashed proxy or server does)."""
         self.requests = 0
+        self.connections = 0
+        """TCP connections accepted: fewer than ``requests`` proves keep-alive reuse."""
+        self.rejected = 0
+        """Requests refused because of their response schema (``emulate``)."""
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server = _QuietServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -107,8 +149,12 @@ class StandIn:
                 return _error(401, f"Incorrect API key provided: {key}. You can find your API "
                               "key at https://platform.openai.com/account/api-keys.",
                               "invalid_api_key")
-            if method != "POST" or path.split("?")[0] != CHAT_PATH:
+            if method != "POST" or path.split("?")[0] not in (CHAT_PATH, RESPONSES_PATH):
                 return _error(404, f"Invalid URL ({method} {path})", None)
+            rejection = self._rejection(body)
+            if rejection is not None:
+                self.rejected += 1
+                return rejection
             request = httpx.Request(method, f"http://standin{path}", headers=headers,
                                     content=body)
             response = self.fake(request)
@@ -116,19 +162,66 @@ class StandIn:
                    if k.lower() not in ("content-length", "content-type")}
             return response.status_code, {**out, **self.extra_headers}, response.content
 
+    def _take_raw(self) -> Raw | object:
+        with self._lock:
+            if not self.raw:
+                return _NO_RAW
+            self.requests += 1
+            return self.raw.pop(0)
+
+    def _rejection(self, body: bytes) -> tuple[int, dict[str, str], bytes] | None:
+        """The emulated server's refusal of this request's response schema, if it refuses."""
+        if self.emulate is None:
+            return None
+        try:
+            fmt = ChatRequest(json.loads(body or b"{}")).format
+        except json.JSONDecodeError:
+            return None
+        strict = fmt.get("type") == "json_schema"
+        schema_in_json_mode = fmt.get("type") == "json_object" and "schema" in fmt
+        if self.emulate == "openai" and strict:
+            return _error(400, _OPENAI_REJECTS, None, param="response_format")
+        if self.emulate == "openai" and schema_in_json_mode:
+            return _error(400, "Unknown parameter: 'response_format.schema'.",
+                          "unknown_parameter", param="response_format.schema")
+        if not strict:
+            return None
+        if self.emulate == "vllm":
+            return _error(400, "The provided JSON schema contains features not supported by "
+                          "xgrammar.", None, type="BadRequestError")
+        if self.emulate == "ollama":
+            return _error(500, "invalid JSON schema in format", None, type="api_error")
+        if self.emulate == "llama.cpp":
+            return _error(400, "Failed to initialize samplers: failed to parse grammar", None)
+        return _error(500, _LLAMA_CPP_PYTHON_REJECTS, None, type="internal_server_error")
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are separate small writes
+
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server.connections += 1
 
             def _serve(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                status, extra, content = server.answer(self.command, self.path, headers, body)
+                raw = server._take_raw()
+                if raw is DROP:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if isinstance(raw, tuple):
+                    status, extra, content = raw
+                else:
+                    status, extra, content = server.answer(self.command, self.path, headers, body)
+                    extra = {"content-type": "application/json", **extra}
                 self.send_response(status)
-                self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(content)))
                 for name, value in extra.items():
                     self.send_header(name, value)
@@ -144,8 +237,18 @@ class StandIn:
         return Handler
 
 
-def _error(status: int, message: str, code: str | None) -> tuple[int, dict[str, str], bytes]:
-    body = json.dumps(error_body(status, message, code=code)).encode()
+class _QuietServer(ThreadingHTTPServer):
+    """A client dropping its keep-alive connection is normal, not a traceback on stderr."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
+
+
+def _error(status: int, message: str, code: str | None, *, param: str | None = None,
+           type: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    body = json.dumps(error_body(status, message, code=code, param=param, type=type)).encode()
     return status, {"x-request-id": f"req_standin_{status}"}, body
 
 
@@ -160,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Local OpenAI-compatible stand-in server")
     parser.add_argument("--port", type=int, default=0, help="port (default: any free one)")
     parser.add_argument("--scenario", help="serve this scenario's scripted replies first")
+    parser.add_argument("--emulate", choices=sorted(EMULATIONS),
+                        help="refuse response schemas the way this server does")
     args = parser.parse_args(argv)
-    server = for_scenario(args.scenario, port=args.port)
+    server = for_scenario(args.scenario, port=args.port, emulate=args.emulate)
     print(f"stand-in serving at {server.base_url}", flush=True)
     try:
         server._server.serve_forever()

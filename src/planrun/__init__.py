@@ -43,6 +43,7 @@ from planrun.limiter import RateLimiter
 from planrun.model import Completion, Model, RetryPolicy
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
 from planrun.prompts import PromptLibrary, RenderedPrompt
+from planrun.redact import redact
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
 from planrun.runner import (
     App,
@@ -131,6 +132,7 @@ __all__ = [
     "plan_schema",
     "read_jsonl",
     "record",
+    "redact",
     "replay",
     "resume_run",
     "simulate",

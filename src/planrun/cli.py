@@ -36,6 +36,7 @@ from typing import Any
 
 from planrun.errors import InvalidPlan, PlanrunError
 from planrun.plan import Plan, validate_plan
+from planrun.redact import redact
 
 __all__ = ["main"]
 
@@ -776,7 +777,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"planrun: error: invalid plan: {len(exc.problems)} problem(s)", file=sys.stderr)
         return EXIT_INVALID
     except (_CliError, PlanrunError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # The whole message: a server's error often says what is wrong on its later lines.
+        message = redact(str(exc)).strip() or type(exc).__name__
         print(f"planrun: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

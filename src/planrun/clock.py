@@ -167,6 +167,10 @@ def run_blocking(clock: Clock, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:  # outside the except block, so an error carries no "no running loop"
         return clock.run(make())
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="planrun-sync") as pool:
         return pool.submit(lambda: clock.run(make())).result()

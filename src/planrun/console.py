@@ -16,6 +16,7 @@ from rich.tree import Tree
 
 from planrun.ledger import Event
 from planrun.plan import Plan
+from planrun.redact import redact
 from planrun.runner import RunReport
 from planrun.task import Status, Task
 
@@ -110,14 +111,16 @@ class Progress:
 def report_table(report: RunReport, limit: int = 20) -> Table:
     """Per-task outcome: status, attempts, tokens, cost, and the error or cause."""
     table = Table(title=f"run {report.run_id}", show_lines=False)
-    for col in ("task", "kind", "status", "attempts", "tokens", "cost $", "note"):
+    for col in ("task", "kind", "status", "attempts", "tokens", "cost $"):
         table.add_column(col, justify="right" if col in ("attempts", "tokens", "cost $") else
                          "left")
+    # The error is shown whole (wrapped): a server's message often says what is wrong on
+    # its later lines.
+    table.add_column("note", overflow="fold", min_width=24)
     for t in report.tasks[:limit]:
-        note = t.error or (f"cause: {t.cause}" if t.cause else "")
+        note = redact(t.error) if t.error else (f"cause: {t.cause}" if t.cause else "")
         table.add_row(t.id, t.kind, Text(t.status, style=_STYLE.get(t.status, "")),
-                      str(t.attempts), str(t.tokens), f"{t.cost_usd:.5f}",
-                      note[:60])
+                      str(t.attempts), str(t.tokens), f"{t.cost_usd:.5f}", Text(note))
     if len(report.tasks) > limit:
         table.caption = f"... and {len(report.tasks) - limit} more tasks"
     return table

@@ -41,6 +41,7 @@ from planrun.clock import Clock, RealClock
 from planrun.errors import StallError, StoreError, UsageError
 from planrun.ledger import Event, analyze
 from planrun.ledger import EventName as E
+from planrun.redact import redact
 from planrun.registry import Registry, TaskContext
 from planrun.routing import Router, get_router
 from planrun.scheduling import (
@@ -326,7 +327,7 @@ class Coordinator:
                     self.run_id, task.id, jsonable(outcome), self.clock.now(),
                     _event(task, E.EFFECT, self.clock.now(), detail={"key": key}))
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = redact(f"{type(exc).__name__}: {exc}")
             retry_at = self.core.effect_failed(task.id, error, self.clock.now())
             log.warning("effect of %s failed: %s", task.id, error)
             with contextlib.suppress(StoreError):

@@ -21,6 +21,10 @@ A cassette is one JSON file per scenario (``fixtures/<name>.json``), written wit
   ``retry-after``, ``retry-after-ms``, ``x-ratelimit-*`` and ``x-request-id``; and every
   string is scrubbed of the bearer token, organisation and project ids seen in the
   requests and of anything shaped like an OpenAI key (``sk-***``).
+Chat Completions (``/v1/chat/completions``) and the Responses API (``/v1/responses``) are
+recorded and replayed alike; a request's schema name and messages are read from either
+shape (``response_format``/``messages`` or ``text.format``/``input``).
+
 * :func:`replay` serves a cassette through respx (``using="httpcore2"``,
   ``assert_all_mocked=True``): nothing reaches the network. A request matches a recording
   by method, path and canonical body (sorted keys); identical requests are served in
@@ -219,17 +223,22 @@ class RecordedRequest:
         return self.method, self.path, canonical_json(self.body)
 
     @property
+    def format(self) -> Any:
+        """The requested output format: ``response_format``, or ``text.format`` (Responses)."""
+        return _format_of(self.body)
+
+    @property
     def schema_name(self) -> str | None:
-        """The ``response_format`` schema name, if the request has one."""
-        fmt = self.body.get("response_format") if isinstance(self.body, dict) else None
-        if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-            return str((fmt.get("json_schema") or {}).get("name"))
-        return None
+        """The response schema's name, if the request has one (either API)."""
+        return _schema_name_of(self.format)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The chat messages of the body (empty when there are none)."""
-        messages = self.body.get("messages") if isinstance(self.body, dict) else None
+        """The chat messages (Chat Completions ``messages``, Responses ``input``)."""
+        body = self.body if isinstance(self.body, dict) else {}
+        messages = body.get("messages", body.get("input"))
+        if isinstance(messages, str):
+            return [{"role": "user", "content": messages}]
         return [m for m in messages or [] if isinstance(m, dict)]
 
     def describe(self) -> str:
@@ -667,9 +676,14 @@ class Cassette:
         totals: Counter[str] = Counter()
         for interaction in self.interactions:
             usage = interaction.response.usage
-            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-                totals[key] += int(usage.get(key) or 0)
-            details = usage.get("prompt_tokens_details") or {}
+            # Chat Completions says prompt/completion; the Responses API input/output.
+            totals["prompt_tokens"] += int(usage.get("prompt_tokens", usage.get("input_tokens"))
+                                           or 0)
+            totals["completion_tokens"] += int(
+                usage.get("completion_tokens", usage.get("output_tokens")) or 0)
+            totals["total_tokens"] += int(usage.get("total_tokens") or 0)
+            details = (usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+                       or {})
             totals["cached_tokens"] += int(details.get("cached_tokens") or 0)
         lines.append(
             f"tokens: {totals['total_tokens']} ({totals['prompt_tokens']} prompt, "
@@ -729,10 +743,9 @@ def explain(recorded: RecordedRequest, live: RecordedRequest) -> list[str]:
             f"now {live.body.get('model')!r}"
         )
     reasons += _explain_prompt(recorded, live)
-    reasons += _explain_format(recorded.body.get("response_format"),
-                               live.body.get("response_format"))
+    reasons += _explain_format(recorded.format, live.format)
     for key in sorted(set(recorded.body) | set(live.body)):
-        if key in ("model", "messages", "response_format"):
+        if key in ("model", "messages", "input", "response_format", "text"):
             continue
         if recorded.body.get(key) != live.body.get(key):
             reasons.append(
@@ -784,9 +797,25 @@ def _explain_format(old: Any, new: Any) -> list[str]:
 def _format_name(fmt: Any) -> str:
     if not isinstance(fmt, dict):
         return "none"
-    if fmt.get("type") == "json_schema":
-        return repr(str((fmt.get("json_schema") or {}).get("name")))
-    return str(fmt.get("type"))
+    name = _schema_name_of(fmt)
+    return repr(name) if name is not None else str(fmt.get("type"))
+
+
+def _format_of(body: Any) -> Any:
+    """``response_format`` (Chat Completions) or ``text.format`` (Responses), or None."""
+    if not isinstance(body, dict):
+        return None
+    if "response_format" in body:
+        return body["response_format"]
+    text = body.get("text")
+    return text.get("format") if isinstance(text, dict) else None
+
+
+def _schema_name_of(fmt: Any) -> str | None:
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    inner = fmt.get("json_schema") if "json_schema" in fmt else fmt  # Responses: flat
+    return str((inner or {}).get("name"))
 
 
 def _text(content: Any) -> str:

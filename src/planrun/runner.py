@@ -23,6 +23,7 @@ from planrun.errors import UsageError
 from planrun.ledger import Audit, Event
 from planrun.plan import Plan
 from planrun.prompts import PromptLibrary
+from planrun.redact import redact
 from planrun.registry import Registry, WorkerSpec
 from planrun.supervisor import EffectFn, RunResult, Supervisor
 from planrun.task import Task
@@ -351,7 +352,7 @@ def _report(plan: Plan, result: RunResult, meter: Usage) -> RunReport:
                 status=task.status.value,
                 attempts=task.attempts,
                 result=task.result,
-                error=task.error,
+                error=redact(task.error) if task.error else task.error,
                 cause=task.cause,
                 tokens=tally.total_tokens if tally else 0,
                 cost_usd=tally.cost_usd if tally else 0.0,

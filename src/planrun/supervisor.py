@@ -20,6 +20,7 @@ from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import DispatchError, RunAborted, StallError, StoreError, UsageError
 from planrun.ledger import Audit, Event, Ledger, analyze
 from planrun.ledger import EventName as E
+from planrun.redact import redact
 from planrun.registry import Registry, TaskContext, WorkerSpec
 from planrun.routing import Router, WorkerState, get_router
 from planrun.scheduling import (
@@ -446,7 +447,7 @@ class Supervisor:
                 await self.store.effect_done(self.run_id, task.id, jsonable(outcome),
                                              self.clock.now(), entry)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = redact(f"{type(exc).__name__}: {exc}")
             now = self.clock.now()
             retry_at = self.core.effect_failed(task.id, error, now)
             self._wake_up()

@@ -37,7 +37,7 @@ CREATED = 1_764_460_800  # 2025-11-30T00:00:00Z: fixed, so replies are reproduci
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """The parts of a chat completion request an answerer looks at."""
+    """The parts of a request an answerer looks at (Chat Completions or Responses)."""
 
     body: Mapping[str, Any]
 
@@ -46,7 +46,17 @@ class ChatRequest:
         return str(self.body.get("model", ""))
 
     @property
+    def is_responses(self) -> bool:
+        """True for a Responses API request (``input`` instead of ``messages``)."""
+        return "input" in self.body and "messages" not in self.body
+
+    @property
     def messages(self) -> list[Mapping[str, Any]]:
+        if self.is_responses:
+            given = self.body.get("input")
+            if isinstance(given, str):
+                return [{"role": "user", "content": given}]
+            return list(given or [])
         return list(self.body.get("messages") or [])
 
     @property
@@ -66,19 +76,59 @@ class ChatRequest:
         return ""
 
     @property
+    def format(self) -> Mapping[str, Any]:
+        """The requested output format: ``response_format``, or ``text.format`` (Responses)."""
+        if self.is_responses:
+            return dict((self.body.get("text") or {}).get("format") or {})
+        return dict(self.body.get("response_format") or {})
+
+    @property
+    def format_type(self) -> str | None:
+        """``json_schema``, ``json_object``, ``text`` or None."""
+        kind = self.format.get("type")
+        return str(kind) if kind else None
+
+    @property
     def schema_name(self) -> str | None:
-        fmt = self.body.get("response_format") or {}
+        fmt = self.format
         if fmt.get("type") == "json_schema":
-            return str(fmt["json_schema"].get("name"))
-        return None
+            inner = fmt if self.is_responses else fmt.get("json_schema") or {}
+            return str(inner.get("name"))
+        schema = self.schema
+        title = schema.get("title") if schema is not None else None
+        return str(title) if title else None
 
     @property
     def schema(self) -> Mapping[str, Any] | None:
-        fmt = self.body.get("response_format") or {}
+        """The response schema: sent as such, or (JSON mode) in the request or the prompt."""
+        fmt = self.format
         if fmt.get("type") == "json_schema":
-            schema: Mapping[str, Any] = fmt["json_schema"].get("schema") or {}
+            inner = fmt if self.is_responses else fmt.get("json_schema") or {}
+            schema: Mapping[str, Any] = inner.get("schema") or {}
             return schema
+        if fmt.get("type") == "json_object":
+            if isinstance(fmt.get("schema"), Mapping):
+                return dict(fmt["schema"])
+            return self._prompted_schema()
         return None
+
+    def _prompted_schema(self) -> Mapping[str, Any] | None:
+        marker = "JSON Schema:\n"
+        for m in self.messages:
+            text = m.get("content")
+            if m.get("role") == "system" and isinstance(text, str) and marker in text:
+                try:
+                    found = json.loads(text.split(marker, 1)[1])
+                except json.JSONDecodeError:
+                    return None
+                return found if isinstance(found, dict) else None
+        return None
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The output cap a server that reads only ``max_tokens`` would apply."""
+        value = self.body.get("max_tokens")
+        return int(value) if isinstance(value, int) else None
 
     @property
     def repairs(self) -> int:
@@ -90,12 +140,32 @@ Answer = Callable[[ChatRequest], Any]
 """An answerer: the JSON value (or, for a string result, the text) the model replies with."""
 
 
-def error_body(status: int, message: str, *, code: str | None = None) -> dict[str, Any]:
-    """An OpenAI-style error body."""
-    kind = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
-            404: "invalid_request_error", 409: "conflict_error", 422: "invalid_request_error",
-            429: "rate_limit_error"}.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def error_body(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    type: str | None = None,
+) -> dict[str, Any]:
+    """An OpenAI-style error body, typed and with the ``param`` the real API gives.
+
+    A 429 says which limit was hit (``type`` ``"tokens"`` when the message names tokens
+    per minute, else ``"requests"``; ``insufficient_quota`` for a spent quota), and a
+    ``context_length_exceeded`` 400 names ``param: "messages"``, as the API does.
+    """
+    kind = type or {
+        400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
+        404: "invalid_request_error", 409: "conflict_error", 422: "invalid_request_error",
+    }.get(status, "server_error")
+    if status == 429 and type is None:
+        if code == "insufficient_quota":
+            kind = "insufficient_quota"
+        else:
+            kind = "tokens" if "tokens per min" in message.lower() else "requests"
+    if param is None and code == "context_length_exceeded":
+        param = "messages"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass
@@ -109,6 +179,7 @@ class Scripted:
     refusal: str | None = None
     finish_reason: str = "stop"
     content: str | None = None
+    param: str | None = None
 
 
 class FakeOpenAI:
@@ -147,15 +218,20 @@ class FakeOpenAI:
             "x-ratelimit-remaining-requests": "9999",
             "x-ratelimit-limit-tokens": "10000000",
             "x-ratelimit-remaining-tokens": "9990000",
+            "x-ratelimit-reset-requests": "6ms",
+            "x-ratelimit-reset-tokens": "0s",
         }
         scripted = self.script.pop(0) if self.script else None
         if scripted is not None and scripted.status != 200:
             headers.update(scripted.headers)
-            return httpx.Response(
-                scripted.status, json=error_body(scripted.status, scripted.error or "error",
-                                                 code=scripted.code), headers=headers,
-            )
-        return httpx.Response(200, json=self.completion(chat, digest, scripted), headers=headers)
+            body = error_body(scripted.status, scripted.error or "error", code=scripted.code,
+                              param=scripted.param)
+            return httpx.Response(scripted.status, json=body, headers=headers)
+        if request.url.path.endswith("/responses"):
+            reply = self.response(chat, digest, scripted)
+        else:
+            reply = self.completion(chat, digest, scripted)
+        return httpx.Response(200, json=reply, headers=headers)
 
     def content_for(self, chat: ChatRequest) -> str:
         """The text the fake model answers ``chat`` with."""
@@ -165,7 +241,7 @@ class FakeOpenAI:
             value = answer(chat) if callable(answer) else answer
         elif chat.schema is not None:
             value = synthesize(chat.schema)
-        elif (chat.body.get("response_format") or {}).get("type") == "json_object":
+        elif chat.format_type == "json_object":
             value = self.answers.get("json_object", {"ok": True})
             value = value(chat) if callable(value) else value
         else:
@@ -185,10 +261,7 @@ class FakeOpenAI:
             content = scripted.content
         else:
             content = self.content_for(chat)
-        prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
-        prompt_tokens = max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
-        completion_tokens = max(1, math.ceil(len(content or refusal or "") / 4))
-        cached = (prompt_tokens // 128) * 64 if prompt_tokens >= 1024 else 0
+        prompt_tokens, completion_tokens, cached = _token_counts(chat, content or refusal or "")
         return {
             "id": f"chatcmpl-{digest[:29]}",
             "object": "chat.completion",
@@ -213,6 +286,85 @@ class FakeOpenAI:
             "service_tier": "default",
             "system_fingerprint": "fp_" + digest[29:39],
         }
+
+
+    def response(
+        self, chat: ChatRequest, digest: str, scripted: Scripted | None = None
+    ) -> dict[str, Any]:
+        """The Responses API ``response`` object for ``chat``."""
+        refusal = scripted.refusal if scripted else None
+        finish = scripted.finish_reason if scripted else "stop"
+        if refusal is not None:
+            part: dict[str, Any] = {"type": "refusal", "refusal": refusal}
+            text = refusal
+        else:
+            text = (scripted.content if scripted is not None and scripted.content is not None
+                    else self.content_for(chat))
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        prompt_tokens, output_tokens, cached = _token_counts(chat, text)
+        incomplete = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(finish)
+        model = f"{chat.model}{self.model_suffix}" if chat.model else "gpt-4o-mini"
+        return {
+            "id": f"resp_{digest[:48]}",
+            "object": "response",
+            "created_at": CREATED,
+            "status": "incomplete" if incomplete else "completed",
+            "error": None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "instructions": None,
+            "max_output_tokens": chat.body.get("max_output_tokens"),
+            "model": model,
+            "output": [{
+                "type": "message",
+                "id": f"msg_{digest[:48]}",
+                "status": "incomplete" if incomplete else "completed",
+                "role": "assistant",
+                "content": [part],
+            }],
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+            "store": bool(chat.body.get("store", True)),
+            "temperature": chat.body.get("temperature", 1.0),
+            "text": {"format": dict(chat.format) or {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": 1.0,
+            "truncation": "disabled",
+            "usage": {
+                "input_tokens": prompt_tokens,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt_tokens + output_tokens,
+            },
+            "user": None,
+            "metadata": {},
+        }
+
+
+CACHE_MIN_TOKENS = 1024
+"""Prompts shorter than this are never cached (as on the OpenAI API)."""
+CACHE_STEP = 128
+"""Cached prefixes grow in steps of this many tokens beyond the minimum."""
+
+
+def cached_tokens_for(prompt_tokens: int) -> int:
+    """The cached part of a prompt the way the API reports it: 0 below 1,024 tokens, then
+    1,024 plus whole steps of 128 (here: about half of the rest is a cache hit)."""
+    if prompt_tokens < CACHE_MIN_TOKENS:
+        return 0
+    steps = (prompt_tokens - CACHE_MIN_TOKENS) // (2 * CACHE_STEP)
+    return CACHE_MIN_TOKENS + CACHE_STEP * steps
+
+
+def _token_counts(chat: ChatRequest, reply: str) -> tuple[int, int, int]:
+    """Prompt, completion and cached tokens: deterministic, from the text lengths."""
+    prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
+    prompt_tokens = max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
+    completion_tokens = max(1, math.ceil(len(reply) / 4))
+    return prompt_tokens, completion_tokens, cached_tokens_for(prompt_tokens)
 
 
 def synthesize(schema: Mapping[str, Any], root: Mapping[str, Any] | None = None) -> Any:

@@ -170,6 +170,8 @@ class UsageRecord:
     request_id: str | None = None
     error: str | None = None
     """Name of the error class when the request failed (tokens are then usually 0)."""
+    reasoning_tokens: int = 0
+    """Of ``completion_tokens``, those a reasoning model spent thinking (billed as output)."""
 
     @property
     def total_tokens(self) -> int:
@@ -302,6 +304,7 @@ class Usage:
         request_id: str | None = None,
         error: str | None = None,
         keys: Iterable[str] = (),
+        reasoning_tokens: int = 0,
     ) -> UsageRecord:
         """Record one request and return its :class:`UsageRecord` (with its cost)."""
         price = self._ledger.prices.lookup(model)
@@ -318,6 +321,7 @@ class Usage:
             prompt_hash,
             request_id,
             error,
+            reasoning_tokens,
         )
         self._add(rec)
         return rec

@@ -16,12 +16,13 @@ its own model.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from planrun.errors import ConfigError, PermanentError
+from planrun.errors import ConfigError, PermanentError, UsageError
 from planrun.prompts import PromptLibrary
 from planrun.registry import TaskContext
 
@@ -29,7 +30,15 @@ if TYPE_CHECKING:
     from planrun.model import Model
     from planrun.usage import Usage
 
-__all__ = ["ModelWorker"]
+__all__ = ["ModelWorker", "reask_message"]
+
+
+def reask_message(errors: str) -> str:
+    """The user message that shows the model why its answer failed the result model."""
+    return (
+        "That answer does not match the required JSON schema. Validation errors:\n"
+        f"{errors}\n\nReply again with the complete corrected JSON object only."
+    )
 
 
 class ModelWorker:
@@ -42,6 +51,10 @@ class ModelWorker:
         prompts: where templates come from (default: the ones shipped with planrun).
         system: an optional system message.
         model: a model of its own; default the run's (``ctx.extras["model"]``).
+        reask: how many times a reply that fails ``result`` is sent back to the model with
+            its validation errors (default 1; 0 fails at once). Each re-ask is a model call
+            like any other: metered, budgeted and rate limited. When the last answer still
+            fails, the task is dead with that answer's errors.
 
     The template sees ``$payload`` (the whole payload as JSON), each payload field by
     name, ``$inputs`` (results of the dependencies, by task id, as JSON) and ``$task_id``.
@@ -55,7 +68,11 @@ class ModelWorker:
         prompts: PromptLibrary | None = None,
         system: str | None = None,
         model: Model | None = None,
+        reask: int = 1,
     ) -> None:
+        if not isinstance(reask, int) or reask < 0:
+            raise UsageError(f"reask must be a whole number >= 0, got {reask!r}")
+        self.reask = reask
         self.prompt = prompt
         self.result_model = result
         self.prompts = prompts or PromptLibrary()
@@ -86,17 +103,46 @@ class ModelWorker:
             meter = meter.scoped(f"task:{ctx.task_id}", f"worker:{ctx.worker}", f"kind:{ctx.kind}")
         rendered = self.prompts.render(self.prompt, **self.render_variables(payload, ctx))
         messages: list[dict[str, str]] = rendered.messages(self.system)
-        ctx.heartbeat()
-        completion = await model.complete(
-            messages,
-            result_model=self.result_model,
-            schema_name=ctx.kind,
-            prompt_hash=rendered.hash,
-            prompt_name=rendered.name,
-            idempotency_key=ctx.idempotency_key,
-            meter=meter,
+        conversation = list(messages)
+        errors = ""
+        for attempt in range(self.reask + 1):
+            ctx.heartbeat()
+            key = ctx.idempotency_key
+            completion = await model.complete(
+                conversation,
+                result_model=self.result_model,
+                schema_name=ctx.kind,
+                prompt_hash=rendered.hash,
+                prompt_name=rendered.name,
+                idempotency_key=f"{key}:reask-{attempt}" if key and attempt else key,
+                meter=meter,
+                validate=False,
+            )
+            ctx.heartbeat()
+            try:
+                return self._validated(completion.parsed)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                errors = _errors(exc)
+            answer = completion.text or json.dumps(completion.parsed)
+            conversation = [
+                *messages,
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": reask_message(errors)},
+            ]
+        raise PermanentError(
+            f"the model's reply for {ctx.kind!r} does not match {self.result_model.__name__} "
+            f"after {self.reask + 1} attempt(s): {errors}"
         )
-        ctx.heartbeat()
-        if completion.parsed is None:
-            raise PermanentError(f"the model's reply for {ctx.kind!r} was not parsed")
-        return completion.parsed
+
+    def _validated(self, parsed: Any) -> BaseModel:
+        if parsed is None:
+            raise ValueError("the reply is not valid JSON")
+        return self.result_model.model_validate(parsed)
+
+
+def _errors(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        return "\n".join(
+            f"- {'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors()
+        )
+    return f"- {exc}"

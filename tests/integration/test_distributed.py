@@ -24,8 +24,8 @@ from planrun.distributed import Coordinator, WorkerProcess
 from planrun.errors import PermanentError, StoreError, TransientError, UsageError
 from planrun.ledger import Event
 from planrun.registry import KindSpec, Registry
-from planrun.stores import open_store
 from planrun.scheduling import RetryPolicy
+from planrun.stores import open_store
 from planrun.supervisor import RunResult, Supervisor
 from planrun.task import Status, Task, transition
 
@@ -147,11 +147,11 @@ def test_the_coordinator_spends_a_run_wide_retry_budget(db_url: str) -> None:
 
     async def go() -> RunResult:
         stores = [await opened(db_url) for _ in range(2)]
-        worker = WorkerProcess(flaky, stores[1], name="w", capacity=4, poll=0.01,
-                               backoff=RetryPolicy(base=0.01, jitter=0.0))
+        worker = WorkerProcess(flaky, stores[1], name="w", capacity=4, poll=0.01)
         serving = asyncio.ensure_future(worker.arun())
         batch = [Task(id=f"f{i}", kind="flaky", max_attempts=10) for i in range(3)]
-        result = await Coordinator(flaky, stores[0], poll=0.01, retry_budget=4).arun(batch)
+        result = await Coordinator(flaky, stores[0], poll=0.01, retry_budget=4,
+                                   retry=RetryPolicy(base=0.01, jitter=0.0)).arun(batch)
         worker.stop()
         await serving
         for s in stores:
@@ -349,7 +349,9 @@ def test_a_stale_result_is_refused_by_the_database(db_url: str) -> None:
                              Status.RUNNING, lease=1.0)
         event = Event(-1, 0.0, task.id, "started", "a", 1, {})
         assert await store.write_fenced(coordinator.run_id, running, event, 0)
-        await coordinator._reclaim(running, now=2.0)  # the lease ran out: token moves to 2
+        coordinator.core.restore([task])
+        coordinator.core.expire(running, 2.0)  # the lease ran out: token moves to 2
+        await coordinator._write_decided()
         late = transition(running, Status.COMPLETED, result={"late": True})
         refused = await store.write_fenced(coordinator.run_id, late, event, 1)
         state = await store.load(coordinator.run_id)

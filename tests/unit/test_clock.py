@@ -57,3 +57,14 @@ def test_real_clock_is_wall_time() -> None:
 async def test_virtual_clock_refuses_a_foreign_loop() -> None:
     with pytest.raises(UsageError):
         VirtualClock().check_loop()
+
+
+def test_run_blocking_errors_do_not_carry_the_loop_probe() -> None:
+    from planrun.clock import RealClock, run_blocking
+
+    async def fail() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom") as caught:
+        run_blocking(RealClock(), fail)
+    assert caught.value.__context__ is None  # not "RuntimeError: no running event loop"

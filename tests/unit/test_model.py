@@ -47,6 +47,8 @@ from planrun.model import (
     Completion,
     Model,
     RetryPolicy,
+    portable_schema,
+    rejects_schema,
     retry_after_seconds,
     strict_schema,
     translate_error,
@@ -373,7 +375,9 @@ def test_structured_json_mode_uses_json_object_from_the_start() -> None:
     with mock_api(server):
         result = run(make_model(structured="json_mode").complete("x", result_model=Label))
     assert result.mode == "json_mode" and not result.fell_back
-    assert server.bodies[0]["response_format"] == {"type": "json_object"}
+    sent = server.bodies[0]["response_format"]
+    assert sent == {"type": "json_object", "schema": Label.model_json_schema()}
+    assert '"confidence"' in server.bodies[0]["messages"][0]["content"]
 
 
 def test_other_bad_requests_do_not_trigger_the_fallback() -> None:
@@ -1030,3 +1034,127 @@ def test_bad_json_text_in_an_encoded_field_is_permanent() -> None:
     reply = json.dumps({"kind": "migrate_db", "payload": "{not json"})
     with mock_api(Server(ok(reply))), pytest.raises(PermanentError, match="JSON text"):
         run(make_model().complete("plan", result_model=Step))
+
+
+# ---------------------------------------------------------------------------------------------
+# schema rejections, options from the environment, portable schemas
+# ---------------------------------------------------------------------------------------------
+
+_REJECTIONS = {
+    "openai": (400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
+               "supported with this model.", "response_format"),
+    "vllm": (400, "The provided JSON schema contains features not supported by xgrammar.",
+             None),
+    "ollama": (500, "invalid JSON schema in format", None),
+    "llama.cpp": (400, "Failed to initialize samplers: failed to parse grammar", None),
+    "llama-cpp-python": (500, "1 validation error:\n  {'type': 'literal_error', 'loc': "
+                         "('body', 'response_format', 'type'), 'msg': \"Input should be "
+                         "'text' or 'json_object'\"}", None),
+}
+
+
+def _status_error(status: int, message: str, param: str | None) -> openai.APIStatusError:
+    response = httpx2.Response(status, request=httpx2.Request("POST", f"{BASE_URL}/x"))
+    body = {"message": message, "type": "x", "param": param, "code": None}
+    cls = openai.BadRequestError if status == 400 else openai.InternalServerError
+    return cls(message, response=response, body=body)
+
+
+@pytest.mark.parametrize("server", sorted(_REJECTIONS))
+def test_each_servers_schema_rejection_is_recognised(server: str) -> None:
+    assert rejects_schema(_status_error(*_REJECTIONS[server]))
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [(400, "'messages' must contain the word 'json'"), (500, "The server had an error"),
+     (503, "invalid JSON schema in format"), (400, "This model's maximum context length")],
+)
+def test_other_errors_are_not_schema_rejections(status: int, message: str) -> None:
+    assert not rejects_schema(_status_error(status, message, None))
+    assert not rejects_schema(ValueError("response_format"))
+
+
+def test_options_come_from_the_environment_when_not_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PLANRUN_STRUCTURED", "json_object")
+    monkeypatch.setenv("PLANRUN_SCHEMA", "portable")
+    monkeypatch.setenv("PLANRUN_COMPAT", "1")
+    monkeypatch.setenv("PLANRUN_API", "responses")
+    model = make_model()
+    assert (model.structured, model.schema, model.compat, model.api) == (
+        "json_object", "portable", True, "responses")
+    explicit = make_model(structured="strict", schema="full", compat=False, api="chat")
+    assert (explicit.structured, explicit.schema, explicit.compat, explicit.api) == (
+        "strict", "full", False, "chat")
+    monkeypatch.setenv("PLANRUN_COMPAT", "maybe")
+    with pytest.raises(UsageError, match="PLANRUN_COMPAT"):
+        make_model()
+    monkeypatch.setenv("PLANRUN_COMPAT", "0")
+    monkeypatch.setenv("PLANRUN_SCHEMA", "loose")
+    with pytest.raises(UsageError, match="PLANRUN_SCHEMA"):
+        make_model()
+
+
+def test_portable_schema_keeps_property_names_that_look_like_keywords() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "format": {"type": "string", "maxLength": 5, "format": "email"},
+            "pattern": {"type": "array", "minItems": 1, "items": {"type": "integer",
+                                                                  "minimum": 0}},
+        },
+        "required": ["format", "pattern"],
+        "$defs": {"minimum": {"type": "number", "maximum": 3}},
+    }
+    assert portable_schema(schema) == {
+        "type": "object",
+        "properties": {"format": {"type": "string"},
+                       "pattern": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["format", "pattern"],
+        "$defs": {"minimum": {"type": "number"}},
+    }
+
+
+def test_the_default_request_is_unchanged_by_the_new_options() -> None:
+    server = Server(ok(LABEL_JSON))
+    with mock_api(server):
+        run(make_model(max_tokens=9).complete("label", result_model=Label))
+    body = server.bodies[0]
+    assert set(body) == {"model", "messages", "response_format", "max_completion_tokens"}
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["strict"] is True
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("Event loop is closed"), ConnectionResetError(104, "Connection reset by peer"),
+     httpx2.RemoteProtocolError("Server disconnected without sending a response.")],
+    ids=["loop-closed", "reset", "disconnected"],
+)
+def test_transport_failures_are_transient_and_retried(failure: BaseException) -> None:
+    server = Server(failure, ok("fine"))
+    with mock_api(server):
+        completion = run(make_model().complete("hi"))
+    assert completion.text == "fine" and completion.attempts == 2
+
+
+def test_a_failure_outside_the_sdk_is_a_planrun_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    async def broken(self: Any, **params: Any) -> Any:
+        calls.append(1)
+        raise RuntimeError("Event loop is closed")
+
+    monkeypatch.setattr(openai.resources.chat.AsyncCompletions, "create", broken)
+    with pytest.raises(TransientError, match="Event loop is closed") as caught:
+        run(make_model(retry=2).complete("hi"))
+    assert len(calls) == 2 and isinstance(caught.value.__cause__, RuntimeError)
+
+    async def buggy(self: Any, **params: Any) -> Any:
+        raise KeyError("choices")
+
+    monkeypatch.setattr(openai.resources.chat.AsyncCompletions, "create", buggy)
+    with pytest.raises(PermanentError, match="KeyError"):
+        run(make_model().complete("hi"))

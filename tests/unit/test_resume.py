@@ -11,8 +11,8 @@ from planrun.clock import VirtualClock
 from planrun.errors import StoreError, TransientError, UsageError
 from planrun.ledger import analyze
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.stores import InMemoryStore
 from planrun.scheduling import RetryPolicy
+from planrun.stores import InMemoryStore
 from planrun.supervisor import Supervisor
 from planrun.task import Status, Task, transition
 

@@ -122,4 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from planrun.examples import run_main
+
+    raise SystemExit(run_main(main))

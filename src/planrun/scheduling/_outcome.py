@@ -30,7 +30,9 @@ class Failure:
 
 def failure_of(exc: BaseException) -> Failure:
     """Classify the exception an attempt raised."""
-    error = f"{type(exc).__name__}: {exc}"
+    from planrun.redact import redact  # the key never reaches a record, an event or a report
+
+    error = redact(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, BudgetExceeded):
         return Failure(error, ErrorClass.PERMANENT, budget=True)
     retry_after = getattr(exc, "retry_after", None)

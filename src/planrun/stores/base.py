@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from planrun.errors import IllegalTransition, StoreError
 from planrun.ledger import Event
+from planrun.redact import redact
 from planrun.task import CLAIMED_START, PUSHED_START, Status, Task, allowed
 
 __all__ = [
@@ -326,7 +327,7 @@ def task_row(run_id: str, task: Task) -> dict[str, Any]:
         "attempts": task.attempts,
         "max_attempts": task.max_attempts,
         "result": dump_json(task.result, f"{what} result"),
-        "error": task.error,
+        "error": redact(task.error) if task.error else task.error,
         "error_class": task.error_class,
         "cause": task.cause,
         "depends_on": dump_json(list(task.depends_on), f"{what} depends_on"),
@@ -379,8 +380,13 @@ def event_row(run_id: str, event: Event, seq: int | None = None) -> dict[str, An
         "event": event.event,
         "worker": event.worker,
         "attempt": event.attempt,
-        "detail": dump_json(dict(event.detail), f"event {event.event!r} detail"),
+        "detail": dump_json(_redacted(event.detail), f"event {event.event!r} detail"),
     }
+
+
+def _redacted(detail: Mapping[str, Any]) -> dict[str, Any]:
+    """An event's detail with secrets removed from its text values (an error, a reason)."""
+    return {k: redact(v) if isinstance(v, str) else v for k, v in detail.items()}
 
 
 def event_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Event:

@@ -1,0 +1,83 @@
+"""One client for chat models, over the ``openai`` SDK: structured output, retries, limits, usage.
+
+:class:`Model` is the only place planrun talks to a model API. One call of
+:meth:`Model.complete` is::
+
+    budget check ─► rate limiter ─► HTTP request ─► record usage ─► refusal? ─► parse + validate
+         ▲                                  │
+         └──── transient error: backoff ◄───┘   (tenacity; Retry-After honoured)
+
+* **Structured output.** Given a pydantic model (or a raw JSON Schema), the request asks for
+  ``response_format={"type": "json_schema", "strict": True, ...}`` (Responses API:
+  ``text.format``) with a schema made strict-compatible by :func:`strict_schema`
+  (``schema="portable"`` also leaves out :data:`VALIDATION_KEYWORDS`); the reply is decoded
+  and validated locally against the *original* model/schema, so constraints that strict
+  mode cannot express are still enforced. When a server rejects the schema
+  (:func:`rejects_schema` knows OpenAI's, vLLM's, Ollama's, llama.cpp's and
+  llama-cpp-python's refusals), ``structured="auto"`` falls back *for that schema* to JSON
+  mode (``{"type": "json_object", "schema": ...}`` plus the schema in a system message), and
+  to the prompt alone if even that is refused; it logs a warning and flags
+  ``Completion.fell_back``. ``structured="strict"`` never falls back, ``"json_object"``
+  starts in JSON mode.
+* **Errors.** :func:`translate_error` is the one map from SDK exceptions to planrun's:
+  timeouts, connection errors, 408, 409, 429 and 5xx are transient (retried with exponential
+  backoff and jitter, never sooner than the server's ``Retry-After``/``retry-after-ms``);
+  400, 401, 403, 404, 422, ``context_length_exceeded``, ``insufficient_quota`` and a
+  schema rejection are permanent (one request, then fail). A broken connection beneath the
+  SDK is transient; a 200 whose body is not a completion is permanent; nothing foreign
+  leaves. The SDK's own retries are off (``max_retries=0``).
+* **Loops.** One SDK client (one connection pool) per event loop, closed when the loop shuts
+  down, so one ``Model`` serves any number of sync calls, async calls and threads.
+* **Waiting** is ``asyncio.sleep`` on the running loop, so under
+  :class:`planrun.clock.VirtualClock` backoffs and rate limits take no real time.
+* **Secrets.** The API key is never in ``repr()``, log lines or error messages
+  (:func:`planrun.redact.redact`).
+
+Layout: ``_schema.py`` (strict and portable schemas), ``_errors.py`` (translation and
+schema-rejection recognition), ``_retry.py`` (:class:`RetryPolicy`), ``_client.py``
+(:class:`Model`, :class:`Completion`); this module says what is public.
+"""
+
+from __future__ import annotations
+
+from planrun.model._client import (
+    DEFAULT_COMPLETION_ESTIMATE,
+    DEFAULT_MODEL,
+    PROMPT_HEADER,
+    Api,
+    Completion,
+    Messages,
+    Mode,
+    Model,
+    SchemaMode,
+    Structured,
+)
+from planrun.model._errors import rejects_schema, retry_after_seconds, translate_error
+from planrun.model._retry import RetryPolicy
+from planrun.model._schema import (
+    VALIDATION_KEYWORDS,
+    StrictSchema,
+    portable_schema,
+    strict_schema,
+)
+
+__all__ = [
+    "DEFAULT_COMPLETION_ESTIMATE",
+    "DEFAULT_MODEL",
+    "PROMPT_HEADER",
+    "VALIDATION_KEYWORDS",
+    "Api",
+    "Completion",
+    "Messages",
+    "Mode",
+    "Model",
+    "RetryPolicy",
+    "SchemaMode",
+    "StrictSchema",
+    "Structured",
+    "portable_schema",
+    "rejects_schema",
+    "retry_after_seconds",
+    "strict_schema",
+    "translate_error",
+]

@@ -1,0 +1,838 @@
+"""The client: :class:`Model`, one policy for structure, retries, rate and usage."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import threading
+import weakref
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, overload
+
+import jsonschema  # type: ignore[import-untyped]
+import openai
+from pydantic import BaseModel, ValidationError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+
+from planrun.errors import (
+    ConfigError,
+    ModelRefused,
+    PermanentError,
+    PlanrunError,
+    RateLimited,
+    TransientError,
+    UsageError,
+    WorkerError,
+)
+from planrun.limiter import RateLimiter
+from planrun.model._errors import (
+    _own_error,
+    _redact,
+    _transport_error,
+    rejects_schema,
+    translate_error,
+)
+from planrun.model._retry import RetryPolicy
+from planrun.model._schema import StrictSchema, portable_schema, strict_schema
+from planrun.prompts import RenderedPrompt
+from planrun.redact import register_secret
+from planrun.usage import Usage, UsageRecord, estimate_tokens
+
+log = logging.getLogger("planrun.model")
+
+DEFAULT_MODEL = "gpt-4o-mini"
+PROMPT_HEADER = "X-Planrun-Prompt"
+"""Request header naming the rendered prompt (``<name>:<hash>``); recorded by fixtures."""
+DEFAULT_COMPLETION_ESTIMATE = 1024
+"""Completion tokens assumed by the budget and the limiter when ``max_tokens`` is unset."""
+
+Structured = Literal["auto", "strict", "json_object", "json_schema", "json_mode"]
+"""How a result schema is asked for (``json_schema``/``json_mode`` are the older spellings)."""
+SchemaMode = Literal["full", "portable"]
+Api = Literal["chat", "responses"]
+Mode = Literal["json_schema", "json_mode", "text"]
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+Messages = str | RenderedPrompt | Sequence[Mapping[str, Any]]
+
+@dataclass(frozen=True)
+class Completion(Generic[T]):
+    """The outcome of one :meth:`Model.complete` call."""
+
+    parsed: T | None
+    """The validated result model instance, the parsed JSON (raw schema), or None (text)."""
+    text: str
+    """The reply's text exactly as received."""
+    usage: UsageRecord
+    """Tokens and cost of the request that produced this reply."""
+    model: str
+    finish_reason: str
+    request_id: str | None
+    prompt_hash: str | None
+    mode: Mode = "text"
+    """How structure was requested: ``json_schema``, ``json_mode`` or ``text``."""
+    fell_back: bool = False
+    """True when ``json_schema`` was rejected by the server and JSON mode was used."""
+    attempts: int = 1
+    """HTTP requests made for this call (retries and a JSON-mode fallback included)."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What the reply must be: a pydantic model or a raw JSON Schema."""
+
+    name: str
+    strict: StrictSchema
+    original: Mapping[str, Any]
+    model: type[BaseModel] | None
+
+    @classmethod
+    def of(cls, result: type[BaseModel] | Mapping[str, Any], name: str | None) -> _Target:
+        if isinstance(result, type) and issubclass(result, BaseModel):
+            return cls(
+                _schema_name(name or result.__name__),
+                strict_schema(result),
+                result.model_json_schema(),
+                result,
+            )
+        if isinstance(result, Mapping):
+            return cls(
+                _schema_name(name or str(result.get("title") or "result")),
+                strict_schema(result),
+                result,
+                None,
+            )
+        raise UsageError(
+            f"result_model must be a pydantic model class or a JSON Schema dict, got {result!r}"
+        )
+
+    def validate(self, data: Any) -> Any:
+        if self.model is not None:
+            try:
+                return self.model.model_validate(data)
+            except ValidationError as exc:
+                raise PermanentError(f"the reply does not match {self.name}: {exc}") from exc
+        validator = jsonschema.validators.validator_for(self.original)(self.original)
+        problems = [
+            f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+            for e in validator.iter_errors(data)
+        ]
+        if problems:
+            raise PermanentError(f"the reply does not match {self.name}: " + "; ".join(problems))
+        return data
+
+    @property
+    def key(self) -> str:
+        """Identifies the schema sent, so a server's rejection is remembered for it alone."""
+        text = json.dumps(self.strict.schema, sort_keys=True)
+        return f"{self.name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+    def sent_schema(self, portable: bool) -> dict[str, Any]:
+        """The strict schema as sent: without validation keywords when ``portable``."""
+        return portable_schema(self.strict.schema) if portable else self.strict.schema
+
+    def json_mode_schema(self, portable: bool) -> dict[str, Any]:
+        """The schema JSON mode asks for (the original; a non-object root wrapped)."""
+        schema: dict[str, Any] = {**self.original, "title": self.name}
+        if self.strict.wrapped:
+            defs = schema.pop("$defs", None)
+            schema = {"title": self.name, "type": "object", "properties": {"value": schema},
+                      "required": ["value"]}
+            if defs is not None:
+                schema["$defs"] = defs
+        return portable_schema(schema) if portable else schema
+
+    def json_mode_instructions(self, portable: bool = False) -> str:
+        schema = self.json_mode_schema(portable)
+        return (
+            "Reply with one JSON object and nothing else. It must be valid against this "
+            f"JSON Schema:\n{json.dumps(schema, separators=(',', ':'))}"
+        )
+
+
+def _schema_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "result"
+
+
+def _chat(messages: Messages) -> list[dict[str, Any]]:
+    if isinstance(messages, str):
+        chat: list[dict[str, Any]] = [{"role": "user", "content": messages}]
+    elif isinstance(messages, RenderedPrompt):
+        chat = list(messages.messages())
+    else:
+        chat = [dict(m) for m in messages]
+    if not chat:
+        raise UsageError("complete() needs at least one message")
+    return chat
+
+
+@dataclass
+class _Call:
+    """One complete() call, across its attempts."""
+
+    messages: list[dict[str, Any]]
+    target: _Target | None
+    prompt_hash: str | None
+    idempotency_key: str | None
+    meter: Usage
+    timeout: float | None
+    max_tokens: int | None
+    temperature: float | None
+    validate: bool
+    attempts: int = 0
+    fell_back: bool = False
+    prompt_name: str | None = None
+    level: int = 0
+    """0: strict ``json_schema``; 1: JSON mode with the schema; 2: JSON mode, prompt only."""
+
+
+class _LoopClient:
+    """The SDK client of one event loop, closed when that loop shuts down."""
+
+    def __init__(self, client: openai.AsyncOpenAI) -> None:
+        self.client = client
+        self.closer = self._close_at_shutdown()
+
+    async def _close_at_shutdown(self) -> AsyncGenerator[None, None]:
+        # Started once on its loop, this generator is finalised by the loop's
+        # shutdown_asyncgens() (asyncio.run, VirtualClock.run and asyncio.Runner call it
+        # before closing), which closes the pooled connections while the loop still runs.
+        try:
+            yield
+        finally:
+            await self.client.close()
+
+
+class Model:
+    """An async chat model client: one policy for structure, retries, rate and usage.
+
+    Configuration comes from the arguments; what is not given is read from the
+    environment once, here: ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``, ``PLANRUN_MODEL``
+    (default ``gpt-4o-mini``), ``PLANRUN_STRUCTURED``, ``PLANRUN_SCHEMA``,
+    ``PLANRUN_COMPAT`` and ``PLANRUN_API``. Pass ``client=`` to use a ready
+    ``openai.AsyncOpenAI`` (its SDK retries are switched off all the same). A missing key
+    raises :class:`~planrun.errors.ConfigError` now, before any task starts.
+
+    Args:
+        structured: how a result schema is asked for. ``"strict"`` (alias
+            ``"json_schema"``): strict structured output, and a server that rejects it fails
+            the call. ``"json_object"`` (alias ``"json_mode"``): JSON mode, with the schema
+            in a system message and in ``response_format.schema`` (where llama-cpp-python
+            and others enforce it). ``"auto"`` (default): strict, falling back to JSON mode
+            *for that schema* when the server rejects it (OpenAI, vLLM, Ollama, llama.cpp and
+            llama-cpp-python rejections are recognised; see :func:`rejects_schema`), and to
+            JSON mode with the schema in the prompt only when even ``response_format.schema``
+            is refused. Every reply is validated locally against the full schema.
+        schema: ``"full"`` (default) sends the schema's validation keywords;
+            ``"portable"`` strips :data:`VALIDATION_KEYWORDS` (``minItems``, ``pattern``,
+            ``format``, ...) from what is sent, for models that reject them, and enforces
+            them locally all the same.
+        compat: also send ``max_tokens`` beside ``max_completion_tokens`` (Ollama and
+            llama-cpp-python read only the former). OpenAI's reasoning models reject it,
+            so it is off by default.
+        api: ``"chat"`` (default) for Chat Completions, ``"responses"`` for the Responses API
+            (structured output through ``text.format``; same retries, fallback, limiter and
+            usage).
+        meter: the default :class:`~planrun.usage.Usage` for calls that pass none.
+        limiter: a :class:`~planrun.limiter.RateLimiter` awaited before every request.
+
+    **Loops and threads.** One ``Model`` serves any number of calls from any event loops and
+    threads: it keeps one SDK client per event loop, created on the loop's first call and
+    closed when that loop shuts down. Each synchronous entry point (:func:`planrun.decompose`,
+    :func:`planrun.plan_and_run`, a notebook cell) runs on a loop of its own, and an HTTP/1.1
+    connection pool belongs to the loop that opened it, so sharing one pool across loops
+    breaks ("Event loop is closed"). A single long-lived loop thread behind the sync API was
+    the alternative; it was not chosen because waits (backoff, ``Retry-After``, the rate
+    limiter, timeouts) must run on the caller's loop, where a
+    :class:`~planrun.clock.VirtualClock` can skip them, and a request in flight on another
+    thread would be invisible to that clock. A given ``client=`` serves the first loop that
+    uses it; other loops get a copy of it (same key, address, headers, timeout) with a fresh
+    connection pool.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        timeout: float | None = 60.0,
+        retry: int | RetryPolicy = 4,
+        structured: Structured | None = None,
+        limiter: RateLimiter | None = None,
+        meter: Usage | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        rng: random.Random | None = None,
+        schema: SchemaMode | None = None,
+        compat: bool | None = None,
+        api: Api | None = None,
+    ) -> None:
+        self.structured: Structured = _choice(
+            "structured", structured, "PLANRUN_STRUCTURED", _STRUCTURED, "auto"
+        )
+        self.schema: SchemaMode = _choice("schema", schema, "PLANRUN_SCHEMA", _SCHEMA, "full")
+        self.api: Api = _choice("api", api, "PLANRUN_API", _APIS, "chat")
+        self.compat = _flag(compat, "PLANRUN_COMPAT")
+        self.model = model or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
+        self._template = (
+            client.with_options(max_retries=0)
+            if client is not None
+            else self._new_client(api_key, base_url, timeout)
+        )
+        self._secrets = tuple(
+            s
+            for s in (api_key, getattr(self._template, "api_key", None))
+            if isinstance(s, str) and s
+        )
+        for secret in self._secrets:
+            register_secret(secret)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._template_used = False
+        self._lock = threading.Lock()
+        self.timeout = timeout
+        self.retry = RetryPolicy.of(retry)
+        self.limiter = limiter
+        self.meter = meter if meter is not None else Usage()
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self._rng = rng or random.Random()
+        self._fallback: dict[str, int] = {}
+        self._strict_cache: dict[tuple[type[BaseModel], str | None], _Target] = {}
+
+    @staticmethod
+    def _new_client(
+        api_key: str | None, base_url: str | None, timeout: float | None
+    ) -> openai.AsyncOpenAI:
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not key:
+            raise ConfigError(
+                "OPENAI_API_KEY is not set: pass api_key= to Model or set the OPENAI_API_KEY "
+                "environment variable (a local server takes any key)"
+            )
+        url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        return openai.AsyncOpenAI(api_key=key, base_url=url, timeout=timeout, max_retries=0)
+
+    def __repr__(self) -> str:
+        return (
+            f"Model(model={self.model!r}, base_url={self.base_url!r}, "
+            f"structured={self.structured!r})"
+        )
+
+    @property
+    def base_url(self) -> str:
+        """Where requests go."""
+        return str(self._template.base_url)
+
+    @property
+    def json_schema_supported(self) -> bool:
+        """False once the server has rejected a ``json_schema`` and JSON mode is used for it."""
+        return not self._fallback
+
+    async def _client(self) -> openai.AsyncOpenAI:
+        """The SDK client of the running loop (made on the loop's first call)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._clients.get(loop)
+            if entry is not None:
+                return entry.client
+            for old in [k for k in self._clients if k.is_closed()]:
+                del self._clients[old]
+            if self._template_used:
+                client = self._template.copy(
+                    http_client=openai.DefaultAsyncHttpxClient(timeout=self._template.timeout)
+                )
+            else:
+                client, self._template_used = self._template, True
+            entry = self._clients[loop] = _LoopClient(client)
+        await entry.closer.__anext__()
+        return entry.client
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the running loop (other loops close theirs at shutdown)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._clients.pop(loop, None)
+        if entry is not None:
+            await entry.closer.aclose()
+        elif not self._template_used:
+            await self._template.close()
+
+    async def __aenter__(self) -> Model:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @overload
+    async def complete(
+        self,
+        messages: Messages,
+        *,
+        result_model: type[M],
+        schema_name: str | None = None,
+        prompt_hash: str | None = None,
+        prompt_name: str | None = None,
+        idempotency_key: str | None = None,
+        meter: Usage | None = None,
+        timeout: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        validate: Literal[True] = True,
+    ) -> Completion[M]: ...
+
+    @overload
+    async def complete(
+        self,
+        messages: Messages,
+        *,
+        result_model: type[BaseModel] | Mapping[str, Any] | None = None,
+        schema_name: str | None = None,
+        prompt_hash: str | None = None,
+        prompt_name: str | None = None,
+        idempotency_key: str | None = None,
+        meter: Usage | None = None,
+        timeout: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        validate: bool = True,
+    ) -> Completion[Any]: ...
+
+    async def complete(
+        self,
+        messages: Messages,
+        *,
+        result_model: type[BaseModel] | Mapping[str, Any] | None = None,
+        schema_name: str | None = None,
+        prompt_hash: str | None = None,
+        prompt_name: str | None = None,
+        idempotency_key: str | None = None,
+        meter: Usage | None = None,
+        timeout: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        validate: bool = True,
+    ) -> Completion[Any]:
+        """Ask the model; return its reply, parsed and validated when a result is given.
+
+        ``messages`` is a string (one user message), a :class:`RenderedPrompt` (whose hash
+        becomes ``prompt_hash``) or chat messages. ``result_model`` is a pydantic model
+        (``parsed`` is an instance) or a JSON Schema dict (``parsed`` is the JSON).
+        ``validate=False`` skips local validation: ``parsed`` is the decoded JSON, or None
+        when the reply is not JSON; the caller checks it (a repair loop wants the text).
+        ``prompt_name`` (default: a :class:`RenderedPrompt`'s name) and ``prompt_hash`` are
+        sent as the ``X-Planrun-Prompt: <name>:<hash>`` request header, which the API
+        ignores and :mod:`planrun.fixtures` stores, so a stale recording can name the
+        template that changed.
+
+        Every request is recorded on ``meter`` (default: the Model's) under its keys.
+        Raises :class:`TransientError`/:class:`RateLimited` once retries are spent,
+        :class:`PermanentError` for a rejected request or a reply that fails validation,
+        :class:`ModelRefused` for a refusal, a ``length`` or ``content_filter`` stop, and
+        :class:`BudgetExceeded` before a request the budget cannot afford.
+        """
+        if isinstance(messages, RenderedPrompt):
+            prompt_hash = prompt_hash or messages.hash
+            prompt_name = prompt_name or messages.name
+        call = _Call(
+            _chat(messages),
+            self._target(result_model, schema_name),
+            prompt_hash,
+            idempotency_key,
+            meter if meter is not None else self.meter,
+            self.timeout if timeout is None else timeout,
+            max_tokens or self.max_tokens,
+            self.temperature if temperature is None else temperature,
+            validate,
+            prompt_name=prompt_name,
+        )
+        call.level = self._level(call)
+        retrying = AsyncRetrying(
+            stop=self._stop,
+            wait=self._wait,
+            retry=retry_if_exception_type(TransientError),
+            sleep=_sleep,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        return await retrying(self._attempt, call)
+
+    def _target(
+        self, result: type[BaseModel] | Mapping[str, Any] | None, name: str | None
+    ) -> _Target | None:
+        if result is None:
+            return None
+        if isinstance(result, type) and issubclass(result, BaseModel):
+            if (result, name) not in self._strict_cache:
+                self._strict_cache[result, name] = _Target.of(result, name)
+            return self._strict_cache[result, name]
+        return _Target.of(result, name)
+
+    def _level(self, call: _Call) -> int:
+        if call.target is None or self.structured in ("strict", "json_schema"):
+            return 0
+        start = 1 if self.structured in ("json_object", "json_mode") else 0
+        return max(start, self._fallback.get(call.target.key, 0))
+
+    async def _attempt(self, call: _Call) -> Completion[Any]:
+        while True:
+            try:
+                return await self._request(call)
+            except _SchemaRejected as exc:
+                if self.structured in ("strict", "json_schema") or call.level >= 2:
+                    raise PermanentError(str(exc)) from exc.__cause__
+                assert call.target is not None
+                call.level += 1
+                call.fell_back = True
+                with self._lock:
+                    key = call.target.key
+                    self._fallback[key] = max(self._fallback.get(key, 0), call.level)
+                log.warning(
+                    "the model API at %s rejected the %s response schema %r (%s); using JSON "
+                    "mode%s with local validation for it from now on",
+                    self.base_url,
+                    "strict" if call.level == 1 else "JSON-mode",
+                    call.target.name,
+                    exc,
+                    " with the schema in the request" if call.level == 1 else "",
+                )
+
+    def _params(self, call: _Call) -> dict[str, Any]:
+        if self.api == "responses":
+            params = self._responses_params(call)
+        else:
+            params = self._chat_params(call)
+        if call.temperature is not None:
+            params["temperature"] = call.temperature
+        headers: dict[str, str] = {}
+        if call.idempotency_key:
+            headers["Idempotency-Key"] = call.idempotency_key
+        if call.prompt_hash:
+            headers[PROMPT_HEADER] = _prompt_header(call.prompt_name, call.prompt_hash)
+        if headers:
+            params["extra_headers"] = headers
+        if call.timeout is not None:
+            params["timeout"] = call.timeout
+        return params
+
+    def _messages(self, call: _Call) -> list[dict[str, Any]]:
+        if call.target is None or call.level == 0:
+            return call.messages
+        instructions = call.target.json_mode_instructions(self.schema == "portable")
+        return [{"role": "system", "content": instructions}, *call.messages]
+
+    def _chat_params(self, call: _Call) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "messages": self._messages(call)}
+        portable = self.schema == "portable"
+        target = call.target
+        if target is not None and call.level == 0:
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": target.name,
+                    "strict": True,
+                    "schema": target.sent_schema(portable),
+                },
+            }
+        elif target is not None and call.level == 1:
+            params["response_format"] = {
+                "type": "json_object",
+                "schema": target.json_mode_schema(portable),
+            }
+        elif target is not None:
+            params["response_format"] = {"type": "json_object"}
+        if call.max_tokens is not None:
+            params["max_completion_tokens"] = call.max_tokens
+            if self.compat:
+                params["max_tokens"] = call.max_tokens
+        return params
+
+    def _responses_params(self, call: _Call) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "input": self._messages(call)}
+        target = call.target
+        if target is not None and call.level == 0:
+            params["text"] = {
+                "format": {
+                    "type": "json_schema",
+                    "name": target.name,
+                    "strict": True,
+                    "schema": target.sent_schema(self.schema == "portable"),
+                }
+            }
+        elif target is not None:
+            params["text"] = {"format": {"type": "json_object"}}
+        if call.max_tokens is not None:
+            params["max_output_tokens"] = call.max_tokens
+        params["store"] = False
+        return params
+
+    async def _request(self, call: _Call) -> Completion[Any]:
+        params = self._params(call)
+        shape = params.get("response_format") or params.get("text")
+        schema_text = json.dumps(shape) if shape else ""
+        chat = params["messages"] if "messages" in params else params["input"]
+        prompt_estimate = estimate_tokens(chat, extra_text=schema_text)
+        completion_estimate = call.max_tokens or DEFAULT_COMPLETION_ESTIMATE
+        reservation = call.meter.reserve(self.model, prompt_estimate, completion_estimate)
+        try:
+            if self.limiter is not None:
+                await self.limiter.acquire(prompt_estimate + completion_estimate)
+            reply = await self._send(call, params, prompt_estimate + completion_estimate)
+            return self._finish(call, reply, prompt_estimate + completion_estimate)
+        finally:
+            reservation.release()
+
+    async def _send(self, call: _Call, params: dict[str, Any], estimate: int) -> _Reply:
+        """One HTTP request to the model API: the single place planrun's traffic leaves."""
+        call.attempts += 1
+        try:
+            client = await self._client()
+            if self.api == "responses":
+                create: Any = client.responses.create(**params)
+            else:
+                create = client.chat.completions.create(**params)
+            raw = await asyncio.wait_for(create, call.timeout)
+            return _Reply.of(raw, self.base_url)
+        except AssertionError:
+            raise  # a test harness refusing the request (respx's "not mocked"), not the API
+        except Exception as exc:
+            raise self._failed(call, exc, estimate) from exc
+
+    def _failed(self, call: _Call, exc: BaseException, estimate: int) -> PlanrunError:
+        """Meter, tell the limiter, and turn ``exc`` into the planrun error to raise."""
+        if self.limiter is not None:
+            self.limiter.reconcile(estimate, 0)
+        if isinstance(exc, PlanrunError) and not isinstance(exc, WorkerError):
+            return exc
+        own = _own_error(exc)
+        if own is not None:
+            # A planrun error raised beneath the SDK (a fixture miss in a replaying
+            # transport) is not a connection problem: never retried, never translated.
+            return own
+        if isinstance(exc, openai.OpenAIError | asyncio.TimeoutError | WorkerError):
+            error = translate_error(exc, secrets=self._secrets)
+        else:
+            error = _transport_error(exc, self._secrets)
+        call.meter.record(self.model, prompt_hash=call.prompt_hash, error=type(error).__name__)
+        if isinstance(error, RateLimited) and self.limiter is not None:
+            self.limiter.penalize(error.retry_after or self.retry.base)
+        if call.target is not None and call.level < 2 and rejects_schema(exc):
+            return _SchemaRejected(str(error))
+        return error
+
+    def _finish(self, call: _Call, reply: _Reply, estimate: int) -> Completion[Any]:
+        record = call.meter.record(
+            reply.model or self.model,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            cached_tokens=reply.cached_tokens,
+            reasoning_tokens=reply.reasoning_tokens,
+            prompt_hash=call.prompt_hash,
+            request_id=reply.request_id,
+        )
+        if self.limiter is not None:
+            self.limiter.reconcile(estimate, record.total_tokens)
+        if not reply.answered:
+            raise PermanentError("the model API returned no choices")
+        _check_refusal(reply.refusal, reply.finish_reason)
+        mode: Mode = "text" if call.target is None else "json_schema" if call.level == 0 \
+            else "json_mode"
+        parsed = self._parse(call, mode, reply.text)
+        return Completion(
+            parsed,
+            reply.text,
+            record,
+            reply.model,
+            reply.finish_reason,
+            reply.request_id,
+            call.prompt_hash,
+            mode,
+            call.fell_back,
+            call.attempts,
+        )
+
+    def _parse(self, call: _Call, mode: Mode, text: str) -> Any:
+        target = call.target
+        if target is None:
+            return None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if not call.validate:
+                return None
+            raise PermanentError(f"the reply is not valid JSON: {exc}") from exc
+        try:
+            if mode == "json_schema":
+                data = target.strict.decode(data)
+            elif target.strict.wrapped and isinstance(data, dict):
+                data = data.get("value")
+        except ValueError as exc:
+            if not call.validate:
+                return data
+            raise PermanentError(f"the reply does not match {target.name}: {exc}") from exc
+        return target.validate(data) if call.validate else data
+
+    def _stop(self, state: RetryCallState) -> bool:
+        if state.attempt_number >= self.retry.attempts:
+            return True
+        retry_after = _retry_after(state)
+        return retry_after is not None and retry_after > self.retry.max_retry_after
+
+    def _wait(self, state: RetryCallState) -> float:
+        return self.retry.delay(state.attempt_number, _retry_after(state), self._rng)
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.info(
+            "model call attempt %d failed (%s); retrying in %.3f s",
+            state.attempt_number,
+            error,
+            wait,
+        )
+
+
+class _SchemaRejected(PermanentError):
+    """The server refused the response schema; :meth:`Model._attempt` falls back."""
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A Chat Completions or Responses reply, reduced to what planrun reads."""
+
+    model: str
+    text: str
+    refusal: str | None
+    finish_reason: str
+    answered: bool
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    request_id: str | None = None
+
+    @classmethod
+    def of(cls, raw: Any, base_url: str) -> _Reply:
+        request_id = getattr(raw, "_request_id", None)
+        if isinstance(raw, openai.types.chat.ChatCompletion):
+            return cls._chat(raw, request_id)
+        if isinstance(raw, openai.types.responses.Response):
+            return cls._responses(raw, request_id)
+        shown = _redact(str(raw)[:200])
+        raise PermanentError(
+            f"the model API at {base_url} answered with something that is not a completion "
+            f"(is the base URL right?): {shown!r}"
+        )
+
+    @classmethod
+    def _chat(cls, raw: openai.types.chat.ChatCompletion, request_id: str | None) -> _Reply:
+        usage = raw.usage
+        prompt = getattr(usage, "prompt_tokens_details", None)
+        completion = getattr(usage, "completion_tokens_details", None)
+        choice = raw.choices[0] if raw.choices else None
+        return cls(
+            raw.model,
+            (choice.message.content or "") if choice else "",
+            choice.message.refusal if choice else None,
+            (choice.finish_reason or "stop") if choice else "stop",
+            choice is not None,
+            usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0,
+            (prompt.cached_tokens or 0) if prompt else 0,
+            (completion.reasoning_tokens or 0) if completion else 0,
+            request_id,
+        )
+
+    @classmethod
+    def _responses(cls, raw: openai.types.responses.Response, request_id: str | None) -> _Reply:
+        usage = raw.usage
+        refusal = next(
+            (
+                part.refusal
+                for item in raw.output
+                if item.type == "message"
+                for part in item.content
+                if part.type == "refusal"
+            ),
+            None,
+        )
+        reason = raw.incomplete_details.reason if raw.incomplete_details else None
+        finish = {"max_output_tokens": "length", "content_filter": "content_filter"}.get(
+            reason or "", "stop"
+        )
+        return cls(
+            raw.model,
+            raw.output_text,
+            refusal,
+            finish,
+            bool(raw.output),
+            usage.input_tokens if usage else 0,
+            usage.output_tokens if usage else 0,
+            usage.input_tokens_details.cached_tokens if usage else 0,
+            usage.output_tokens_details.reasoning_tokens if usage else 0,
+            request_id,
+        )
+
+
+_STRUCTURED = ("auto", "strict", "json_object", "json_schema", "json_mode")
+_SCHEMA = ("full", "portable")
+_APIS = ("chat", "responses")
+
+
+def _choice(name: str, value: Any, env: str, allowed: tuple[str, ...], default: str) -> Any:
+    """An option from the argument, else the environment variable ``env``, else default."""
+    chosen = value if value is not None else os.environ.get(env) or default
+    if chosen not in allowed:
+        source = f"{name}" if value is not None else f"{env}"
+        raise UsageError(
+            f"{source} must be one of {', '.join(repr(a) for a in allowed)}, got {chosen!r}"
+        )
+    return chosen
+
+
+def _flag(value: bool | None, env: str) -> bool:
+    if value is not None:
+        return value
+    text = os.environ.get(env, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise UsageError(f"{env} must be 1 or 0 (true/false), got {text!r}")
+
+
+def _retry_after(state: RetryCallState) -> float | None:
+    error = state.outcome.exception() if state.outcome else None
+    return error.retry_after if isinstance(error, TransientError) else None
+
+
+def _check_refusal(refusal: str | None, finish_reason: str) -> None:
+    if refusal:
+        raise ModelRefused(f"the model refused: {refusal}")
+    if finish_reason == "length":
+        raise ModelRefused(
+            "the reply was cut off at the token limit (finish_reason='length'); "
+            "raise max_tokens or shorten the input"
+        )
+    if finish_reason == "content_filter":
+        raise ModelRefused(
+            "the reply was withheld by the content filter (finish_reason='content_filter')"
+        )
+
+
+async def _sleep(seconds: float) -> None:
+    # Looked up at call time, so a virtual loop (or a patched asyncio.sleep) governs it.
+    await asyncio.sleep(seconds)
+
+def _prompt_header(name: str | None, prompt_hash: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", name or "")[:64]
+    return f"{safe}:{prompt_hash}"

@@ -1,0 +1,166 @@
+"""The one map from what the SDK and the transport raise to planrun's errors, and the
+recognition of a server's refusal of a response schema."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+
+import openai
+
+from planrun.errors import (
+    PermanentError,
+    PlanrunError,
+    RateLimited,
+    TransientError,
+    WorkerError,
+)
+from planrun.redact import redact
+
+
+def _redact(text: str, secrets: Sequence[str] = ()) -> str:
+    return redact(text, secrets)
+
+
+def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds the server asked us to wait: ``retry-after-ms``, else ``Retry-After``.
+
+    ``Retry-After`` may be seconds or an HTTP date (compared with wall time ``now``).
+    Returns None when neither header is present or parseable.
+    """
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _status_error(exc: openai.APIStatusError, secrets: Sequence[str]) -> WorkerError:
+    status = exc.status_code
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    code = exc.code or body.get("code")
+    code = code if isinstance(code, str) else None  # vLLM and llama.cpp put the status here
+    detail = _redact(str(body.get("message") or exc.message), secrets).strip()
+    message = f"HTTP {status}{f' ({code})' if code else ''} from the model API: {detail}"
+    retry_after = retry_after_seconds(exc.response.headers)
+    if code in ("context_length_exceeded", "insufficient_quota"):
+        return PermanentError(message)
+    if status == 429:
+        return RateLimited(message, retry_after=retry_after)
+    if status in (408, 409) or status >= 500:
+        return TransientError(message, retry_after=retry_after)
+    return PermanentError(message)
+
+
+def translate_error(exc: BaseException, *, secrets: Sequence[str] = ()) -> WorkerError:
+    """Map an exception met while calling the API to planrun's error classes.
+
+    Timeouts, connection errors, 408, 409, 429 and 5xx -> :class:`TransientError`
+    (:class:`RateLimited` for 429, with ``retry_after`` from the headers); everything
+    else -> :class:`PermanentError`, including a 429 ``insufficient_quota`` and a 400
+    ``context_length_exceeded``. planrun's own errors pass through. ``secrets`` (and
+    anything shaped like an OpenAI key) are redacted from the message.
+    The caller raises the result ``from exc``.
+    """
+    if isinstance(exc, WorkerError):
+        return exc
+    if isinstance(exc, openai.APITimeoutError | asyncio.TimeoutError | TimeoutError):
+        return TransientError("the model API request timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        return TransientError(f"could not reach the model API: {_redact(str(exc), secrets)}")
+    if isinstance(exc, openai.APIStatusError):
+        return _status_error(exc, secrets)
+    return PermanentError(
+        f"model API call failed: {type(exc).__name__}: {_redact(str(exc), secrets)}"
+    )
+
+
+def _own_error(exc: BaseException) -> PlanrunError | None:
+    """A non-worker planrun error that the SDK wrapped (it wraps transport errors), if any."""
+    seen: set[int] = set()
+    todo = [exc.__cause__, exc.__context__]
+    while todo:
+        node = todo.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        if isinstance(node, PlanrunError) and not isinstance(node, WorkerError):
+            return node
+        seen.add(id(node))
+        todo += [node.__cause__, node.__context__]
+    return None
+
+
+
+
+_SCHEMA_REJECTIONS: tuple[tuple[frozenset[int], re.Pattern[str]], ...] = (
+    # OpenAI: 400 naming response_format / json_schema (a model without structured output,
+    # or an unknown ``response_format.schema`` in JSON mode).
+    (frozenset({400, 422}), re.compile(r"response_format|json_schema")),
+    # vLLM: 400 "The provided JSON schema contains features not supported by xgrammar".
+    (frozenset({400}), re.compile(r"json schema contains features not supported")),
+    # Ollama: 500 "invalid JSON schema in format".
+    (frozenset({400, 500}), re.compile(r"invalid json schema in format")),
+    # llama.cpp's llama-server: 400 "Failed to initialize samplers: failed to parse grammar".
+    (frozenset({400, 500}), re.compile(r"failed to parse grammar|json schema conversion")),
+    # llama-cpp-python's server: 500 with pydantic's "Input should be 'text' or
+    # 'json_object'" on ('body', 'response_format', 'type') (matched by the first pattern
+    # for 400/422; here for its 500).
+    (frozenset({500}), re.compile(r"response_format.{0,40}type|input should be 'text' or")),
+)
+"""(statuses, message pattern) of each server's way of rejecting a response schema."""
+
+
+def rejects_schema(exc: BaseException | None) -> bool:
+    """True when ``exc`` is a server's refusal of the response schema (not of the request).
+
+    Recognises OpenAI's 400 naming ``response_format``, vLLM's 400 ("... not supported by
+    xgrammar"), Ollama's 500 ("invalid JSON schema in format"), llama.cpp's 400 ("failed to
+    parse grammar") and llama-cpp-python's 500 (pydantic: ``response_format.type`` must be
+    ``'text'`` or ``'json_object'``).
+    """
+    if not isinstance(exc, openai.APIStatusError):
+        return False
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    param = getattr(exc, "param", None) or body.get("param") or ""
+    text = f"{param} {body.get('message') or exc.message}".lower()
+    return any(exc.status_code in statuses and pattern.search(text)
+               for statuses, pattern in _SCHEMA_REJECTIONS)
+
+
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, RuntimeError)
+"""Raised beneath the SDK by a broken connection or a loop going away: worth a retry."""
+
+
+def _transport_error(exc: BaseException, secrets: Sequence[str]) -> WorkerError:
+    """A planrun error for an exception the SDK let through (never a raw foreign one)."""
+    detail = _redact(f"{type(exc).__name__}: {exc}", secrets)
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        return PermanentError(f"the model API answered with a body that is not JSON ({detail})")
+    if isinstance(exc, _TRANSPORT_ERRORS) or _is_transport_error(exc):
+        return TransientError(f"the connection to the model API failed: {detail}")
+    return PermanentError(f"model API call failed: {detail}")
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"TransportError", "ClosedResourceError", "BrokenResourceError",
+                         "EndOfStream", "NetworkError", "ProtocolError"})
+
+
