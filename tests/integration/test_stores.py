@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from pgtest import PG_URL, fresh_schema
 
-from planrun.errors import RunInUse, StoreError, UnknownRun, UnstorableValue
+from planrun.errors import RunInUse, StoreError, UnknownRun, UnstorableValue, UsageError
 from planrun.ledger import Event
 from planrun.stores import (
     SCHEMA_VERSION,
@@ -975,3 +975,95 @@ async def test_append_event_is_numbered_after_everything_else(store: Store) -> N
     assert events[-1].seq > 7 and len({e.seq for e in events}) == len(events)
     with pytest.raises(StoreError, match="unknown run"):
         await store.append_event("nope", Event(-1, 9.0, "t0", "effect"))
+
+
+# --- the run's owner lease --------------------------------------------------------------------
+
+
+async def test_a_run_has_one_owner_at_a_time(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    assert await store.run_owner(run_id) is None
+
+    await store.acquire_run(run_id, "p1", ttl=30.0, now=100.0)
+    assert await store.run_owner(run_id) == RunOwner("p1", 130.0)
+    with pytest.raises(RunInUse, match=r"run run-\w+ is owned by p1, whose lease ends") as info:
+        await store.acquire_run(run_id, "p2", ttl=30.0, now=120.0)
+    assert (info.value.owner, info.value.until) == ("p1", 130.0)
+    await store.acquire_run(run_id, "p1", ttl=30.0, now=120.0)  # ours already: extended
+    assert await store.run_owner(run_id) == RunOwner("p1", 150.0)
+    assert await store.renew_run(run_id, "p1", ttl=30.0, now=140.0) is True
+    assert await store.renew_run(run_id, "p2", ttl=30.0, now=140.0) is False
+    state, [summary] = await store.load(run_id), await store.list_runs()
+    assert (state.run.owner, state.run.owner_until) == ("p1", 170.0)
+    assert (summary.owner, summary.owner_until) == ("p1", 170.0)
+
+    # The lease ran out: another process takes the run, and the old owner cannot renew.
+    await store.acquire_run(run_id, "p2", ttl=30.0, now=171.0)
+    assert await store.renew_run(run_id, "p1", ttl=30.0, now=172.0) is False
+    await store.release_run(run_id, "p1")  # not the owner: nothing changes
+    assert await store.run_owner(run_id) == RunOwner("p2", 201.0)
+    await store.release_run(run_id, "p2")
+    assert await store.run_owner(run_id) is None
+    await store.acquire_run(run_id, "p3", ttl=5.0, now=172.0)  # released: free at once
+    assert await store.run_owner(run_id) == RunOwner("p3", 177.0)
+
+
+async def test_owner_calls_name_an_unknown_run_and_refuse_a_bad_ttl(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    for call in (store.acquire_run("nope", "p", 30.0, 1.0), store.renew_run("nope", "p", 30.0, 1.0),
+                 store.release_run("nope", "p"), store.run_owner("nope")):
+        with pytest.raises(UnknownRun, match="unknown run 'nope'"):
+            await call
+    with pytest.raises(UsageError, match="positive ttl"):
+        await store.acquire_run(run_id, "p", 0.0, 1.0)
+    assert await store.run_owner(run_id) is None
+
+
+async def test_two_connections_racing_to_acquire_get_one_owner(connect: Connect) -> None:
+    store, other = await connect(), await connect()
+    for _ in range(8):
+        run_id = await make_run(store, [Task("a", "k")])
+        now = time.time()
+        got = await asyncio.gather(store.acquire_run(run_id, "p1", 30.0, now),
+                                   other.acquire_run(run_id, "p2", 30.0, now),
+                                   return_exceptions=True)
+        refused = [r for r in got if isinstance(r, RunInUse)]
+        assert sorted(map(repr, got)).count("None") == 1 and len(refused) == 1, got
+        owner = await other.run_owner(run_id)
+        assert owner is not None and refused[0].owner == owner.name
+
+
+# --- values that are not JSON -------------------------------------------------------------------
+
+
+async def test_a_result_that_is_not_json_fails_at_once_naming_type_and_path(
+    store: Store,
+) -> None:
+    import datetime
+
+    run_id = await make_run(store, [Task("a", "k")])
+    before = await store.load(run_id)
+    bad = completed(Task("a", "k")).evolve(result={"rows": [{"ok": 1}, {"when": datetime.date(
+        2026, 1, 2)}]})
+
+    with pytest.raises(UnstorableValue, match=r"task 'a' result cannot be stored as JSON: "
+                       r"\$\.rows\[1\]\.when has type datetime\.date") as info:
+        await store.write(run_id, [(bad, Event(1, 2.0, "a", "completed"))])
+    assert not isinstance(info.value, StoreError)  # permanent: no driver retries it
+    assert (info.value.path, info.value.type_name) == ("$.rows[1].when", "datetime.date")
+    with pytest.raises(UnstorableValue, match=r"\$ has type set"):
+        await store.write_fenced(run_id, bad.evolve(result={1, 2}),
+                                 Event(-1, 2.0, "a", "completed"), 0)
+    await store.effect_begin(run_id, "a", "key-a", at=2.0)
+    with pytest.raises(UnstorableValue, match=r"effect result of task 'a' cannot be stored "
+                       r"as JSON: \$\.n is the float nan"):
+        await store.effect_done(run_id, "a", {"n": float("nan")}, 3.0)
+    after = await store.load(run_id)
+    assert (after.tasks, after.events) == (before.tasks, before.events)
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_a_value_that_is_not_json_is_refused_before_any_io(store_url: str) -> None:
+    store = open_store(store_url)  # never opened: an encoding error comes first
+    with pytest.raises(UnstorableValue, match="payload cannot be stored as JSON"):
+        await store.write("r", [(Task("a", "k", {"x": b"bytes"}), Event(0, 1.0, "a", "x"))])

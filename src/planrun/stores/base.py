@@ -385,7 +385,7 @@ def _offender(value: Any) -> tuple[str, str, str]:
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
-                return path, "float", f"is {item} (JSON has no NaN or infinity)"
+                return path, "float", f"is the float {item} (JSON has no NaN or infinity)"
             continue
         if isinstance(item, dict | list | tuple):
             if id(item) in seen or depth > 900:
