@@ -23,7 +23,7 @@ import psycopg
 
 from planrun.ledger import Event
 from planrun.stores.postgres import PostgresStore
-from planrun.task import Status, Task, transition
+from planrun.task import Status, transition
 
 
 async def main(url: str, run_id: str, task_id: str, token: int, name: str) -> None:

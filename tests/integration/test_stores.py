@@ -11,6 +11,7 @@ The fixtures live here rather than in a ``conftest.py``: a second module named
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import random
@@ -135,7 +136,7 @@ async def complete(store: Store, run_id: str, task: Task, seq: int) -> None:
 def increasing(seqs: list[int]) -> bool:
     """Store-made seqs are unique and increasing (dense in SQLite and memory, not in
     PostgreSQL, whose sequence never waits for a commit)."""
-    return all(a < b for a, b in zip(seqs, seqs[1:], strict=False))
+    return all(a < b for a, b in itertools.pairwise(seqs))
 
 
 # --- runs, tasks, events --------------------------------------------------------------------
