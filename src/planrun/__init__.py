@@ -44,6 +44,7 @@ from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
 from planrun.limiter import RateLimiter
 from planrun.model import Completion, Model, RetryPolicy
+from planrun.ownership import hold_run
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
 from planrun.prompts import PromptLibrary, RenderedPrompt
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
@@ -132,6 +133,7 @@ __all__ = [
     "aplan_and_run",
     "aresume_run",
     "decompose",
+    "hold_run",
     "open_store",
     "plan_and_run",
     "plan_schema",
