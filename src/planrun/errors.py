@@ -131,8 +131,8 @@ class RunInUse(DispatchError):
         ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
         super().__init__(
             f"run {run_id} is owned by {owner}, whose lease ends at {ends} "
-            f"(in {max(0.0, until - now):.0f} s) unless it is renewed: the owner is alive; "
-            "resume it after that process stops"
+            f"(in {max(0.0, until - now):.0f} s) unless it renews it; if that process is "
+            "gone, resume after then"
         )
 
 

@@ -41,7 +41,8 @@ def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
 def test_run_runs_status_and_resume_after_a_kill(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     plan = plan_file(tmp_path)
-    slow = {"DIST_APP_SLOW": ",".join(f"t{i}" for i in range(20, 40)), "DIST_APP_SLOW_S": "60"}
+    slow = {"DIST_APP_SLOW": ",".join(f"t{i}" for i in range(20, 40)), "DIST_APP_SLOW_S": "60",
+            "PLANRUN_OWNER_TTL": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "planrun.cli", "run", str(plan), "--app", "dist_app:app",
          "--db", db, "--quiet"],
@@ -64,9 +65,14 @@ def test_run_runs_status_and_resume_after_a_kill(tmp_path: Path) -> None:
         _, run_err = proc.communicate(timeout=30)
     assert run_id is not None, (run_err[-2000:], listed and listed.stderr[-2000:])
 
-    status = cli("status", run_id, "--db", db, "--json")
-    snapshot = json.loads(status.stdout)
-    assert snapshot["counts"]["completed"] >= 20 and snapshot["run_status"] == "running"
+    deadline = time.time() + 20  # the dead supervisor's owner lease runs out
+    while time.time() < deadline:
+        snapshot = json.loads(cli("status", run_id, "--db", db, "--json").stdout)
+        if snapshot["run_status"] == "interrupted":
+            break
+        time.sleep(0.2)
+    assert snapshot["counts"]["completed"] >= 20 and snapshot["run_status"] == "interrupted"
+    assert snapshot["recorded_status"] == "running"
     assert snapshot["oldest_unfinished_s"] is not None
     assert sum(snapshot["active_by_worker"].values()) > 0
     text = cli("status", run_id, "--db", db).stdout
