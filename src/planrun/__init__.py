@@ -31,9 +31,12 @@ from planrun.errors import (
     PlanrunError,
     RateLimited,
     RunAborted,
+    RunInUse,
     StallError,
     StoreError,
     TransientError,
+    UnknownRun,
+    UnstorableValue,
     UsageError,
     WorkerError,
 )
@@ -41,6 +44,7 @@ from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
 from planrun.limiter import RateLimiter
 from planrun.model import Completion, Model, RetryPolicy
+from planrun.ownership import hold_run
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
 from planrun.prompts import PromptLibrary, RenderedPrompt
 from planrun.redact import redact
@@ -103,6 +107,7 @@ __all__ = [
     "RenderedPrompt",
     "RetryPolicy",
     "RunAborted",
+    "RunInUse",
     "RunReport",
     "RunResult",
     "Scenario",
@@ -115,6 +120,8 @@ __all__ = [
     "TaskContext",
     "TaskReport",
     "TransientError",
+    "UnknownRun",
+    "UnstorableValue",
     "Usage",
     "UsageError",
     "VirtualClock",
@@ -127,6 +134,7 @@ __all__ = [
     "aplan_and_run",
     "aresume_run",
     "decompose",
+    "hold_run",
     "open_store",
     "plan_and_run",
     "plan_schema",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from planrun.errors import PermanentError
 from planrun.registry import Handler, KindSpec, TaskContext
+from planrun.stores.base import strict_json
 from planrun.task import Task
 
 __all__ = ["call_handler", "jsonable", "payload_for", "result_for", "run_attempt"]
@@ -32,9 +33,12 @@ async def run_attempt(spec: KindSpec, handler: Handler | None, task: Task, ctx: 
     if handler is None:
         raise PermanentError(f"kind {task.kind!r} has no handler")
     work = call_handler(handler, payload_for(spec, task), ctx)
-    if limit is not None:
-        return result_for(spec, await asyncio.wait_for(work, limit))
-    return result_for(spec, await work)
+    outcome = await (asyncio.wait_for(work, limit) if limit is not None else work)
+    result = result_for(spec, outcome)
+    # A result every store, ledger and report can carry; else the task fails at once
+    # (UnstorableValue is permanent) naming the type, rather than a write failing later.
+    strict_json(result, f"task {task.id!r} result")
+    return result
 
 
 async def call_handler(handler: Handler, payload: Any, ctx: TaskContext) -> Any:

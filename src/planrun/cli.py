@@ -21,7 +21,11 @@ Each verb has an ``_add_<verb>(subparsers)`` that declares its arguments and set
 both and call ``_add_<verb>`` from :func:`_build_parser`.
 
 Exit status: 0 success, 2 an invalid plan or a usage error (bad arguments, an unreadable
-file); errors are one line on stderr, ``planrun: error: ...``, never a traceback.
+file, a resume refused because a live process owns the run); errors are one line on
+stderr, ``planrun: error: ...``, never a traceback. ``planrun resume`` of a run that is
+already finished (or aborted) says so in one line and exits 0: there is nothing to do.
+``planrun runs`` and ``planrun status`` show a run that is not finished and has no live
+owner as ``interrupted`` (resumable), however it stopped.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 from planrun.errors import InvalidPlan, PlanrunError
 from planrun.plan import Plan, validate_plan
 from planrun.redact import redact
+from planrun.stores.base import FINISHED_RUN
 
 __all__ = ["main"]
 
@@ -443,6 +448,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _coordinate(plan: Any, app: Any, args: argparse.Namespace) -> int:
     from planrun.distributed import Coordinator
+    from planrun.ownership import hold_run
 
     async def go(store: Any) -> Any:
         coordinator = Coordinator(app.registry, store, mode=args.mode, on_dead=args.on_dead,
@@ -453,7 +459,8 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace) -> int:
                                         "retry_budget": args.retry_budget})
         print(f"run {coordinator.run_id}: waiting for workers "
               f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
-        return await coordinator.arun(plan.to_tasks())
+        async with hold_run(store, coordinator.run_id, new_run=True):
+            return await coordinator.arun(plan.to_tasks())
 
     result = _with_store(args.db, go)
     summary = {"run_id": result.run_id, "counts": result.counts,
@@ -523,7 +530,16 @@ def _add_resume(subparsers: _Subparsers) -> None:
 def _cmd_resume(args: argparse.Namespace) -> int:
     from planrun.runner import load_app
 
-    meta = _run_meta(args.db, args.run_id)
+    run, counts = _stored_run(args.db, args.run_id)
+    if run.status in FINISHED_RUN:  # nothing to carry on: say so, exit 0
+        tally = ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "no tasks"
+        if args.json:
+            print(json.dumps({"run_id": run.id, "status": run.status, "resumed": False,
+                              "counts": counts}))
+        else:
+            print(f"run {run.id} is already {run.status} ({tally}); nothing to resume")
+        return EXIT_OK
+    meta = dict(run.meta)
     ref = args.app or meta.get("app")
     if not ref:
         raise _CliError(f"run {args.run_id} does not name its app; pass --app module:attr")
@@ -532,17 +548,21 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         from planrun.distributed import Coordinator
 
         async def again(store: Any) -> Any:
+            from planrun.ownership import hold_run
+
             # The policies the run was started with.
-            return await Coordinator(app.registry, store, run_id=args.run_id,
-                                     mode=meta.get("mode", "push"),
-                                     on_dead=meta.get("on_dead", "cancel_dependents"),
-                                     stale_after=float(meta.get("stale_after", 30.0)),
-                                     retry_budget=meta.get("retry_budget"),
-                                     effects=app.effects).aresume()
+            coordinator = Coordinator(app.registry, store, run_id=args.run_id,
+                                      mode=meta.get("mode", "push"),
+                                      on_dead=meta.get("on_dead", "cancel_dependents"),
+                                      stale_after=float(meta.get("stale_after", 30.0)),
+                                      retry_budget=meta.get("retry_budget"),
+                                      effects=app.effects)
+            async with hold_run(store, args.run_id):
+                return await coordinator.aresume()
 
         result = _with_store(args.db, again)
-        counts = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
-        print(f"run {result.run_id}: {counts}")
+        done = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
+        print(f"run {result.run_id}: {done}")
         return EXIT_OK if result.ok else 1
     options: dict[str, Any] = {"store": args.db, "_runner": _resume_runner(args.run_id)}
     if meta.get("on_dead"):
@@ -582,12 +602,18 @@ def _with_store(url: str, fn: Any) -> Any:
     return asyncio.run(go())
 
 
-def _run_meta(url: str, run_id: str) -> dict[str, Any]:
-    async def get(store: Any) -> dict[str, Any]:
-        state = await store.load(run_id)
-        return dict(state.run.meta)
+def _stored_run(url: str, run_id: str) -> tuple[Any, dict[str, int]]:
+    """The stored run (a RunInfo) and its tasks by status."""
+    from planrun.task import Status
 
-    result: dict[str, Any] = _with_store(url, get)
+    async def get(store: Any) -> tuple[Any, dict[str, int]]:
+        state = await store.load_tasks(run_id)
+        counts = {s.value: 0 for s in Status}
+        for task in state.tasks:
+            counts[task.status.value] += 1
+        return state.run, counts
+
+    result: tuple[Any, dict[str, int]] = _with_store(url, get)
     return result
 
 
@@ -599,19 +625,28 @@ def _add_runs(subparsers: _Subparsers) -> None:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
+    import time
+
+    from planrun.stores.base import shown_status
+
     async def get(store: Any) -> Any:
         return await store.list_runs()
 
     runs = _with_store(args.db, get)
+    now = time.time()
     if args.json:
-        print(json.dumps([{"id": r.id, "created_at": r.created_at, "status": r.status,
-                           "goal": r.goal, "counts": dict(r.counts)} for r in runs]))
+        print(json.dumps([{"id": r.id, "created_at": r.created_at,
+                           "status": shown_status(r.status, r.owner_until, now),
+                           "recorded_status": r.status, "owner": r.owner,
+                           "owner_until": r.owner_until, "goal": r.goal,
+                           "counts": dict(r.counts)} for r in runs]))
         return EXIT_OK
     if not runs:
         print("no runs")
     for r in runs:
         counts = ", ".join(f"{k} {v}" for k, v in r.counts.items() if v)
-        print(f"{r.id}  {r.status:<9} {counts}  {r.goal[:60]}")
+        status = shown_status(r.status, r.owner_until, now)
+        print(f"{r.id}  {status:<11} {counts}  {r.goal[:60]}")
     return EXIT_OK
 
 

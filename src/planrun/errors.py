@@ -7,15 +7,18 @@
      ├── DispatchError
      │    ├── IllegalTransition  a status change the state machine forbids
      │    ├── StallError       task records stopped changing before the run finished
-     │    └── RunAborted       ``on_dead="abort_run"`` stopped the run
+     │    ├── RunAborted       ``on_dead="abort_run"`` stopped the run
+     │    └── RunInUse         another live process owns the run (its owner lease holds)
      ├── WorkerError           raised by (or on behalf of) a worker
      │    ├── TransientError   worth retrying: timeouts, connection errors, 408/409/429/5xx
      │    │    └── RateLimited  a 429, with the server's ``retry_after`` when it sent one
      │    └── PermanentError   retrying cannot help: 400/401/403/404/422, bad output, bad payload
      │         ├── BudgetExceeded  the run's token or money budget would be exceeded
-     │         └── ModelRefused    a refusal, a truncated (``length``) or filtered reply
+     │         ├── ModelRefused    a refusal, a truncated (``length``) or filtered reply
+     │         └── UnstorableValue a value (a result, a payload) that is not strict JSON
      ├── ConfigError           missing or invalid configuration (an API key, a model name)
      └── StoreError            a store could not read or write
+          └── UnknownRun       the store holds no run of that id
 
 Foreign errors (openai, sqlite3, psycopg) are translated into these at the adapter that
 meets them, with ``raise ... from exc``; none leaves planrun untranslated.
@@ -23,6 +26,7 @@ meets them, with ``raise ... from exc``; none leaves planrun untranslated.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,9 +47,12 @@ __all__ = [
     "PlanrunError",
     "RateLimited",
     "RunAborted",
+    "RunInUse",
     "StallError",
     "StoreError",
     "TransientError",
+    "UnknownRun",
+    "UnstorableValue",
     "UsageError",
     "WorkerError",
     "classify",
@@ -110,8 +117,31 @@ class RunAborted(DispatchError):
     """A task died under ``on_dead="abort_run"`` and the run was stopped."""
 
 
+class RunInUse(DispatchError):
+    """Another process owns the run: its owner lease has not expired.
+
+    ``owner`` names that process and ``until`` (epoch seconds) is when its lease ends unless
+    it renews it; a run has one owner at a time (see ``Store.acquire_run``).
+    """
+
+    def __init__(self, run_id: str, owner: str, until: float, now: float) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.until = until
+        ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+        super().__init__(
+            f"run {run_id} is owned by {owner}, whose lease ends at {ends} "
+            f"(in {max(0.0, until - now):.0f} s) unless it renews it; if that process is "
+            "gone, resume after then"
+        )
+
+
 class StoreError(PlanrunError):
     """A store could not read or write."""
+
+
+class UnknownRun(StoreError):
+    """The store holds no run of that id."""
 
 
 class WorkerError(PlanrunError):
@@ -143,6 +173,20 @@ class BudgetExceeded(PermanentError):
 
 class ModelRefused(PermanentError):
     """The model refused, was cut off (``finish_reason == "length"``) or was filtered."""
+
+
+class UnstorableValue(PermanentError):
+    """A value that cannot be stored as strict JSON (a ``datetime``, a ``set``, ``NaN``...).
+
+    ``path`` locates the offending value inside the whole (``$``, ``$.rows[2].when``) and
+    ``type_name`` names its type. Permanent: the same value fails the same way every time,
+    so a store raises it at once instead of retrying.
+    """
+
+    def __init__(self, message: str, *, path: str = "$", type_name: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.type_name = type_name
 
 
 @dataclass(frozen=True)

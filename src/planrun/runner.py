@@ -252,7 +252,8 @@ async def aplan_and_run(
             **supervisor_options,
         )
         sup.add_tasks(plan.to_tasks())
-        result = await sup.arun()
+        async with _owning(opened, sup.run_id, sup.clock, new_run=True):
+            result = await sup.arun()
     return _report(plan, result, meter)
 
 
@@ -268,7 +269,11 @@ async def aresume_run(
     clock: Clock | None = None,
     **supervisor_options: Any,
 ) -> RunReport:
-    """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`."""
+    """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
+
+    The run is resumed under its owner lease (:mod:`planrun.ownership`): while another
+    live process owns it, this raises :class:`~planrun.errors.RunInUse` and changes nothing.
+    """
     from planrun.usage import Usage as UsageMeter
 
     app = app if isinstance(app, App) else App(app)
@@ -281,7 +286,8 @@ async def aresume_run(
             effects=app.effects, on_event=progress, extras={"model": model, "usage": meter},
             store=opened, **supervisor_options,
         )
-        result = await sup.aresume()
+        async with _owning(opened, run_id, sup.clock):
+            result = await sup.aresume()
         document = sup.meta.get("plan") or {"goal": sup.goal, "tasks": []}
     plan = Plan.parse(document, app.registry, min_tasks=0, max_tasks=READY_PLAN_MAX_TASKS)
     return _report(plan, result, meter)
@@ -307,6 +313,20 @@ async def _opened(store: Store | str | None) -> AsyncIterator[Store | None]:
         yield opened
     finally:
         await opened.close()
+
+
+@contextlib.asynccontextmanager
+async def _owning(
+    store: Store | None, run_id: str, clock: Clock, new_run: bool = False
+) -> AsyncIterator[None]:
+    """Hold the run's owner lease while a durable run on the wall clock goes on."""
+    if store is None or not isinstance(clock, RealClock):
+        yield  # nothing durable, or simulated time: a lease in wall time means nothing
+        return
+    from planrun.ownership import hold_run
+
+    async with hold_run(store, run_id, new_run=new_run):
+        yield
 
 
 def plan_and_run(

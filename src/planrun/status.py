@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planrun.ledger import Event
-from planrun.stores.base import RunState
+from planrun.stores.base import RunState, shown_status
 from planrun.task import FINAL, Status
 
 __all__ = ["RunStatus", "Sample", "run_status", "timeline"]
@@ -26,10 +26,18 @@ class RunStatus:
 
     run_id: str
     run_status: str
+    """What the run's status means now (:func:`planrun.stores.base.shown_status`): as
+    recorded, or ``interrupted`` when it is not finished and no live process owns it."""
     counts: dict[str, int]
     active_by_worker: dict[str, int]
     oldest_unfinished_s: float | None
     oldest_unfinished: str | None
+    recorded_status: str = ""
+    """The status the last driver recorded (``running``, ``failed``, ``finished``...)."""
+    owner: str | None = None
+    """The process holding the run's owner lease, if any (it may have expired)."""
+    owner_until: float | None = None
+    """When that lease ends (epoch seconds)."""
 
     @property
     def finished(self) -> bool:
@@ -67,9 +75,13 @@ def run_status(state: RunState, now: float) -> RunStatus:
             continue
         if oldest is None or created < oldest[0]:
             oldest = (created, task.id)
+    run = state.run
     return RunStatus(
-        run_id=state.run.id,
-        run_status=state.run.status,
+        run_id=run.id,
+        run_status=shown_status(run.status, run.owner_until, now),
+        recorded_status=run.status,
+        owner=run.owner,
+        owner_until=run.owner_until,
         counts=counts,
         active_by_worker=dict(active),
         oldest_unfinished_s=None if oldest is None else max(0.0, now - oldest[0]),

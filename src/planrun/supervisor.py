@@ -509,10 +509,10 @@ class Supervisor:
                 batch, self._pending = self._pending, []
                 try:
                     await self.store.write(self.run_id, batch)
-                except StoreError:
+                except Exception as exc:  # an UnstorableValue is raised at once
                     self._pending[:0] = batch  # keep order; nothing is lost
                     self._store_down = self.core.paused = True
-                    if self.clock.now() >= deadline:
+                    if not isinstance(exc, StoreError) or self.clock.now() >= deadline:
                         raise
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)

@@ -417,8 +417,9 @@ def test_a_killed_worker_is_reclaimed_and_its_tasks_finished_by_others(db_url: s
                 state = await store.load_tasks(coordinator.run_id)
             except StoreError:  # the coordinator has not created the run yet
                 state = None
-            if state and all(t.status is Status.RUNNING and t.assigned_to == "victim"
-                             for t in state.tasks if t.id in slow.split(",")):
+            held = [t for t in state.tasks if t.id in slow.split(",")] if state else []
+            if len(held) == 2 and all(t.status is Status.RUNNING and t.assigned_to == "victim"
+                                      for t in held):  # both exist (add_tasks committed)
                 break
             await asyncio.sleep(0.05)
         victim.send_signal(signal.SIGKILL)

@@ -41,7 +41,8 @@ def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
 def test_run_runs_status_and_resume_after_a_kill(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     plan = plan_file(tmp_path)
-    slow = {"DIST_APP_SLOW": ",".join(f"t{i}" for i in range(20, 40)), "DIST_APP_SLOW_S": "60"}
+    slow = {"DIST_APP_SLOW": ",".join(f"t{i}" for i in range(20, 40)), "DIST_APP_SLOW_S": "60",
+            "PLANRUN_OWNER_TTL": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "planrun.cli", "run", str(plan), "--app", "dist_app:app",
          "--db", db, "--quiet"],
@@ -64,9 +65,14 @@ def test_run_runs_status_and_resume_after_a_kill(tmp_path: Path) -> None:
         _, run_err = proc.communicate(timeout=30)
     assert run_id is not None, (run_err[-2000:], listed and listed.stderr[-2000:])
 
-    status = cli("status", run_id, "--db", db, "--json")
-    snapshot = json.loads(status.stdout)
-    assert snapshot["counts"]["completed"] >= 20 and snapshot["run_status"] == "running"
+    deadline = time.time() + 20  # the dead supervisor's owner lease runs out
+    while time.time() < deadline:
+        snapshot = json.loads(cli("status", run_id, "--db", db, "--json").stdout)
+        if snapshot["run_status"] == "interrupted":
+            break
+        time.sleep(0.2)
+    assert snapshot["counts"]["completed"] >= 20 and snapshot["run_status"] == "interrupted"
+    assert snapshot["recorded_status"] == "running"
     assert snapshot["oldest_unfinished_s"] is not None
     assert sum(snapshot["active_by_worker"].values()) > 0
     text = cli("status", run_id, "--db", db).stdout
@@ -197,3 +203,78 @@ def test_run_records_its_retry_budget_for_resume(tmp_path: Path) -> None:
             await store.close()
 
     assert asyncio.run(meta())["retry_budget"] == 3
+
+
+def wait_for_progress(db: str, proc: subprocess.Popen[str], done: int) -> dict[str, Any]:
+    """Poll ``planrun runs --json`` until the one run has ``done`` completed tasks."""
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        listed = cli("runs", "--db", db, "--json")
+        runs = json.loads(listed.stdout) if listed.returncode == 0 and listed.stdout else []
+        if runs and runs[0]["counts"]["completed"] >= done:
+            return dict(runs[0])
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"no progress: {proc.communicate()[1][-2000:]}")
+
+
+def test_one_owner_a_killed_run_shows_interrupted_and_a_finished_one_says_so(
+    tmp_path: Path,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    ttl = {"PLANRUN_OWNER_TTL": "1.5"}
+    slow = {"DIST_APP_SLOW": ",".join(f"t{i}" for i in range(10, 20)), "DIST_APP_SLOW_S": "60",
+            **ttl}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planrun.cli", "run", str(plan_file(tmp_path, 20)), "--app",
+         "dist_app:app", "--db", db, "--quiet"],
+        env={**os.environ, "PYTHONPATH": str(HERE), **slow},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        live = wait_for_progress(db, proc, 10)
+        run_id = live["id"]
+        assert live["status"] == "running" and live["owner"], live
+        # A resume while the owner lives is refused, in one line naming the owner.
+        second = cli("resume", run_id, "--db", db, env=ttl)
+        assert second.returncode == 2
+        assert second.stderr.count("\n") == 1 and f"is owned by {live['owner']}" in second.stderr
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+    time.sleep(2.0)  # the dead owner's lease runs out
+    [dead] = json.loads(cli("runs", "--db", db, "--json").stdout)
+    assert (dead["status"], dead["recorded_status"]) == ("interrupted", "running")
+    assert f"{run_id}  interrupted" in cli("runs", "--db", db).stdout
+    snapshot = json.loads(cli("status", run_id, "--db", db, "--json").stdout)
+    assert snapshot["run_status"] == "interrupted"
+    assert "[interrupted]" in cli("status", run_id, "--db", db).stdout
+
+    resumed = cli("resume", run_id, "--db", db, "--quiet", env=ttl)
+    assert resumed.returncode == 0, resumed.stderr
+    [ended] = json.loads(cli("runs", "--db", db, "--json").stdout)
+    assert (ended["status"], ended["owner"]) == ("finished", None)
+    again = cli("resume", run_id, "--db", db)
+    assert again.returncode == 0 and again.stderr == ""
+    assert again.stdout == f"run {run_id} is already finished (completed 20); nothing to resume\n"
+
+
+def test_ctrl_c_on_a_local_run_leaves_it_interrupted_not_failed(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    slow = {"DIST_APP_SLOW": "t9", "DIST_APP_SLOW_S": "60"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planrun.cli", "run", str(plan_file(tmp_path, 10)), "--app",
+         "dist_app:app", "--db", db, "--quiet"],
+        env={**os.environ, "PYTHONPATH": str(HERE), **slow},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        run_id = wait_for_progress(db, proc, 9)["id"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    [stopped] = json.loads(cli("runs", "--db", db, "--json").stdout)
+    assert (stopped["id"], stopped["status"], stopped["recorded_status"]) == (
+        run_id, "interrupted", "failed")

@@ -11,6 +11,7 @@ The fixtures live here rather than in a ``conftest.py``: a second module named
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import random
@@ -24,12 +25,13 @@ from pathlib import Path
 import pytest
 from pgtest import PG_URL, fresh_schema
 
-from planrun.errors import StoreError
+from planrun.errors import RunInUse, StoreError, UnknownRun, UnstorableValue, UsageError
 from planrun.ledger import Event
 from planrun.stores import (
     SCHEMA_VERSION,
     PostgresStore,
     RunInfo,
+    RunOwner,
     SQLiteStore,
     Store,
     open_store,
@@ -129,6 +131,12 @@ def completed(task: Task, at: float = 5.0) -> Task:
 
 async def complete(store: Store, run_id: str, task: Task, seq: int) -> None:
     await store.write(run_id, [(completed(task), Event(seq, 5.0, task.id, "completed"))])
+
+
+def increasing(seqs: list[int]) -> bool:
+    """Store-made seqs are unique and increasing (dense in SQLite and memory, not in
+    PostgreSQL, whose sequence never waits for a commit)."""
+    return all(a < b for a, b in itertools.pairwise(seqs))
 
 
 # --- runs, tasks, events --------------------------------------------------------------------
@@ -237,7 +245,8 @@ async def test_a_value_that_is_not_json_writes_nothing(store: Store) -> None:
     good = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w")
     bad = Task("b", "k", {"when": object()})
 
-    with pytest.raises(StoreError, match="'b' payload cannot be stored as JSON"):
+    with pytest.raises(UnstorableValue,
+                       match=r"'b' payload cannot be stored as JSON: \$\.when has type object"):
         await store.write(
             run_id, [(good, Event(1, 2.0, "a", "assigned")), (bad, Event(2, 2.0, "b", "x"))]
         )
@@ -304,9 +313,8 @@ async def test_fenced_write_applies_over_the_current_token_only(store: Store) ->
     assert await store.write_fenced(run_id, done, event, expect_token=1)
     state = await store.load(run_id)
     assert state.tasks[0] == done
-    assert [(e.seq, e.event) for e in state.events] == [
-        (0, "created"), (1, "started"), (2, "completed")
-    ]
+    assert [e.event for e in state.events] == ["created", "started", "completed"]
+    assert increasing([e.seq for e in state.events])
 
     # A finished row takes nothing more, even with the right token.
     assert not await store.write_fenced(run_id, done, event, expect_token=1)
@@ -360,7 +368,8 @@ async def test_claim_starts_tasks_with_a_new_token_lease_and_event(store: Store)
     assert (task.assigned_to, task.token, task.lease, task.started_at) == ("w9", 5, 40.0, 10.0)
     state = await store.load(run_id)
     assert state.tasks == [task]
-    assert state.events[-1] == Event(1, 10.0, "a", "started", "w9", 5)
+    last = state.events[-1]
+    assert last == Event(last.seq, 10.0, "a", "started", "w9", 5) and last.seq > 0
 
 
 async def test_store_made_events_follow_the_callers_seqs(store: Store) -> None:
@@ -370,7 +379,8 @@ async def test_store_made_events_follow_the_callers_seqs(store: Store) -> None:
     got = await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0, limit=3)
 
     assert len(got) == 3
-    assert [e.seq for e in (await store.load(run_id)).events] == [0, 1, 41, 42, 43, 44]
+    seqs = [e.seq for e in (await store.load(run_id)).events]
+    assert seqs[:3] == [0, 1, 41] and len(seqs) == 6 and increasing(seqs)
 
 
 async def test_take_assigned_starts_only_this_workers_tasks(store: Store) -> None:
@@ -388,7 +398,8 @@ async def test_take_assigned_starts_only_this_workers_tasks(store: Store) -> Non
     assert task.id == "a"
     assert (task.status, task.token, task.lease, task.started_at) == (Status.RUNNING, 1, 15.0, 5.0)
     assert await store.take_assigned(run_id, "w1", now=6.0, lease_s=10.0) == []
-    assert (await store.load(run_id)).events[-1] == Event(5, 5.0, "a", "started", "w1", 1)
+    last = (await store.load(run_id)).events[-1]
+    assert last == Event(last.seq, 5.0, "a", "started", "w1", 1) and last.seq > 4
 
 
 async def test_without_now_the_store_stamps_a_start_after_what_it_saw(connect: Connect) -> None:
@@ -472,17 +483,20 @@ async def test_load_changed_reads_the_tasks_changed_since_a_seq(connect: Connect
     store, other = await connect(), await connect()
     run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
 
-    everything, seq = await store.load_changed(run_id, -1)
-    assert [t.id for t in everything] == ["a", "b", "c"] and seq == 2
-    assert await store.load_changed(run_id, seq) == ([], 2)
+    everything, cursor = await store.load_changed(run_id, -1)
+    assert [t.id for t in everything] == ["a", "b", "c"] and cursor >= 0
+    nothing, same = await store.load_changed(run_id, cursor)
+    assert nothing == [] and same >= cursor
 
     c = transition(Task("c", "k"), Status.ASSIGNED, assigned_to="w", token=1)
     assert await other.write_fenced(run_id, c, Event(-1, 2.0, "c", "assigned", "w", 1), 0)
     await other.claim(run_id, "w", ["k"], None, 30.0, limit=1)  # "a", by another connection
-    changed, after = await store.load_changed(run_id, seq)
+    changed, after = await store.load_changed(run_id, same)
     assert [(t.id, t.status) for t in changed] == [("a", Status.RUNNING),
                                                    ("c", Status.ASSIGNED)]
-    assert after == 4 and await store.load_changed(run_id, after) == ([], 4)
+    assert after > same
+    nothing, last = await store.load_changed(run_id, after)
+    assert nothing == [] and last >= after
     with pytest.raises(StoreError, match="unknown run"):
         await store.load_changed("nope", -1)
 
@@ -530,7 +544,8 @@ async def test_an_effect_and_its_event_are_recorded_once_together(connect: Conne
 
     state = await store.load(run_id)
     effects = [e for e in state.events if e.event == "effect"]
-    assert [(e.task, e.seq) for e in effects] == [("a", 3), ("b", 10), ("c", 11)]
+    assert [e.task for e in effects] == ["a", "b", "c"] and effects[1].seq == 10
+    assert increasing([e.seq for e in state.events]) and effects[0].seq > 2
     assert {t: r.state for t, r in state.effects.items()} == dict.fromkeys("abc", "applied")
     assert state.effects["a"].result in (1, 2)
     with pytest.raises(StoreError, match="no effect begun"):
@@ -675,8 +690,39 @@ async def test_reopening_keeps_the_data_and_the_schema(store_url: str) -> None:
         await again.close()
 
 
+UNDO_3_SQLITE = ["ALTER TABLE planrun_runs DROP COLUMN owner",
+                 "ALTER TABLE planrun_runs DROP COLUMN owner_until"]
+UNDO_3_POSTGRES = [
+    "DROP INDEX planrun_events_xid",
+    "ALTER TABLE planrun_events DROP COLUMN xid",
+    "ALTER TABLE planrun_runs DROP COLUMN owner, DROP COLUMN owner_until",
+    "ALTER TABLE planrun_runs RENAME COLUMN seq_base TO next_seq",
+    "DROP SEQUENCE planrun_event_seq",
+    # schema 2 kept the counter past every seq of the run
+    "UPDATE planrun_runs AS r SET next_seq = (SELECT coalesce(max(seq) + 1, 0) "
+    "FROM planrun_events AS e WHERE e.run_id = r.id)",
+]
+
+
+def as_version_2(store_url: str) -> None:
+    """Turn a fresh store back into schema 2 (no owner lease, a counter row in PostgreSQL)."""
+    if store_url.startswith("sqlite"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            for sql in UNDO_3_SQLITE:
+                conn.execute(sql)
+            conn.execute("UPDATE planrun_schema SET version = 2")
+        return
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        for sql in UNDO_3_POSTGRES:
+            conn.execute(sql)
+        conn.execute("UPDATE planrun_schema SET version = 2")
+
+
 def as_version_1(store_url: str, duplicate: tuple[str, int]) -> None:
     """Turn a fresh store back into schema 1, with an event stored twice under one seq."""
+    as_version_2(store_url)
     run_id, seq = duplicate
     copy = ("INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, "
             "detail) SELECT run_id, seq, at, task, event, worker, attempt, detail "
@@ -719,6 +765,50 @@ async def test_schema_1_is_migrated_to_one_event_per_seq(store_url: str) -> None
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1} is newer"):
         stamp(store_url, SCHEMA_VERSION + 1)
         await open_store(store_url).open()
+
+
+def schema_version(store_url: str) -> int:
+    if store_url.startswith("sqlite"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            return int(conn.execute("SELECT version FROM planrun_schema").fetchone()[0])
+    import psycopg
+
+    with psycopg.connect(store_url) as conn:
+        row = conn.execute("SELECT version FROM planrun_schema").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_schema_2_is_migrated_to_owner_leases_and_lock_free_numbering(
+    store_url: str,
+) -> None:
+    store = open_store(store_url)
+    await store.open()
+    run_id = await make_run(store, chain(3))
+    await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0)
+    await store.close()
+    as_version_2(store_url)
+    assert schema_version(store_url) == 2
+
+    again = open_store(store_url)
+    await again.open()
+    try:
+        assert schema_version(store_url) == SCHEMA_VERSION == 3
+        before = await again.load(run_id)
+        assert [e.event for e in before.events] == ["created"] * 3 + ["started"]
+        assert before.run.owner is None and await again.run_owner(run_id) is None
+        await again.acquire_run(run_id, "me", ttl=30.0, now=10.0)
+        assert await again.run_owner(run_id) == RunOwner("me", 40.0)
+        await complete(again, run_id, chain(3)[0], seq=before.events[-1].seq + 1)
+        await again.claim(run_id, "w", ["k"], now=12.0, lease_s=30.0)  # t1, store-numbered
+        after = await again.load(run_id)
+        seqs = [e.seq for e in after.events]
+        assert increasing(seqs) and len(seqs) == 6
+        changed, _ = await again.load_changed(run_id, -1)
+        assert [t.id for t in changed] == ["t0", "t1", "t2"]
+    finally:
+        await again.close()
 
 
 @pytest.mark.parametrize("backend", PERSISTENT)
@@ -886,3 +976,95 @@ async def test_append_event_is_numbered_after_everything_else(store: Store) -> N
     assert events[-1].seq > 7 and len({e.seq for e in events}) == len(events)
     with pytest.raises(StoreError, match="unknown run"):
         await store.append_event("nope", Event(-1, 9.0, "t0", "effect"))
+
+
+# --- the run's owner lease --------------------------------------------------------------------
+
+
+async def test_a_run_has_one_owner_at_a_time(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    assert await store.run_owner(run_id) is None
+
+    await store.acquire_run(run_id, "p1", ttl=30.0, now=100.0)
+    assert await store.run_owner(run_id) == RunOwner("p1", 130.0)
+    with pytest.raises(RunInUse, match=r"run run-\w+ is owned by p1, whose lease ends") as info:
+        await store.acquire_run(run_id, "p2", ttl=30.0, now=120.0)
+    assert (info.value.owner, info.value.until) == ("p1", 130.0)
+    await store.acquire_run(run_id, "p1", ttl=30.0, now=120.0)  # ours already: extended
+    assert await store.run_owner(run_id) == RunOwner("p1", 150.0)
+    assert await store.renew_run(run_id, "p1", ttl=30.0, now=140.0) is True
+    assert await store.renew_run(run_id, "p2", ttl=30.0, now=140.0) is False
+    state, [summary] = await store.load(run_id), await store.list_runs()
+    assert (state.run.owner, state.run.owner_until) == ("p1", 170.0)
+    assert (summary.owner, summary.owner_until) == ("p1", 170.0)
+
+    # The lease ran out: another process takes the run, and the old owner cannot renew.
+    await store.acquire_run(run_id, "p2", ttl=30.0, now=171.0)
+    assert await store.renew_run(run_id, "p1", ttl=30.0, now=172.0) is False
+    await store.release_run(run_id, "p1")  # not the owner: nothing changes
+    assert await store.run_owner(run_id) == RunOwner("p2", 201.0)
+    await store.release_run(run_id, "p2")
+    assert await store.run_owner(run_id) is None
+    await store.acquire_run(run_id, "p3", ttl=5.0, now=172.0)  # released: free at once
+    assert await store.run_owner(run_id) == RunOwner("p3", 177.0)
+
+
+async def test_owner_calls_name_an_unknown_run_and_refuse_a_bad_ttl(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    for call in (store.acquire_run("nope", "p", 30.0, 1.0), store.renew_run("nope", "p", 30.0, 1.0),
+                 store.release_run("nope", "p"), store.run_owner("nope")):
+        with pytest.raises(UnknownRun, match="unknown run 'nope'"):
+            await call
+    with pytest.raises(UsageError, match="positive ttl"):
+        await store.acquire_run(run_id, "p", 0.0, 1.0)
+    assert await store.run_owner(run_id) is None
+
+
+async def test_two_connections_racing_to_acquire_get_one_owner(connect: Connect) -> None:
+    store, other = await connect(), await connect()
+    for _ in range(8):
+        run_id = await make_run(store, [Task("a", "k")])
+        now = time.time()
+        got = await asyncio.gather(store.acquire_run(run_id, "p1", 30.0, now),
+                                   other.acquire_run(run_id, "p2", 30.0, now),
+                                   return_exceptions=True)
+        refused = [r for r in got if isinstance(r, RunInUse)]
+        assert sorted(map(repr, got)).count("None") == 1 and len(refused) == 1, got
+        owner = await other.run_owner(run_id)
+        assert owner is not None and refused[0].owner == owner.name
+
+
+# --- values that are not JSON -------------------------------------------------------------------
+
+
+async def test_a_result_that_is_not_json_fails_at_once_naming_type_and_path(
+    store: Store,
+) -> None:
+    import datetime
+
+    run_id = await make_run(store, [Task("a", "k")])
+    before = await store.load(run_id)
+    bad = completed(Task("a", "k")).evolve(result={"rows": [{"ok": 1}, {"when": datetime.date(
+        2026, 1, 2)}]})
+
+    with pytest.raises(UnstorableValue, match=r"task 'a' result cannot be stored as JSON: "
+                       r"\$\.rows\[1\]\.when has type datetime\.date") as info:
+        await store.write(run_id, [(bad, Event(1, 2.0, "a", "completed"))])
+    assert not isinstance(info.value, StoreError)  # permanent: no driver retries it
+    assert (info.value.path, info.value.type_name) == ("$.rows[1].when", "datetime.date")
+    with pytest.raises(UnstorableValue, match=r"\$ has type set"):
+        await store.write_fenced(run_id, bad.evolve(result={1, 2}),
+                                 Event(-1, 2.0, "a", "completed"), 0)
+    await store.effect_begin(run_id, "a", "key-a", at=2.0)
+    with pytest.raises(UnstorableValue, match=r"effect result of task 'a' cannot be stored "
+                       r"as JSON: \$\.n is the float nan"):
+        await store.effect_done(run_id, "a", {"n": float("nan")}, 3.0)
+    after = await store.load(run_id)
+    assert (after.tasks, after.events) == (before.tasks, before.events)
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_a_value_that_is_not_json_is_refused_before_any_io(store_url: str) -> None:
+    store = open_store(store_url)  # never opened: an encoding error comes first
+    with pytest.raises(UnstorableValue, match="payload cannot be stored as JSON"):
+        await store.write("r", [(Task("a", "k", {"x": b"bytes"}), Event(0, 1.0, "a", "x"))])

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from planrun.errors import ConfigError, StoreError, UsageError
+from planrun.errors import ConfigError, UnstorableValue, UsageError
 from planrun.ledger import Event
 from planrun.stores import (
     InMemoryStore,
@@ -56,7 +56,7 @@ async def test_records_read_back_are_copies() -> None:
 async def test_a_nan_is_refused_like_a_database_would() -> None:
     store = InMemoryStore()
     await store.create_run(RunInfo("r", 1.0))
-    with pytest.raises(StoreError, match="cannot be stored as JSON"):
+    with pytest.raises(UnstorableValue, match=r"cannot be stored as JSON: \$\.x is the float nan"):
         await store.add_tasks("r", [Task("a", "k", {"x": float("nan")})], [])
 
 
@@ -77,7 +77,7 @@ def test_every_backend_has_the_protocols_methods_with_the_same_signatures() -> N
         for name, member in vars(Store).items()
         if inspect.iscoroutinefunction(member)
     }
-    assert len(wanted) == 23  # with append_event, load_tasks, load_some and load_changed
+    assert len(wanted) == 27  # with the owner lease: acquire, renew, release, run_owner
     for cls in (InMemoryStore, SQLiteStore, PostgresStore):
         for name, signature in wanted.items():
             assert inspect.signature(getattr(cls, name)) == signature, (cls, name)

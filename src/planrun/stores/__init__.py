@@ -17,10 +17,13 @@ from planrun.stores.base import (
     SCHEMA_VERSION,
     EffectRecord,
     RunInfo,
+    RunOwner,
     RunState,
     RunSummary,
     Store,
     mask_url,
+    shown_status,
+    strict_json,
 )
 from planrun.stores.memory import InMemoryStore
 from planrun.stores.postgres import PostgresStore
@@ -32,12 +35,15 @@ __all__ = [
     "InMemoryStore",
     "PostgresStore",
     "RunInfo",
+    "RunOwner",
     "RunState",
     "RunSummary",
     "SQLiteStore",
     "Store",
     "mask_url",
     "open_store",
+    "shown_status",
+    "strict_json",
 ]
 
 ENV_VAR = "PLANRUN_DB"

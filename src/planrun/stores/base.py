@@ -16,32 +16,46 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from planrun.errors import IllegalTransition, StoreError
+from planrun.errors import IllegalTransition, StoreError, UnknownRun, UnstorableValue, UsageError
 from planrun.ledger import Event
 from planrun.redact import redact
 from planrun.task import CLAIMED_START, PUSHED_START, Status, Task, allowed
 
 __all__ = [
+    "FINISHED_RUN",
+    "INTERRUPTED",
     "SCHEMA_VERSION",
     "EffectRecord",
     "RunInfo",
+    "RunOwner",
     "RunState",
     "RunSummary",
     "Store",
     "mask_url",
+    "shown_status",
+    "strict_json",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema version this code creates and understands; ``open()`` refuses a newer one.
 
 1: runs, tasks, events, effects, workers. 2: one event per ``(run, seq)``, so writing a
-batch again (after a commit whose answer was lost) adds nothing."""
+batch again (after a commit whose answer was lost) adds nothing. 3: the run's owner lease
+(``owner``, ``owner_until``); in PostgreSQL, events numbered from a sequence and stamped
+with their transaction id, so no writer waits for another to number its events."""
+
+FINISHED_RUN = frozenset({"finished", "aborted"})
+"""Run statuses that mean the run is over: nothing is left to resume."""
+
+INTERRUPTED = "interrupted"
+"""The status shown for a run that is not over and has no live owner: resume it."""
 
 EFFECT_STARTED = "started"
 EFFECT_APPLIED = "applied"
@@ -54,8 +68,14 @@ class RunInfo:
     id: str
     created_at: float
     status: str = "running"
+    """As the last driver recorded it; :func:`shown_status` tells what it means now."""
     goal: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    owner: str | None = None
+    """The process holding the run's owner lease (None: nobody; see
+    :meth:`Store.acquire_run`). ``create_run`` ignores it: a run starts unowned."""
+    owner_until: float | None = None
+    """When that lease ends (epoch seconds) unless its owner renews it."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +88,37 @@ class RunSummary:
     goal: str
     counts: Mapping[str, int]
     """Number of tasks per status; every status is present, zero when none."""
+    owner: str | None = None
+    """As in :class:`RunInfo`."""
+    owner_until: float | None = None
+    """As in :class:`RunInfo`."""
+
+
+@dataclass(frozen=True)
+class RunOwner:
+    """Who holds a run's owner lease, and until when (epoch seconds)."""
+
+    name: str
+    until: float
+
+    def live(self, now: float) -> bool:
+        """Whether the lease still holds at ``now``."""
+        return self.until >= now
+
+
+def shown_status(status: str, owner_until: float | None, now: float) -> str:
+    """What a run's status means at ``now``: how it stopped does not decide it.
+
+    A finished or aborted run shows as recorded. Any other run shows as recorded while an
+    owner's lease holds, and as :data:`INTERRUPTED` (resumable) when no live process owns
+    it, whether it stopped on Ctrl-C (recorded ``failed``), SIGKILL or a lost machine
+    (recorded ``running``).
+    """
+    if status in FINISHED_RUN:
+        return status
+    if owner_until is not None and owner_until >= now:
+        return status
+    return INTERRUPTED
 
 
 @dataclass(frozen=True)
@@ -100,7 +151,9 @@ class Store(Protocol):
 
     Every method is a coroutine, called from the supervisor's event loop (or a worker
     process's). Every failure is a :class:`planrun.errors.StoreError`; no driver exception
-    leaves a store.
+    leaves a store. One exception: a value that cannot be stored as JSON is a
+    :class:`planrun.errors.UnstorableValue` (permanent, raised before anything is written:
+    retrying the same value cannot help).
     """
 
     url: str
@@ -120,6 +173,30 @@ class Store(Protocol):
 
     async def set_run_status(self, run_id: str, status: str) -> None:
         """Change a run's status (``running``, ``completed``, ``aborted``, …)."""
+        ...
+
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+        """Make ``owner`` the run's one owner until ``now + ttl``, atomically.
+
+        Succeeds when the run has no owner, when its owner's lease ended before ``now``, or
+        when ``owner`` already holds it (then the lease is extended). Otherwise raises
+        :class:`planrun.errors.RunInUse` naming the live owner and when its lease ends; an
+        unknown run is a :class:`planrun.errors.UnknownRun`.
+        """
+        ...
+
+    async def renew_run(self, run_id: str, owner: str, ttl: float, now: float) -> bool:
+        """Extend ``owner``'s lease to ``now + ttl``; False when another owner holds the run
+        (``owner`` lost it after its lease expired). An expired lease nobody took is renewed.
+        """
+        ...
+
+    async def release_run(self, run_id: str, owner: str) -> None:
+        """Give up the lease if ``owner`` holds it (else nothing changes)."""
+        ...
+
+    async def run_owner(self, run_id: str) -> RunOwner | None:
+        """The run's owner and lease end as stored (maybe expired), or None when unowned."""
         ...
 
     async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
@@ -154,12 +231,16 @@ class Store(Protocol):
         ...
 
     async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
-        """The tasks that events numbered after ``after`` name, as they are now (in task
-        order), and the last seq read (``after`` when there is none): what changed since.
+        """What changed since cursor ``after``: the tasks named by events written since,
+        as they are now (in task order), and the cursor to pass next time.
 
-        One snapshot. Every change of a task comes with an event (a lease renewal does
-        not), and a store numbers events in commit order, so a reader that passes back the
-        seq it got misses nothing. ``after=-1`` reads every task that has an event.
+        Every change of a task comes with an event (a lease renewal does not), and a reader
+        that passes back the cursor it got misses no change, whatever order concurrent
+        writers commit in. A task may come back again in a later call (it is the current
+        row: reading it twice is harmless). ``after=-1`` reads every task that has an
+        event. The cursor is the store's own (SQLite and memory: the last seq read, their
+        writers number events in commit order; PostgreSQL: a transaction horizon, see
+        :mod:`planrun.stores.postgres`): only pass back what a call returned.
         """
         ...
 
@@ -269,20 +350,72 @@ def one_line(exc: BaseException) -> str:
 
 
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-_EMPTY: dict[Any, str] = {}
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def strict_json(value: Any, what: str = "value") -> str:
+    """Encode ``value`` as strict JSON text, or raise :class:`~planrun.errors.UnstorableValue`.
+
+    Strict: objects, arrays (lists and tuples), strings, finite numbers, booleans and null;
+    no ``NaN`` or infinity, no ``datetime``, ``set``, ``bytes`` or other object. The error
+    is one line that says what (``what``), where inside it and which type, e.g. ``task 'a'
+    result cannot be stored as JSON: $.rows[2].when has type datetime.datetime``. The same value
+    fails the same way every time: callers fail the task, they do not retry.
+    """
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        path, type_name, why = _offender(value)
+        raise UnstorableValue(f"{what} cannot be stored as JSON: {path} {why}",
+                              path=path, type_name=type_name) from exc
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def _offender(value: Any) -> tuple[str, str, str]:
+    """Where the first value JSON cannot hold sits in ``value``: (path, type, reason)."""
+    stack: list[tuple[str, Any, int]] = [("$", value, 0)]
+    seen: set[int] = set()
+    while stack:
+        path, item, depth = stack.pop()
+        if isinstance(item, str | bool | int | type(None)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return path, "float", f"is the float {item} (JSON has no NaN or infinity)"
+            continue
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen or depth > 900:
+                return path, _type_name(item), "is nested too deep (or contains itself)"
+            seen.add(id(item))
+            if isinstance(item, dict):
+                children = []
+                for key, child in item.items():
+                    if not isinstance(key, _KEY_TYPES):
+                        return path, _type_name(key), f"has a key of type {_type_name(key)}"
+                    text = str(key)
+                    sub = f"{path}.{text}" if text.isidentifier() else f"{path}[{text!r}]"
+                    children.append((sub, child, depth + 1))
+            else:
+                children = [(f"{path}[{i}]", child, depth + 1) for i, child in enumerate(item)]
+            stack.extend(reversed(children))
+            continue
+        return path, _type_name(item), f"has type {_type_name(item)}"
+    return "$", _type_name(value), f"has type {_type_name(value)}"  # pragma: no cover
 
 
 def dump_json(value: Any, what: str) -> str:
-    """Encode ``value`` as strict JSON; a value that cannot be stored is a StoreError."""
-    # Every transition rewrites the row: the common empty values skip the encoder.
+    """Encode ``value`` as strict JSON (:func:`strict_json`); the common empty values skip
+    the encoder, since every transition rewrites the row."""
     if value is None:
         return "null"
     if not value and isinstance(value, dict | list | tuple):
         return "{}" if isinstance(value, dict) else "[]"
-    try:
-        return _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} cannot be stored as JSON: {exc}") from exc
+    return strict_json(value, what)
 
 
 def load_json(value: Any) -> Any:
@@ -403,7 +536,7 @@ def event_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Event
 
 
 def run_row(run: RunInfo) -> dict[str, Any]:
-    """The row of a run."""
+    """The row of a run (a new run has no owner: :meth:`Store.acquire_run` sets one)."""
     return {
         "id": run.id,
         "created_at": run.created_at,
@@ -415,13 +548,23 @@ def run_row(run: RunInfo) -> dict[str, Any]:
 
 def run_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> RunInfo:
     """Build a run from a row."""
+    until = row.get("owner_until")
     return RunInfo(
         id=row["id"],
         created_at=row["created_at"],
         status=row["status"],
         goal=row["goal"],
         meta=dict(decode(row["meta"]) or {}),
+        owner=row.get("owner"),
+        owner_until=None if until is None else float(until),
     )
+
+
+def owner_from_row(row: Mapping[str, Any] | None) -> RunOwner | None:
+    """The owner of a run row (``owner``, ``owner_until``), None when unowned."""
+    if row is None or row["owner"] is None or row["owner_until"] is None:
+        return None
+    return RunOwner(row["owner"], float(row["owner_until"]))
 
 
 def effect_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> EffectRecord:
@@ -451,7 +594,8 @@ def summarize(runs: Sequence[RunInfo], counts: Sequence[Mapping[str, Any]]) -> l
     by_run: dict[str, dict[str, int]] = {r.id: dict.fromkeys(map(str, Status), 0) for r in runs}
     for row in counts:
         by_run[row["run_id"]][row["status"]] = int(row["n"])
-    return [RunSummary(r.id, r.created_at, r.status, r.goal, by_run[r.id]) for r in runs]
+    return [RunSummary(r.id, r.created_at, r.status, r.goal, by_run[r.id], r.owner,
+                       r.owner_until) for r in runs]
 
 
 def start_statuses(claimed: bool) -> dict[str, str]:
@@ -469,8 +613,14 @@ def started_event(task: Task, now: float, seq: int) -> Event:
 
 
 def unknown_run(run_id: str) -> StoreError:
-    """The error for a run the store does not hold."""
-    return StoreError(f"unknown run {run_id!r}")
+    """The error for a run the store does not hold (an :class:`UnknownRun`)."""
+    return UnknownRun(f"unknown run {run_id!r}")
+
+
+def check_lease(ttl: float) -> None:
+    """Refuse a lease that ends before it starts."""
+    if not ttl > 0:
+        raise UsageError(f"an owner lease needs a positive ttl, not {ttl!r}")
 
 
 def newer_schema(url: str, found: int) -> StoreError:

@@ -15,16 +15,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from planrun.errors import StoreError
+from planrun.errors import RunInUse, StoreError
 from planrun.ledger import Event
 from planrun.stores.base import (
     EFFECT_APPLIED,
     EFFECT_STARTED,
     EffectRecord,
     RunInfo,
+    RunOwner,
     RunState,
     RunSummary,
     Waiters,
+    check_lease,
     dump_json,
     effect_from_row,
     event_from_row,
@@ -118,7 +120,7 @@ class InMemoryStore:
     async def create_run(self, run: RunInfo) -> None:
         """Insert a run; an existing id is a StoreError."""
         self._record("create_run", run=run)
-        row = run_row(run)
+        row = run_row(run) | {"owner": None, "owner_until": None}
         if run.id in self._runs:
             raise StoreError(f"run {run.id!r} already exists")
         self._runs[run.id] = _Run(row)
@@ -129,6 +131,42 @@ class InMemoryStore:
         self._record("set_run_status", run_id=run_id, status=status)
         self._run(run_id).row["status"] = status
         self._changed(run_id)
+
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+        """Own the run until ``now + ttl`` unless another owner's lease holds (RunInUse)."""
+        self._record("acquire_run", run_id=run_id, owner=owner, ttl=ttl, now=now)
+        check_lease(ttl)
+        row = self._run(run_id).row
+        held, until = row["owner"], row["owner_until"]
+        if held is not None and held != owner and until is not None and until >= now:
+            raise RunInUse(run_id, held, until, now)
+        row.update(owner=owner, owner_until=now + ttl)
+
+    async def renew_run(self, run_id: str, owner: str, ttl: float, now: float) -> bool:
+        """Extend ``owner``'s lease; False when another owner holds the run."""
+        self._record("renew_run", run_id=run_id, owner=owner, ttl=ttl, now=now)
+        check_lease(ttl)
+        row = self._run(run_id).row
+        if row["owner"] != owner:
+            return False
+        row["owner_until"] = now + ttl
+        return True
+
+    async def release_run(self, run_id: str, owner: str) -> None:
+        """Give up ``owner``'s lease (nothing changes when another holds it)."""
+        self._record("release_run", run_id=run_id, owner=owner)
+        row = self._run(run_id).row
+        if row["owner"] == owner:
+            row.update(owner=None, owner_until=None)
+        self._changed(run_id)
+
+    async def run_owner(self, run_id: str) -> RunOwner | None:
+        """The stored owner and lease end, or None."""
+        self._record("run_owner", run_id=run_id)
+        row = self._run(run_id).row
+        if row["owner"] is None or row["owner_until"] is None:
+            return None
+        return RunOwner(row["owner"], row["owner_until"])
 
     async def load(self, run_id: str) -> RunState:
         """Everything about one run (copies)."""

@@ -7,9 +7,43 @@ sends ``NOTIFY planrun, '<run id>'`` at commit; :meth:`PostgresStore.wait_for_ch
 listens on a connection of its own.
 
 A dropped connection is the pool's to replace; a call that fails with a connection error
-(or a deadlock or serialization failure) is run again, whole, a few times with backoff
+(or a deadlock or serialization failure, a lock wait past ``lock_timeout``, a session cut off
+by ``idle_in_transaction_session_timeout``) is run again, whole, a few times with backoff
 (tenacity) before it becomes a :class:`~planrun.errors.StoreError`. A retried write whose
-first commit reached the server before the connection dropped appends its events twice.
+first commit reached the server before the connection dropped stores its events once
+(one event per ``(run, seq)``).
+
+No writer waits for another to number its events
+-------------------------------------------------
+A store-made event (a claim's ``started``, a fenced write's, an ``effect``) takes
+``seq_base + nextval('planrun_event_seq')``: a sequence hands out distinct, increasing
+numbers without a lock held to commit, so a writer stopped inside its transaction (SIGSTOP,
+a long GC pause, a stalled VM) holds only the task rows it is changing. ``seq_base`` is kept
+past every seq a caller numbered itself (the in-process supervisor numbers its own ledger;
+a run has one driver at a time, see the owner lease), so the two never meet. Store-made
+seqs are unique and increasing per run, not dense.
+
+Every connection sets ``idle_in_transaction_session_timeout`` (default 10 s) and
+``lock_timeout`` (default 5 s): the server cuts off a session that sits idle inside a
+transaction, rolling it back and releasing its locks, so a stopped process cannot hold
+anything for long, and a call waiting for a lock gives up (and is retried) rather than
+wait behind it. Both are constructor arguments; ``None`` keeps the server's setting.
+
+Reading what changed, in commit order
+-------------------------------------
+Numbers handed out at insert time are not commit order: a reader may see seq 6 committed
+while seq 5 is still in flight, and a cursor "after 6" would skip 5 for good. So
+:meth:`PostgresStore.load_changed` does not use seqs as its cursor. Each event row carries
+the id of the transaction that wrote it (``xid``, from ``pg_current_xact_id()``), and every
+transaction that may add events to a run first takes a shared advisory lock named after
+the run (no writer waits for it). The cursor is a transaction id ``h``: the lowest id among
+the transactions holding that lock, read from ``pg_locks``, or, when none does, the xmax of
+that statement's snapshot. A writer takes the lock before it gets an id, so any writer with
+an id below ``h`` has ended before ``h`` was read, and a later statement sees its events.
+The next call reads every event with ``xid >= h``: a transaction still in flight is read
+when it commits, and a change committed after an older, slower one is read (again) until
+the older one ends: a task may come back twice, never be missed. Only this run's writers
+hold the cursor back, and the session timeout bounds how long a stopped one can.
 
 psycopg is imported only when a store is made, so planrun imports without the
 ``postgres`` extra; without it, :class:`PostgresStore` raises
@@ -37,16 +71,18 @@ from tenacity import (
     wait_random,
 )
 
-from planrun.errors import ConfigError, StoreError
+from planrun.errors import ConfigError, RunInUse, StoreError, UsageError
 from planrun.ledger import Event
 from planrun.stores.base import (
     SCHEMA_VERSION,
     TASK_COLUMNS,
     EffectRecord,
     RunInfo,
+    RunOwner,
     RunState,
     RunSummary,
     Waiters,
+    check_lease,
     dump_json,
     effect_from_row,
     event_from_row,
@@ -57,6 +93,7 @@ from planrun.stores.base import (
     mask_url,
     newer_schema,
     one_line,
+    owner_from_row,
     run_from_row,
     run_row,
     start_statuses,
@@ -84,6 +121,11 @@ T = TypeVar("T")
 
 Q = load_queries("postgres")
 CHANNEL = "planrun"
+
+LOCK_TIMEOUT = 5.0
+"""Default ``lock_timeout`` of every connection, in seconds."""
+IDLE_IN_TRANSACTION_TIMEOUT = 10.0
+"""Default ``idle_in_transaction_session_timeout`` of every connection, in seconds."""
 
 
 @functools.cache
@@ -154,6 +196,11 @@ class PostgresStore:
         pool_timeout: seconds a call waits for a free (or re-established) connection.
         attempts: tries of a call that fails with a connection error, before StoreError.
         application_name: how the connections appear in ``pg_stat_activity``.
+        lock_timeout: seconds a statement waits for a lock before it fails (and the call is
+            retried); ``None`` keeps the server's setting.
+        idle_in_transaction_timeout: seconds after which the server cuts off one of these
+            sessions sitting idle inside a transaction (its process stopped), rolling the
+            transaction back; ``None`` keeps the server's setting.
     """
 
     def __init__(
@@ -166,7 +213,14 @@ class PostgresStore:
         pool_timeout: float = 10.0,
         attempts: int = 4,
         application_name: str = "planrun",
+        lock_timeout: float | None = LOCK_TIMEOUT,
+        idle_in_transaction_timeout: float | None = IDLE_IN_TRANSACTION_TIMEOUT,
     ) -> None:
+        for name, value in (("lock_timeout", lock_timeout),
+                            ("idle_in_transaction_timeout", idle_in_transaction_timeout)):
+            if value is not None and not value > 0:
+                raise UsageError(f"{name} must be a positive number of seconds or None, "
+                                 f"not {value!r}")
         self._drivers = _drivers()
         self._conninfo = url
         self._secret = _password(url)
@@ -177,6 +231,8 @@ class PostgresStore:
         self.pool_timeout = pool_timeout
         self.attempts = attempts
         self.application_name = application_name
+        self.lock_timeout = lock_timeout
+        self.idle_in_transaction_timeout = idle_in_transaction_timeout
         self._pool: AsyncConnectionPool[Any] | None = None
         self._waiters = Waiters()
         self._listener: asyncio.Task[None] | None = None
@@ -195,6 +251,8 @@ class PostgresStore:
 
     def _retryable(self, exc: BaseException) -> bool:
         d = self._drivers
+        if isinstance(exc, d.psycopg.errors.IdleInTransactionSessionTimeout):
+            return True  # the server rolled the transaction back: run it again
         return isinstance(exc, d.psycopg.OperationalError) and not isinstance(
             exc, d.pool.PoolTimeout | d.pool.PoolClosed
         )
@@ -216,8 +274,27 @@ class PostgresStore:
         )
         return conn
 
-    async def _tx(self, fn: Callable[[Cursor], Awaitable[T]], snapshot: bool = False) -> T:
-        """Run ``fn`` in one transaction, again on a connection error; translate errors."""
+    async def _configure(self, conn: AsyncConnection[Any], locks: bool = True) -> None:
+        """Set the session's timeouts (see the module docstring); ``conn`` is in autocommit."""
+        settings = [("idle_in_transaction_session_timeout", self.idle_in_transaction_timeout)]
+        if locks:
+            settings.append(("lock_timeout", self.lock_timeout))
+        for name, seconds in settings:
+            if seconds is not None:
+                value = f"{max(1, round(seconds * 1000))}ms"
+                await conn.execute(Q["set_session"], {"name": name, "value": value})
+
+    async def _tx(
+        self,
+        fn: Callable[[Cursor], Awaitable[T]],
+        snapshot: bool = False,
+        writing: str | None = None,
+    ) -> T:
+        """Run ``fn`` in one transaction, again on a connection error; translate errors.
+
+        ``writing`` names the run when ``fn`` may add events to it: the transaction takes the
+        run's writing lock first (see :meth:`load_changed`).
+        """
         pool = self._pool
         if pool is None:
             raise StoreError(f"{self.url}: the store is not open (call open() first)")
@@ -229,6 +306,8 @@ class PostgresStore:
                 async with conn.cursor(row_factory=d.dict_row) as cur:
                     if snapshot:
                         await cur.execute(Q["snapshot"])
+                    if writing is not None:
+                        await cur.execute(Q["writing"], {"run_id": writing})
                     return await fn(cur)
 
         retrying = AsyncRetrying(
@@ -256,6 +335,7 @@ class PostgresStore:
             raise self._error(exc, "cannot connect: ") from exc
         try:
             async with conn:
+                await self._configure(conn, locks=False)  # opens wait for one another
                 await self._migrate(conn)
             pool: AsyncConnectionPool[Any] = d.pool.AsyncConnectionPool(
                 self._conninfo,
@@ -263,6 +343,7 @@ class PostgresStore:
                 max_size=self.max_size,
                 timeout=self.pool_timeout,
                 kwargs={"autocommit": True, **self._connect_kwargs()},
+                configure=self._configure,
                 open=False,
                 name="planrun",
             )
@@ -320,6 +401,62 @@ class PostgresStore:
 
         await self._tx(go)
 
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+        """Own the run until ``now + ttl`` unless another owner's lease holds (RunInUse)."""
+        check_lease(ttl)
+        args = {"run_id": run_id, "owner": owner, "until": now + ttl, "now": now}
+
+        async def go(cur: Cursor) -> RunOwner | None:
+            await cur.execute(Q["acquire_run"], args)
+            if await cur.fetchone() is not None:
+                await cur.execute(Q["notify"], {"run_id": run_id})
+                return None
+            await cur.execute(Q["get_owner"], args)
+            row = await cur.fetchone()
+            if row is None:
+                raise unknown_run(run_id)
+            return owner_from_row(row)
+
+        holder = await self._tx(go)
+        if holder is not None:
+            raise RunInUse(run_id, holder.name, holder.until, now)
+
+    async def renew_run(self, run_id: str, owner: str, ttl: float, now: float) -> bool:
+        """Extend ``owner``'s lease; False when another owner holds the run."""
+        check_lease(ttl)
+        args = {"run_id": run_id, "owner": owner, "until": now + ttl}
+
+        async def go(cur: Cursor) -> bool:
+            await cur.execute(Q["renew_run"], args)
+            if await cur.fetchone() is not None:
+                return True
+            await self._require_run(cur, run_id)
+            return False
+
+        return await self._tx(go)
+
+    async def release_run(self, run_id: str, owner: str) -> None:
+        """Give up ``owner``'s lease (nothing changes when another holds it)."""
+        args = {"run_id": run_id, "owner": owner}
+
+        async def go(cur: Cursor) -> None:
+            await self._touch(cur, run_id)
+            await cur.execute(Q["release_run"], args)
+
+        await self._tx(go)
+
+    async def run_owner(self, run_id: str) -> RunOwner | None:
+        """The stored owner and lease end, or None."""
+
+        async def go(cur: Cursor) -> RunOwner | None:
+            await cur.execute(Q["get_owner"], {"run_id": run_id})
+            row = await cur.fetchone()
+            if row is None:
+                raise unknown_run(run_id)
+            return owner_from_row(row)
+
+        return await self._tx(go)
+
     async def load(self, run_id: str) -> RunState:
         """Everything about one run, read in one snapshot."""
         return await self._read(run_id, events=True)
@@ -340,23 +477,23 @@ class PostgresStore:
         return await self._tx(go, snapshot=True)
 
     async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
-        """Tasks named by events after ``after``, and the last seq read (one snapshot).
-
-        Seqs follow commit order: each transaction that numbers events holds the run's
-        row until it commits, so no lower seq can appear after a higher one was read.
+        """Tasks named by events of transactions from cursor ``after`` on, and the next
+        cursor: a transaction horizon, so that no change is missed whatever order
+        concurrent writers commit in (see the module docstring). READ COMMITTED on
+        purpose: the tasks are read by a statement that starts after the horizon's.
         """
         args = {"run_id": run_id, "after": after}
 
         async def go(cur: Cursor) -> tuple[list[Task], int]:
             await self._require_run(cur, run_id)
-            await cur.execute(Q["last_seq"], args)
+            await cur.execute(Q["horizon"], args)
             row = await cur.fetchone()
-            if row is None or row["seq"] is None:
-                return [], after
+            horizon = int(row["horizon"]) if row is not None else after
             await cur.execute(Q["changed_tasks"], args)
-            return [task_from_row(r, keep_json) for r in await cur.fetchall()], int(row["seq"])
+            tasks = [task_from_row(r, keep_json) for r in await cur.fetchall()]
+            return tasks, max(after, horizon)
 
-        return await self._tx(go, snapshot=True)
+        return await self._tx(go)
 
     async def _read(self, run_id: str, events: bool) -> RunState:
         args = {"run_id": run_id}
@@ -412,18 +549,20 @@ class PostgresStore:
             await cur.execute(Q["raise_next_seq"], {"run_id": run_id, "after": after})
 
     @staticmethod
-    async def _take_seqs(cur: Cursor, run_id: str, n: int) -> int:
+    async def _take_seqs(cur: Cursor, run_id: str, n: int) -> list[int]:
+        """``n`` increasing seqs for store-made events (see the module docstring)."""
         await cur.execute(Q["take_seqs"], {"run_id": run_id, "n": n})
-        row = await cur.fetchone()
-        if row is None:
+        seqs = sorted(int(r["seq"]) for r in await cur.fetchall())
+        if len(seqs) != n:
             raise unknown_run(run_id)
-        return int(row["first"])
+        return seqs
 
     async def _append_started(
         self, cur: Cursor, run_id: str, tasks: Sequence[Task], now: float
     ) -> None:
-        first = await self._take_seqs(cur, run_id, len(tasks))
-        rows = [event_row(run_id, started_event(t, now, first + i)) for i, t in enumerate(tasks)]
+        seqs = await self._take_seqs(cur, run_id, len(tasks))
+        rows = [event_row(run_id, started_event(t, now, seq)) for t, seq in zip(tasks, seqs,
+                                                                                 strict=True)]
         await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
         await cur.execute(Q["notify"], {"run_id": run_id})
 
@@ -443,7 +582,7 @@ class PostgresStore:
                 await cur.execute(Q["insert_events"], events_in)
             await self._raise_next_seq(cur, run_id, event_rows)
 
-        await self._tx(go)
+        await self._tx(go, writing=run_id)
 
     async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
         """Upsert every task row and append every event, all or nothing."""
@@ -461,7 +600,7 @@ class PostgresStore:
             await cur.execute(Q["insert_events"], events_in)
             await self._raise_next_seq(cur, run_id, event_rows)
 
-        await self._tx(go)
+        await self._tx(go, writing=run_id)
 
     async def write_fenced(
         self, run_id: str, task: Task, event: Event, expect_token: int
@@ -473,25 +612,25 @@ class PostgresStore:
             await cur.execute(Q["fenced_update"], row)
             if await cur.fetchone() is None:
                 return False
-            seq = await self._take_seqs(cur, run_id, 1)
+            [seq] = await self._take_seqs(cur, run_id, 1)
             rows = [event_row(run_id, event, seq)]
             await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
             await cur.execute(Q["notify"], {"run_id": run_id})
             return True
 
-        return await self._tx(go)
+        return await self._tx(go, writing=run_id)
 
     async def append_event(self, run_id: str, event: Event) -> None:
         """Append one event that changes no row, numbered by the store."""
 
         async def go(cur: Cursor) -> None:
             await self._touch(cur, run_id)
-            seq = await self._take_seqs(cur, run_id, 1)
+            [seq] = await self._take_seqs(cur, run_id, 1)
             rows = [event_row(run_id, event, seq)]
             await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
             await cur.execute(Q["notify"], {"run_id": run_id})
 
-        await self._tx(go)
+        await self._tx(go, writing=run_id)
 
     # --- effects ----------------------------------------------------------------------------
 
@@ -536,14 +675,15 @@ class PostgresStore:
             if row is not None:
                 numbered = dict(row)
                 if numbered["seq"] < 0:
-                    numbered["seq"] = await self._take_seqs(cur, run_id, 1)
+                    [numbered["seq"]] = await self._take_seqs(cur, run_id, 1)
+                else:  # numbered by the caller
+                    await self._raise_next_seq(cur, run_id, [numbered])
                 await cur.execute(Q["insert_events"],
                                   _arrays(run_id, [numbered], EVENT_COLUMNS))
-                await self._raise_next_seq(cur, run_id, [numbered])
                 await cur.execute(Q["notify"], {"run_id": run_id})
             return True
 
-        return await self._tx(go)
+        return await self._tx(go, writing=run_id)
 
     # --- workers and distribution -----------------------------------------------------------
 
@@ -627,7 +767,7 @@ class PostgresStore:
                 await self._append_started(cur, run_id=args["run_id"], tasks=tasks, now=stamp)
             return tasks
 
-        return await self._tx(go)
+        return await self._tx(go, writing=args["run_id"])
 
     async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
         """Extend a lease; False when the token is stale or the task is not in flight."""

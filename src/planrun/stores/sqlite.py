@@ -30,15 +30,17 @@ from tenacity import (
     wait_random,
 )
 
-from planrun.errors import StoreError
+from planrun.errors import RunInUse, StoreError
 from planrun.ledger import Event
 from planrun.stores.base import (
     SCHEMA_VERSION,
     EffectRecord,
     RunInfo,
+    RunOwner,
     RunState,
     RunSummary,
     Waiters,
+    check_lease,
     dump_json,
     effect_from_row,
     event_from_row,
@@ -47,6 +49,7 @@ from planrun.stores.base import (
     load_queries,
     newer_schema,
     one_line,
+    owner_from_row,
     run_from_row,
     run_row,
     start_statuses,
@@ -262,6 +265,61 @@ class SQLiteStore:
 
         await self._with_conn(go)
         self._waiters.notify(run_id)
+
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+        """Own the run until ``now + ttl`` unless another owner's lease holds (RunInUse)."""
+        check_lease(ttl)
+        args = {"run_id": run_id, "owner": owner, "until": now + ttl, "now": now}
+
+        def go(conn: sqlite3.Connection) -> RunOwner | None:
+            with _transaction(conn):
+                if conn.execute(Q["acquire_run"], args).rowcount == 1:
+                    return None
+                row = conn.execute(Q["get_owner"], args).fetchone()
+                if row is None:
+                    raise unknown_run(run_id)
+                return owner_from_row(row)
+
+        holder = await self._with_conn(go)
+        if holder is not None:
+            raise RunInUse(run_id, holder.name, holder.until, now)
+
+    async def renew_run(self, run_id: str, owner: str, ttl: float, now: float) -> bool:
+        """Extend ``owner``'s lease; False when another owner holds the run."""
+        check_lease(ttl)
+        args = {"run_id": run_id, "owner": owner, "until": now + ttl}
+
+        def go(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                if conn.execute(Q["renew_run"], args).rowcount == 1:
+                    return True
+                _require_run(conn, run_id)
+                return False
+
+        return await self._with_conn(go)
+
+    async def release_run(self, run_id: str, owner: str) -> None:
+        """Give up ``owner``'s lease (nothing changes when another holds it)."""
+        args = {"run_id": run_id, "owner": owner}
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                conn.execute(Q["release_run"], args)
+
+        await self._with_conn(go)
+        self._waiters.notify(run_id)
+
+    async def run_owner(self, run_id: str) -> RunOwner | None:
+        """The stored owner and lease end, or None."""
+
+        def go(conn: sqlite3.Connection) -> RunOwner | None:
+            row = conn.execute(Q["get_owner"], {"run_id": run_id}).fetchone()
+            if row is None:
+                raise unknown_run(run_id)
+            return owner_from_row(row)
+
+        return await self._with_conn(go)
 
     async def load(self, run_id: str) -> RunState:
         """Everything about one run, read in one snapshot."""

@@ -23,6 +23,19 @@ INSERT INTO planrun_schema (version) VALUES (%(version)s);
 -- Reads of a whole run see one snapshot.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
+-- name: set_session
+-- Per connection (planrun.stores.postgres): idle_in_transaction_session_timeout cuts off
+-- a session that sits idle inside a transaction (a stopped process), lock_timeout gives
+-- up waiting for a lock. Session-wide (the pool's connections are in autocommit).
+SELECT set_config(%(name)s, %(value)s, false);
+
+-- name: writing
+-- The first statement of every transaction that may add events to a run, before it
+-- writes anything (so before it has a transaction id): a shared lock that no writer waits
+-- for, which lets load_changed find the transactions still writing to this run in
+-- pg_locks (see the horizon query).
+SELECT pg_advisory_xact_lock_shared(424217, hashtext(%(run_id)s));
+
 -- name: migrate_1
 -- The first schema: runs, tasks (one column per Task field), events, effects, workers.
 -- Dependencies stay in the depends_on jsonb array; claim reads it in the query.
@@ -100,6 +113,19 @@ WHERE a.run_id = b.run_id AND a.seq = b.seq AND a.id > b.id;
 DROP INDEX IF EXISTS planrun_events_run;
 CREATE UNIQUE INDEX planrun_events_seq ON planrun_events (run_id, seq);
 
+-- name: migrate_3
+-- Events are numbered without a counter row: a store-numbered event takes
+-- seq_base + nextval(planrun_event_seq), where seq_base (the old next_seq) is kept past
+-- every seq a caller chose; nothing is locked until commit. Each event carries the id
+-- of the transaction that wrote it (xid), which load_changed reads in commit order. The
+-- run's owner lease: one process owns a run at a time (Store.acquire_run).
+CREATE SEQUENCE planrun_event_seq AS bigint;
+ALTER TABLE planrun_runs RENAME COLUMN next_seq TO seq_base;
+ALTER TABLE planrun_runs ADD COLUMN owner text, ADD COLUMN owner_until double precision;
+ALTER TABLE planrun_events ADD COLUMN xid bigint NOT NULL DEFAULT 0;
+ALTER TABLE planrun_events ALTER COLUMN xid SET DEFAULT pg_current_xact_id()::text::bigint;
+CREATE INDEX planrun_events_xid ON planrun_events (run_id, xid);
+
 -- name: notify
 -- Wakes every wait_for_change() on the run; delivered when the transaction commits.
 SELECT pg_notify('planrun', %(run_id)s);
@@ -116,10 +142,32 @@ VALUES (%(id)s, %(created_at)s, %(status)s, %(goal)s, %(meta)s::jsonb);
 UPDATE planrun_runs SET status = %(status)s WHERE id = %(run_id)s;
 
 -- name: get_run
-SELECT id, created_at, status, goal, meta FROM planrun_runs WHERE id = %(run_id)s;
+SELECT id, created_at, status, goal, meta, owner, owner_until FROM planrun_runs
+WHERE id = %(run_id)s;
 
 -- name: list_runs
-SELECT id, created_at, status, goal, meta FROM planrun_runs ORDER BY created_at, id;
+SELECT id, created_at, status, goal, meta, owner, owner_until FROM planrun_runs
+ORDER BY created_at, id;
+
+-- name: acquire_run
+-- Take the lease when nobody holds it, when it ran out, or when it is ours already. Of
+-- two racing acquirers the second waits for the first's row lock, then re-reads the row
+-- (READ COMMITTED) and finds it owned.
+UPDATE planrun_runs SET owner = %(owner)s, owner_until = %(until)s
+WHERE id = %(run_id)s
+  AND (owner IS NULL OR owner = %(owner)s OR owner_until IS NULL OR owner_until < %(now)s)
+RETURNING id;
+
+-- name: renew_run
+UPDATE planrun_runs SET owner_until = %(until)s WHERE id = %(run_id)s AND owner = %(owner)s
+RETURNING id;
+
+-- name: release_run
+UPDATE planrun_runs SET owner = NULL, owner_until = NULL
+WHERE id = %(run_id)s AND owner = %(owner)s;
+
+-- name: get_owner
+SELECT owner, owner_until FROM planrun_runs WHERE id = %(run_id)s;
 
 -- name: count_tasks
 SELECT run_id, status, count(*) AS n FROM planrun_tasks GROUP BY run_id, status;
@@ -210,14 +258,30 @@ SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s ORDER BY pos;
 SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s AND id = ANY(%(ids)s::text[])
 ORDER BY pos;
 
+-- name: horizon
+-- The cursor load_changed hands back: no transaction that can still add events to the
+-- run has an id below it. It is the lowest id among the transactions holding the run's
+-- "writing" lock, or, when none does, the xmax of this statement's snapshot (every id
+-- handed out later is at least that). A writer takes that lock before it has an id, so a
+-- writer with a lower id that is not in pg_locks has ended before the scan, and the next
+-- statement's snapshot sees its events. Other databases' and runs' transactions play no
+-- part, so a long transaction elsewhere does not hold the cursor back.
+SELECT LEAST(
+    pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+    (SELECT min(x.transactionid::text::bigint)
+     FROM pg_locks AS a JOIN pg_locks AS x ON x.pid = a.pid
+     WHERE a.locktype = 'advisory' AND a.classid = 424217 AND a.objsubid = 2
+       AND a.objid = hashtext(%(run_id)s)::oid AND a.granted
+       AND x.locktype = 'transactionid' AND x.mode = 'ExclusiveLock' AND x.granted)
+) AS horizon;
+
 -- name: changed_tasks
+-- Read after the horizon, in a statement (snapshot) of its own: the tasks named by the
+-- events of every transaction from the cursor on (-1: all).
 SELECT * FROM planrun_tasks
 WHERE run_id = %(run_id)s
-  AND id IN (SELECT task FROM planrun_events WHERE run_id = %(run_id)s AND seq > %(after)s)
+  AND id IN (SELECT task FROM planrun_events WHERE run_id = %(run_id)s AND xid >= %(after)s)
 ORDER BY pos;
-
--- name: last_seq
-SELECT max(seq) AS seq FROM planrun_events WHERE run_id = %(run_id)s AND seq > %(after)s;
 
 -- name: insert_events
 -- A batch in one statement, one array per column; ids follow the order given. An event
@@ -236,14 +300,18 @@ SELECT seq, at, task, event, worker, attempt, detail FROM planrun_events
 WHERE run_id = %(run_id)s ORDER BY seq, id;
 
 -- name: raise_next_seq
--- After events with caller-assigned seqs: keep the counter past the highest one.
-UPDATE planrun_runs SET next_seq = GREATEST(next_seq, %(after)s) WHERE id = %(run_id)s;
+-- After events with caller-assigned seqs (the run's one driver numbers them itself):
+-- keep the base of store-made seqs past the highest one.
+UPDATE planrun_runs SET seq_base = %(after)s WHERE id = %(run_id)s AND seq_base < %(after)s;
 
 -- name: take_seqs
--- Reserve n seqs for events made inside the store. The run row stays locked until
--- commit, so concurrent claimers get disjoint ranges.
-UPDATE planrun_runs SET next_seq = next_seq + %(n)s WHERE id = %(run_id)s
-RETURNING next_seq - %(n)s AS first;
+-- n seqs for events made inside the store, increasing, above every seq of the run so
+-- far; concurrent writers get distinct ones and nobody waits (a sequence is not
+-- transactional). No row: unknown run.
+SELECT r.seq_base + nextval('planrun_event_seq') AS seq
+FROM planrun_runs AS r CROSS JOIN generate_series(1, %(n)s) AS g (i)
+WHERE r.id = %(run_id)s
+ORDER BY g.i;
 
 -- name: claim
 -- Pull: up to `limit` ready tasks (pending, of one of `kinds`, past not_before, every

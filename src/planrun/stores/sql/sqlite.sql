@@ -88,18 +88,41 @@ WHERE id NOT IN (SELECT min(id) FROM planrun_events GROUP BY run_id, seq);
 DROP INDEX IF EXISTS planrun_events_run;
 CREATE UNIQUE INDEX planrun_events_seq ON planrun_events (run_id, seq);
 
+-- name: migrate_3
+-- The run's owner lease: one process owns a run at a time (Store.acquire_run).
+ALTER TABLE planrun_runs ADD COLUMN owner TEXT;
+ALTER TABLE planrun_runs ADD COLUMN owner_until REAL;
+
 -- name: create_run
 INSERT INTO planrun_runs (id, created_at, status, goal, meta)
 VALUES (:id, :created_at, :status, :goal, :meta);
+
+-- name: acquire_run
+-- Take the lease when nobody holds it, when it ran out, or when it is ours already.
+UPDATE planrun_runs SET owner = :owner, owner_until = :until
+WHERE id = :run_id
+  AND (owner IS NULL OR owner = :owner OR owner_until IS NULL OR owner_until < :now);
+
+-- name: renew_run
+UPDATE planrun_runs SET owner_until = :until WHERE id = :run_id AND owner = :owner;
+
+-- name: release_run
+UPDATE planrun_runs SET owner = NULL, owner_until = NULL
+WHERE id = :run_id AND owner = :owner;
+
+-- name: get_owner
+SELECT owner, owner_until FROM planrun_runs WHERE id = :run_id;
 
 -- name: set_run_status
 UPDATE planrun_runs SET status = :status WHERE id = :run_id;
 
 -- name: get_run
-SELECT id, created_at, status, goal, meta FROM planrun_runs WHERE id = :run_id;
+SELECT id, created_at, status, goal, meta, owner, owner_until FROM planrun_runs
+WHERE id = :run_id;
 
 -- name: list_runs
-SELECT id, created_at, status, goal, meta FROM planrun_runs ORDER BY created_at, id;
+SELECT id, created_at, status, goal, meta, owner, owner_until FROM planrun_runs
+ORDER BY created_at, id;
 
 -- name: count_tasks
 SELECT run_id, status, count(*) AS n FROM planrun_tasks GROUP BY run_id, status;

@@ -1,0 +1,65 @@
+"""hold_run: one owner per run, renewed while the block runs, released however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from planrun import RunInUse, UsageError, hold_run
+from planrun.ownership import default_ttl
+from planrun.stores import InMemoryStore, RunInfo
+
+
+async def test_the_lease_is_taken_renewed_and_released() -> None:
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0))
+    async with hold_run(store, "r", owner="me", ttl=0.3) as name:
+        assert name == "me"
+        first = await store.run_owner("r")
+        assert first is not None and first.name == "me" and first.live(time.time())
+        with pytest.raises(RunInUse, match="run r is owned by me"):
+            async with hold_run(store, "r", owner="other", ttl=0.3):
+                pytest.fail("a second owner got in")
+        await asyncio.sleep(0.5)  # longer than the ttl: only renewals keep it
+        renewed = await store.run_owner("r")
+        assert renewed is not None and renewed.until > first.until
+        assert renewed.live(time.time())
+    assert await store.run_owner("r") is None
+    assert len(store.calls_to("renew_run")) >= 2
+
+
+async def test_the_lease_is_released_when_the_block_fails() -> None:
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0))
+    with pytest.raises(KeyboardInterrupt):
+        async with hold_run(store, "r", owner="me"):
+            raise KeyboardInterrupt
+    assert await store.run_owner("r") is None
+
+
+async def test_a_new_run_is_owned_as_soon_as_it_exists() -> None:
+    store = InMemoryStore()
+    async with hold_run(store, "fresh", owner="me", ttl=5.0, new_run=True):
+        await asyncio.sleep(0.02)
+        await store.create_run(RunInfo("fresh", 1.0))
+        for _ in range(100):
+            if await store.run_owner("fresh") is not None:
+                break
+            await asyncio.sleep(0.01)
+        owner = await store.run_owner("fresh")
+        assert owner is not None and owner.name == "me"
+    assert await store.run_owner("fresh") is None
+    async with hold_run(store, "never", new_run=True):  # the block never creates it
+        pass
+
+
+def test_the_ttl_comes_from_the_environment_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PLANRUN_OWNER_TTL", raising=False)
+    assert default_ttl() == 30.0
+    monkeypatch.setenv("PLANRUN_OWNER_TTL", "2.5")
+    assert default_ttl() == 2.5
+    monkeypatch.setenv("PLANRUN_OWNER_TTL", "soon")
+    with pytest.raises(UsageError, match="PLANRUN_OWNER_TTL must be a positive number"):
+        default_ttl()
