@@ -458,7 +458,7 @@ class Cassette:
             raise UsageError(
                 f"cassette {str(file)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
             ) from exc
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # not JSON, or a number no JSON reader takes
             raise UsageError(f"cassette {str(file)!r} is not valid JSON: {exc}") from exc
         except RecursionError as exc:
             raise UsageError(f"cassette {str(file)!r} is nested too deeply") from exc
