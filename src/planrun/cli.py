@@ -26,10 +26,12 @@ file); errors are one line on stderr, ``planrun: error: ...``, never a traceback
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -544,11 +546,19 @@ def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Name
     from rich.console import Console
 
     from planrun.console import Progress, report_table
-    from planrun.runner import plan_and_run
+    from planrun.runner import aplan_and_run
 
     console = Console(stderr=args.json)
     progress = None if args.quiet or args.json else Progress(0, console)
-    run = options.pop("_runner", plan_and_run)
+    run = _interruptible(options.pop("_runner", aplan_and_run))
+    if options.get("store"):
+        import uuid
+
+        run_id = getattr(args, "run_id", None)  # resume names its run
+        if run_id is None:  # a new run: named now, so that an interrupt can say what to resume
+            run_id = options.setdefault("run_id", uuid.uuid4().hex[:12])
+        args.on_interrupt = (f"; run {run_id} is left resumable: planrun resume {run_id} "
+                             f"--db {_masked(options['store'])}")
     with _cassette(args):
         if progress is not None:
             with progress:
@@ -631,13 +641,106 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _resume_runner(run_id: str) -> Any:
-    from planrun.runner import resume_run
+    from planrun.runner import aresume_run
 
-    def run(_: Any, app: Any, **options: Any) -> Any:
+    async def run(_: Any, app: Any, **options: Any) -> Any:
         store = options.pop("store")
-        return resume_run(run_id, app, store, **options)
+        return await aresume_run(run_id, app, store, **options)
 
     return run
+
+
+def _masked(url: str) -> str:
+    from planrun.stores import mask_url
+
+    return str(mask_url(url))
+
+
+def _interruptible(arun: Any) -> Any:
+    """``arun(...)`` as a blocking call that Ctrl-C stops within a moment (see
+    :func:`_run_interruptibly`)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _run_interruptibly(arun(*args, **kwargs))
+
+    return run
+
+
+class _AbandoningExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor for a CLI run: each call on a daemon thread.
+
+    ``asyncio.run`` waits for its executor's threads at the end; after Ctrl-C that would
+    mean waiting for every synchronous handler to return. These threads are abandoned
+    instead: a handler that finishes later finds its loop closed, so its result is never
+    written (the store keeps the attempt as it was, and ``resume`` reclaims it).
+    """
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the awaiting coroutine, as a pool does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=work, daemon=True, name="planrun-handler").start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: the threads are daemons."""
+
+
+_CLEANUP_S = 2.0
+"""How long cancelled work may take to wind down after Ctrl-C before it is left behind."""
+
+
+def _run_interruptibly(coro: Any) -> Any:
+    """Run ``coro`` on a fresh loop; Ctrl-C cancels it and raises KeyboardInterrupt.
+
+    In-flight async attempts are cancelled; synchronous handlers are abandoned on their
+    daemon threads; a second Ctrl-C while winding down changes nothing.
+    """
+    import asyncio
+    import signal
+
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(_AbandoningExecutor(thread_name_prefix="planrun-handler"))
+    main_task = loop.create_task(coro)
+    interrupted = False
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        main_task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+        handled = True
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread; Windows
+        handled = False
+    try:
+        return loop.run_until_complete(main_task)
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        try:
+            rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in rest:
+                task.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.wait(rest, timeout=_CLEANUP_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+            loop.close()
 
 
 def _with_store(url: str, fn: Any) -> Any:
@@ -852,6 +955,14 @@ def _exit_code(code: object) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a verb started (while importing, say)
+        print("planrun: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     _cwd_importable()
     try:
@@ -872,7 +983,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"planrun: error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("planrun: interrupted", file=sys.stderr)
+        print(f"planrun: interrupted{getattr(args, 'on_interrupt', '')}", file=sys.stderr)
         return 130
     except Exception as exc:  # a defect: still one line; PLANRUN_TRACEBACK=1 shows it all
         if os.environ.get("PLANRUN_TRACEBACK"):
