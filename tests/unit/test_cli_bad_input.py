@@ -54,7 +54,7 @@ def test_validate_does_not_take_a_nested_plan_for_the_document(
 ) -> None:
     path = tmp_path / "b.json"
     path.write_text(NESTED_PLAN_IN_BROKEN_DOC)
-    code, out, err = run_cli(capsys, "validate", str(path), "--kinds", "noop,work", "--json")
+    code, out, _ = run_cli(capsys, "validate", str(path), "--kinds", "noop,work", "--json")
     report = json.loads(out)
     assert code == 2 and report["valid"] is False
     assert [p["code"] for p in report["problems"]] == ["not_json"]
