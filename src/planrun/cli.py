@@ -95,8 +95,10 @@ def _int_at_least(text: str, low: int) -> int:
         value = None
     if value is None:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}")
-    if not low <= value <= _MAX_INT_FLAG:
-        raise argparse.ArgumentTypeError(f"must be between {low} and {_MAX_INT_FLAG}, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    if value > _MAX_INT_FLAG:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_INT_FLAG}, got {value}")
     return value
 
 

@@ -121,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = plan_and_run(args.goal, make_app())
     except PlanrunError as exc:  # no key, an invalid plan after repairs, ...: one line
-        print(f"brief: error: {str(exc).splitlines()[0] if str(exc) else exc!r}",
-              file=sys.stderr)
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"brief: error: {message}", file=sys.stderr)
         return 2
     print(report.summary())
     return 0 if report.ok else 1
