@@ -31,8 +31,12 @@ owner as ``interrupted`` (resumable), however it stopped.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import math
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -56,6 +60,16 @@ class _CliError(Exception):
     """A usage problem found while running a verb; printed as one line, exit 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``planrun VERB: error: ... (see --help)``.
+
+    Sub-parsers are made of the same class, so every verb's errors read alike.
+    """
+
+    def error(self, message: str) -> Any:  # argparse's signature says NoReturn
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def _version() -> str:
     try:
         return metadata.version("planrun")
@@ -76,30 +90,63 @@ def _kind_list(text: str) -> list[str]:
     return names
 
 
-def _non_negative_int(text: str) -> int:
+_MAX_INT_FLAG = 10**9
+_MAX_SECONDS = 7 * 24 * 3600.0
+"""The largest number of seconds any flag takes (a week): more is a typo, not a plan."""
+
+
+def _int_at_least(text: str, low: int) -> int:
     try:
-        value = int(text)
+        value = int(text.strip()) if len(text) <= 20 else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    if value > _MAX_INT_FLAG:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_INT_FLAG}, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text[:40]!r}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+def _seconds(text: str) -> float:
+    """A duration flag: more than 0 and at most a week."""
+    value = _positive_float(text)
+    if value > _MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_SECONDS:g} s, got {text}")
+    return value
+
+
+def _interval(text: str) -> float:
+    """A refresh interval: at least 0.1 s (a smaller one is a busy loop), at most an hour."""
+    value = _positive_float(text)
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600 seconds, got {text}")
     return value
 
 
@@ -109,11 +156,36 @@ def _read_input(path: str) -> bytes | str:
         buffer = getattr(sys.stdin, "buffer", None)
         data: bytes | str = buffer.read() if buffer is not None else sys.stdin.read()
         return data
+    if Path(path).is_dir():
+        raise _CliError(f"cannot read {path!r}: it is a directory, not a plan file")
     try:
         return Path(path).read_bytes()
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise _CliError(f"cannot read {path!r}: {reason}") from exc
+
+
+def _read_document(path: str) -> Any:
+    """The JSON document in ``path`` (``-``: stdin), parsed strictly; a file that is not
+    UTF-8 is a usage error, a file that is not JSON an invalid plan (``not_json``)."""
+    from planrun.errors import InvalidPlan
+    from planrun.plan import NOT_JSON, SCHEMA, Problem
+
+    raw = _read_input(path)
+    try:
+        text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise _CliError(f"{path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        problem = Problem(SCHEMA, None, f"{path} is nested too deeply to be a plan")
+    except ValueError as exc:
+        where = (f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+                 if isinstance(exc, json.JSONDecodeError) else str(exc))
+        problem = Problem(NOT_JSON, None, f"{path} is not valid JSON ({where}); a plan file "
+                          'is a JSON document {"goal": "...", "tasks": [...]}')
+    raise InvalidPlan([problem])
 
 
 # ------------------------------------------------------------------------------ validate
@@ -179,9 +251,11 @@ def _float_list(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 10,2,2, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError("expected non-negative numbers like 10,2,2")
+        raise argparse.ArgumentTypeError(
+            f"expected numbers like 10,2,2, got {text[:40]!r}"
+        ) from None
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError("expected finite non-negative numbers like 10,2,2")
     return values
 
 
@@ -377,13 +451,16 @@ def _add_run(subparsers: _Subparsers) -> None:
         description="Decompose GOAL (or read PLAN.json), validate, run it under the "
         "supervisor and print the report. Exit 0 when every task completed, 1 otherwise.",
     )
-    parser.add_argument("goal", metavar="GOAL|PLAN.json")
+    parser.add_argument("goal", metavar="GOAL|PLAN.json", nargs="?",
+                        help="a plan file (an existing path, or - for stdin), else the goal")
+    parser.add_argument("--goal", dest="goal_text", metavar="TEXT",
+                        help="the goal, even where it names an existing file")
     _add_model_args(parser)
     parser.add_argument("--strategy", choices=STRATEGIES, default="balanced")
     parser.add_argument("--on-dead", choices=["cancel_dependents", "abort_run"],
                         default="cancel_dependents")
     parser.add_argument("--budget-tokens", type=_positive_int, metavar="N")
-    parser.add_argument("--budget-usd", type=float, metavar="X")
+    parser.add_argument("--budget-usd", type=_positive_float, metavar="X")
     parser.add_argument("--retry-budget", type=_non_negative_int, metavar="N",
                         help="retries allowed over the whole run (default: no limit)")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
@@ -394,18 +471,27 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--mode", choices=["push", "peer"], default="push",
                         help="external workers: the coordinator assigns (push) or workers "
                         "claim ready tasks themselves (peer)")
-    parser.add_argument("--stale-after", type=float, default=30.0, metavar="S")
+    parser.add_argument("--stale-after", type=_seconds, metavar="S",
+                        help="external workers: reclaim a task whose lease is this old "
+                        "(default 30)")
     parser.set_defaults(func=_cmd_run)
 
 
-def _plan_source(text: str) -> Any:
-    path = Path(text)
-    if text == "-" or text.endswith(".json") or path.is_file():
-        raw = _read_input(text)
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            return raw.decode() if isinstance(raw, bytes) else raw
+def _plan_source(args: argparse.Namespace) -> Any:
+    """A goal (text) or a plan document: only a goal given as a goal goes to the model."""
+    if args.goal_text is not None:
+        if args.goal is not None:
+            raise _CliError("give the goal once: a GOAL argument or --goal, not both")
+        if not args.goal_text.strip():
+            raise _CliError("--goal is empty")
+        return args.goal_text
+    text = args.goal
+    if text is None:
+        raise _CliError("run needs a GOAL, a PLAN.json or --goal TEXT")
+    if text == "-" or text.endswith(".json") or os.path.lexists(text):
+        return _read_document(text)
+    if not text.strip():
+        raise _CliError("the goal is empty")
     return text
 
 
@@ -413,8 +499,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from planrun.runner import load_app
     from planrun.usage import Budget
 
+    _check_run_flags(args)
+    source = _plan_source(args)
     app = load_app(args.app)
-    source = _plan_source(args.goal)
     budget = None
     if args.budget_tokens or args.budget_usd:
         budget = Budget(max_tokens=args.budget_tokens, max_cost=args.budget_usd)
@@ -444,6 +531,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                    max_tasks=args.max_tasks)
         return _coordinate(source, app, args)
     return _execute(source, app, options, args)
+
+
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """Refuse flags the chosen mode cannot use, rather than ignore them."""
+    if args.db is not None:
+        _check_db(args.db)
+    if args.workers != "external":
+        if args.mode != "push":
+            raise _CliError("--mode peer needs --workers external (local runs are supervised "
+                            "in this process)")
+        if args.stale_after is not None:
+            raise _CliError("--stale-after applies to --workers external; local runs notice "
+                            "a stuck attempt by its timeout")
+    if args.stale_after is None:
+        args.stale_after = 30.0
+
+
+def _check_db(url: str, *, must_exist: bool = False) -> None:
+    """A store URL that can be what the user meant; read-only verbs need an existing file."""
+    if not url.strip():
+        raise _CliError("--db is empty; give a store URL such as sqlite:///runs.db")
+    scheme, sep, rest = url.partition("://")
+    if must_exist and sep and scheme.lower() == "sqlite" and rest.startswith("/") \
+            and rest != "/" and not Path(rest[1:]).is_file():
+        raise _CliError(f"no database file {rest[1:]!r} (from --db {url}); nothing was created")
 
 
 def _coordinate(plan: Any, app: Any, args: argparse.Namespace) -> int:
@@ -478,11 +590,19 @@ def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Name
     from rich.console import Console
 
     from planrun.console import Progress, report_table
-    from planrun.runner import plan_and_run
+    from planrun.runner import aplan_and_run
 
     console = Console(stderr=args.json)
     progress = None if args.quiet or args.json else Progress(0, console)
-    run = options.pop("_runner", plan_and_run)
+    run = _interruptible(options.pop("_runner", aplan_and_run))
+    if options.get("store"):
+        import uuid
+
+        run_id = getattr(args, "run_id", None)  # resume names its run
+        if run_id is None:  # a new run: named now, so that an interrupt can say what to resume
+            run_id = options.setdefault("run_id", uuid.uuid4().hex[:12])
+        args.on_interrupt = (f"; run {run_id} is left resumable: planrun resume {run_id} "
+                             f"--db {_masked(options['store'])}")
     with _cassette(args):
         if progress is not None:
             with progress:
@@ -530,6 +650,7 @@ def _add_resume(subparsers: _Subparsers) -> None:
 def _cmd_resume(args: argparse.Namespace) -> int:
     from planrun.runner import load_app
 
+    _check_db(args.db, must_exist=True)
     run, counts = _stored_run(args.db, args.run_id)
     if run.status in FINISHED_RUN:  # nothing to carry on: say so, exit 0
         tally = ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "no tasks"
@@ -577,13 +698,106 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _resume_runner(run_id: str) -> Any:
-    from planrun.runner import resume_run
+    from planrun.runner import aresume_run
 
-    def run(_: Any, app: Any, **options: Any) -> Any:
+    async def run(_: Any, app: Any, **options: Any) -> Any:
         store = options.pop("store")
-        return resume_run(run_id, app, store, **options)
+        return await aresume_run(run_id, app, store, **options)
 
     return run
+
+
+def _masked(url: str) -> str:
+    from planrun.stores import mask_url
+
+    return str(mask_url(url))
+
+
+def _interruptible(arun: Any) -> Any:
+    """``arun(...)`` as a blocking call that Ctrl-C stops within a moment (see
+    :func:`_run_interruptibly`)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _run_interruptibly(arun(*args, **kwargs))
+
+    return run
+
+
+class _AbandoningExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor for a CLI run: each call on a daemon thread.
+
+    ``asyncio.run`` waits for its executor's threads at the end; after Ctrl-C that would
+    mean waiting for every synchronous handler to return. These threads are abandoned
+    instead: a handler that finishes later finds its loop closed, so its result is never
+    written (the store keeps the attempt as it was, and ``resume`` reclaims it).
+    """
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the awaiting coroutine, as a pool does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=work, daemon=True, name="planrun-handler").start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: the threads are daemons."""
+
+
+_CLEANUP_S = 2.0
+"""How long cancelled work may take to wind down after Ctrl-C before it is left behind."""
+
+
+def _run_interruptibly(coro: Any) -> Any:
+    """Run ``coro`` on a fresh loop; Ctrl-C cancels it and raises KeyboardInterrupt.
+
+    In-flight async attempts are cancelled; synchronous handlers are abandoned on their
+    daemon threads; a second Ctrl-C while winding down changes nothing.
+    """
+    import asyncio
+    import signal
+
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(_AbandoningExecutor(thread_name_prefix="planrun-handler"))
+    main_task = loop.create_task(coro)
+    interrupted = False
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        main_task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+        handled = True
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread; Windows
+        handled = False
+    try:
+        return loop.run_until_complete(main_task)
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        try:
+            rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in rest:
+                task.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.wait(rest, timeout=_CLEANUP_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+            loop.close()
 
 
 def _with_store(url: str, fn: Any) -> Any:
@@ -625,6 +839,7 @@ def _add_runs(subparsers: _Subparsers) -> None:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
+    _check_db(args.db, must_exist=True)
     import time
 
     from planrun.stores.base import shown_status
@@ -657,7 +872,8 @@ def _add_status(subparsers: _Subparsers) -> None:
     parser.add_argument("run_id", metavar="RUN_ID")
     _db_flag(parser)
     parser.add_argument("--watch", action="store_true", help="refresh until the run ends")
-    parser.add_argument("--interval", type=float, default=2.0, metavar="S")
+    parser.add_argument("--interval", type=_interval, default=2.0, metavar="S",
+                        help="seconds between refreshes with --watch (0.1 to 3600; default 2)")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=_cmd_status)
 
@@ -666,6 +882,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import time
 
     from planrun.status import run_status
+
+    _check_db(args.db, must_exist=True)
 
     async def get(store: Any) -> Any:
         return run_status(await store.load(args.run_id), time.time())
@@ -694,10 +912,11 @@ def _add_worker(subparsers: _Subparsers) -> None:
     parser.add_argument("--concurrency", type=_positive_int, default=4, metavar="N")
     parser.add_argument("--name", help="unique worker name (default host-pid)")
     parser.add_argument("--mode", choices=["push", "peer"], default="push")
-    parser.add_argument("--lease", type=float, default=30.0, metavar="S")
-    parser.add_argument("--idle-exit", type=float, metavar="S",
+    parser.add_argument("--lease", type=_seconds, default=30.0, metavar="S",
+                        help="seconds a taken task is held between heartbeats (default 30)")
+    parser.add_argument("--idle-exit", type=_seconds, metavar="S",
                         help="exit after S seconds with no running run")
-    parser.add_argument("--timeout", type=_positive_float, metavar="S",
+    parser.add_argument("--timeout", type=_seconds, metavar="S",
                         help="seconds one attempt may take (a kind's timeout_s wins); "
                         "then it fails as transient and retries")
     parser.set_defaults(func=_cmd_worker)
@@ -709,6 +928,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from planrun.distributed import WorkerProcess
     from planrun.runner import load_app
 
+    _check_db(args.db)
     app = load_app(args.app)
     extras: dict[str, Any] = {}
     if app.needs_model():
@@ -764,7 +984,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="planrun",
         description="Turn a goal into a validated task plan and run it under a supervisor.",
     )
@@ -788,6 +1008,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cwd_importable() -> None:
+    """Let ``--app myapp:app`` find ``myapp.py`` in the current directory, as uvicorn does."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def _exit_code(code: object) -> int:
     if code is None:
         return EXIT_OK
@@ -799,7 +1026,16 @@ def _exit_code(code: object) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a verb started (while importing, say)
+        print("planrun: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
+    _cwd_importable()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help, --version, or a usage error (2)
@@ -807,19 +1043,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
     except InvalidPlan as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(f"planrun: error: invalid plan: {len(exc.problems)} problem(s)", file=sys.stderr)
+        print(f"planrun: error: {_invalid_plan_line(exc)}", file=sys.stderr)
         return EXIT_INVALID
     except (_CliError, PlanrunError) as exc:
-        # The whole message: a server's error often says what is wrong on its later lines.
-        message = redact(str(exc)).strip() or type(exc).__name__
-        print(f"planrun: error: {message}", file=sys.stderr)
+        from planrun.fixtures import FixtureMiss
+
+        if isinstance(exc, FixtureMiss):  # the one error that is more than a line: its diff
+            print(f"planrun: error: {_fixture_miss_text(exc, argv)}", file=sys.stderr)
+        else:
+            print(f"planrun: error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("planrun: interrupted", file=sys.stderr)
+        print(f"planrun: interrupted{getattr(args, 'on_interrupt', '')}", file=sys.stderr)
         return 130
+    except Exception as exc:  # a defect: still one line; PLANRUN_TRACEBACK=1 shows it all
+        if os.environ.get("PLANRUN_TRACEBACK"):
+            raise
+        print(f"planrun: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+              "(set PLANRUN_TRACEBACK=1 to see where)", file=sys.stderr)
+        return 1
     return status
+
+
+_LISTED_PROBLEMS = 5
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _invalid_plan_line(exc: Any) -> str:
+    """Every problem of an invalid plan (the first few), on one line."""
+    problems = list(exc.problems)
+    shown = "; ".join(_one_line(str(p), 300) for p in problems[:_LISTED_PROBLEMS])
+    more = len(problems) - _LISTED_PROBLEMS
+    tail = f"; and {more} more (planrun validate lists them all)" if more > 0 else ""
+    count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    return f"invalid plan, {count}: {shown}{tail}"
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line for an error: the whole message (a server's error often says what is wrong
+    on its later lines), its lines joined, any key redacted."""
+    text = " ".join(line.strip() for line in redact(str(exc)).splitlines() if line.strip())
+    return _one_line(text) if text else type(exc).__name__
+
+
+def _fixture_miss_text(exc: Any, argv: Sequence[str] | None) -> str:
+    """The miss with its diff (as the README promises) and a re-record command that works
+    here: a shipped cassette's tool is not in a wheel, so the user's command is offered."""
+    module = _fixtures_cli()
+    text = str(exc)
+    if module is not None and exc.command:
+        fix = module.rerecord_command(exc.command, argv)
+        if fix != exc.command:
+            text = text.replace(exc.command, fix)
+    return text
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from planrun.redact import redact
 from planrun.registry import Registry, TaskContext
 from planrun.routing import Router, get_router
 from planrun.scheduling import (
+    EFFECT_RETRY,
     SCHEDULER_RETRY,
     Backoff,
     OnDead,
@@ -100,6 +101,7 @@ class Coordinator:
         store_patience: seconds a failing store is ridden out before :class:`StoreError`
             (the same patience as the supervisor's).
         clock: :class:`RealClock` (default) or :class:`VirtualClock`.
+        effect_retry: as for :class:`~planrun.Supervisor`.
 
     Resource locks hold in push mode, where the coordinator alone decides who starts
     what: a task is not assigned while another task naming one of its resources is
@@ -128,6 +130,7 @@ class Coordinator:
         max_attempts: int | None = None,
         deadline_s: float | None = None,
         store_patience: float = 120.0,
+        effect_retry: RetryPolicy | None = None,
         clock: Clock | None = None,
     ) -> None:
         if mode not in ("push", "peer"):
@@ -154,6 +157,7 @@ class Coordinator:
             router=get_router(strategy), retry=policy, sink=self._decided,
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects,
+            effect_retry=effect_retry or EFFECT_RETRY,
         )
         self._changes: list[_Change] = []
         self._seq = -1

@@ -463,11 +463,23 @@ class Cassette:
             document = json.loads(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise UsageError(f"cannot read cassette {str(file)!r}: {exc.strerror or exc}") from exc
-        except json.JSONDecodeError as exc:
+        except UnicodeDecodeError as exc:
+            raise UsageError(
+                f"cassette {str(file)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from exc
+        except ValueError as exc:  # not JSON, or a number no JSON reader takes
             raise UsageError(f"cassette {str(file)!r} is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise UsageError(f"cassette {str(file)!r} is nested too deeply") from exc
         if not isinstance(document, dict) or not isinstance(document.get("interactions"), list):
             raise UsageError(f"cassette {str(file)!r} has no 'interactions' list")
-        interactions = [Interaction.from_dict(item) for item in document["interactions"]]
+        try:
+            interactions = [Interaction.from_dict(item) for item in document["interactions"]]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(
+                f"cassette {str(file)!r} holds a malformed interaction "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
         return cls(interactions, document.get("about"), path=file)
 
     def to_document(self) -> dict[str, Any]:

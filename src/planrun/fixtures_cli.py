@@ -32,6 +32,7 @@ __all__ = [
     "cmd_fixtures_check",
     "cmd_fixtures_show",
     "replay_model",
+    "rerecord_command",
 ]
 
 DEFAULT_FIXTURES = Path("fixtures")
@@ -78,8 +79,22 @@ def add_fixtures_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _shipped_fixtures() -> Path | None:
+    """The cassettes shipped with planrun: in the wheel, else the source tree's ``fixtures/``."""
+    from importlib import resources
+
+    packaged = Path(str(resources.files("planrun") / "fixtures_data"))
+    if packaged.is_dir():
+        return packaged
+    repo = Path(__file__).resolve().parents[2] / "fixtures"
+    return repo if repo.is_dir() else None
+
+
 def _cassette_files(paths: Sequence[str]) -> list[Path]:
-    targets = [Path(p) for p in paths] or [DEFAULT_FIXTURES]
+    default = DEFAULT_FIXTURES if DEFAULT_FIXTURES.is_dir() else _shipped_fixtures()
+    targets = [Path(p) for p in paths] or ([default] if default is not None else [])
+    if not targets:
+        raise UsageError(f"no {DEFAULT_FIXTURES}/ folder here; name the cassettes to check")
     files: list[Path] = []
     for target in targets:
         if target.is_dir():
@@ -96,9 +111,18 @@ def _cassette_files(paths: Sequence[str]) -> list[Path]:
 def cmd_fixtures_check(args: argparse.Namespace) -> int:
     """``planrun fixtures check``: print what is stale; 0 when nothing is, else 2."""
     files = _cassette_files(getattr(args, "paths", []) or [])
-    stale = check(files)
+    found = check(files)
+    # A cassette the user recorded names no scenario: it cannot be re-run here, but that
+    # makes it unchecked, not stale (it loaded, so its interactions are well formed).
+    unnamed = [s for s in found if s.kind == "unchecked" and not _names_scenario(s.path)]
+    stale = [s for s in found if s not in unnamed]
+    for item in unnamed:
+        print(f"{item.path}: loaded, {_count(item.path)} interaction(s); not re-run (it "
+              "names no scenario: replay it with the command that made it)")
     if not stale:
-        print(f"fresh: {len(files)} cassette{'s' if len(files) != 1 else ''}")
+        print(f"fresh: {len(files) - len(unnamed)} cassette"
+              f"{'s' if len(files) - len(unnamed) != 1 else ''}"
+              + (f", {len(unnamed)} not re-run" if unnamed else ""))
         return EXIT_OK
     by_file: dict[str, list[Stale]] = {}
     for item in stale:
@@ -110,6 +134,36 @@ def cmd_fixtures_check(args: argparse.Namespace) -> int:
     return EXIT_STALE
 
 
+def _names_scenario(path: str) -> bool:
+    return bool(Cassette.load(path).about.get("scenario"))
+
+
+def _count(path: str) -> int:
+    return len(Cassette.load(path).interactions)
+
+
+def rerecord_command(command: str | None, argv: Sequence[str] | None = None) -> str:
+    """A command that re-records a cassette and works where the user is.
+
+    The stored one when it can run here; for a cassette made by the repository's tool
+    (absent from an installed wheel), the user's own command line with ``--replay``
+    turned into ``--record``.
+    """
+    words = command.split() if command else []
+    if words and not (words[0].startswith("python") and len(words) > 1
+                      and words[1].endswith(".py") and not Path(words[1]).is_file()):
+        return command or ""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, word in enumerate(args):
+        if word == "--replay":
+            args[i] = "--record"
+            return shlex.join(["planrun", *args])
+        if word.startswith("--replay="):
+            args[i] = "--record=" + word.split("=", 1)[1]
+            return shlex.join(["planrun", *args])
+    return "run the same command with --record PATH (and OPENAI_API_KEY set)"
+
+
 def _print_stale(path: str, items: Sequence[Stale]) -> None:
     command = Cassette.load(path).command
     print(f"{path}: {len(items)} stale")
@@ -119,7 +173,7 @@ def _print_stale(path: str, items: Sequence[Stale]) -> None:
         print("  " + str(item).splitlines()[0])
     if len(rest) >= _SHOWN:
         print(f"  ... and {len(rest) - _SHOWN + 1} more")
-    print(f"  re-record: {command or '(no command stored in the cassette)'}")
+    print(f"  re-record: {rerecord_command(command, []) if command else '(no command stored)'}")
 
 
 def cmd_fixtures_show(args: argparse.Namespace) -> int:

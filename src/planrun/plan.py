@@ -22,14 +22,17 @@ Problem codes (stable): ``not_json``, ``schema``, ``unknown_kind``, ``invalid_pa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
+import gc
 import graphlib
 import heapq
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -103,10 +106,17 @@ _SHAPE_HINT: Final = (
     '{"goal": "...", "tasks": [{"kind": "...", "payload": {...}, "depends_on": [...]}]}'
 )
 _MAX_CANDIDATES: Final = 32
-_MAX_SCAN_ATTEMPTS: Final = 2_000
+_MAX_STRICT_PROBLEMS: Final = 20
+_BIG_INT_BITS: Final = 256
 _MAX_LISTED_KINDS: Final = 60
+_MAX_CYCLES: Final = 20
+"""Cycles reported one by one; past this many, one more problem counts the rest."""
+_MAX_DEPTH: Final = 64
+"""How deeply a plan document may nest (the document itself is level 1, a payload level 4)."""
 _FENCE: Final = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\r?\n?(.*?)```", re.DOTALL)
 _JSON_START: Final = re.compile(r"[\[{]")
+_JSON_TOKEN: Final = re.compile(r'"(?:[^"\\\n]|\\.)*"|[\[\]{}]')
+_TOO_DEEP: Final = object()
 
 
 @dataclass(frozen=True)
@@ -457,7 +467,14 @@ def _describe(value: object) -> str:
     kind = _json_type(value)
     if isinstance(value, list | tuple | Mapping):
         return kind
-    text = repr(value) if not isinstance(value, bool | type(None)) else json.dumps(value)
+    if isinstance(value, bool | type(None)):
+        text = json.dumps(value)
+    elif isinstance(value, int):
+        text = _int_text(value)
+    elif isinstance(value, str) and len(value) > 40:
+        text = repr(value[:40])
+    else:
+        text = repr(value)
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{kind} {text}"
@@ -488,50 +505,219 @@ def _pick(candidates: list[Any]) -> Any:
     return candidates[0]
 
 
-def _loads(text: str) -> tuple[bool, Any]:
+def _json_error(exc: ValueError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    return str(exc)
+
+
+def _loads(text: str) -> tuple[bool, Any, str]:
+    """``(True, value, "")`` for an object or list; else ``(False, _TOO_DEEP or None, why)``."""
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError):
-        return False, None
-    return isinstance(value, dict | list), value
+    except RecursionError:
+        return False, _TOO_DEEP, "nested too deeply"
+    except ValueError as exc:
+        return False, None, _json_error(exc)
+    if not isinstance(value, dict | list):
+        return False, None, f"it is a JSON {_json_type(value)}, not an object or a list"
+    return True, value, ""
 
 
-def _scan(text: str) -> list[Any]:
-    """Every JSON object or list embedded in ``text``, outermost first, left to right."""
+def _region_end(text: str, start: int) -> tuple[int | None, bool]:
+    """Where the bracketed region opening at ``start`` ends, and whether it nests too deeply.
+
+    Brackets inside JSON strings do not count. The end is None when the region never
+    closes (the rest of the text is inside it) or when it nests past the bound.
+    """
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text, start):
+        char = match.group()[0]
+        if char == '"':
+            continue
+        if char in "[{":
+            depth += 1
+            if depth > _MAX_DEPTH:
+                return None, True
+        else:
+            depth -= 1
+            if depth == 0:
+                return match.end(), False
+    return None, False
+
+
+def _scan(text: str) -> tuple[list[Any], bool]:
+    """The whole JSON objects and lists standing in ``text``'s prose, left to right.
+
+    Only values at the top level of the prose count: a region that does not parse is
+    skipped whole, never searched for a value nested inside it. Linear in the text.
+    Returns the values and whether some region nests too deeply.
+    """
     decoder = json.JSONDecoder()
     found: list[Any] = []
-    pos, attempts = 0, 0
-    while len(found) < _MAX_CANDIDATES and attempts < _MAX_SCAN_ATTEMPTS:
+    pos = 0
+    while len(found) < _MAX_CANDIDATES:
         match = _JSON_START.search(text, pos)
         if match is None:
             break
-        attempts += 1
+        start = match.start()
         try:
-            value, end = decoder.raw_decode(text, match.start())
+            value, end = decoder.raw_decode(text, start)
         except (ValueError, RecursionError):
-            pos = match.start() + 1
+            region_end, too_deep = _region_end(text, start)
+            if too_deep:
+                return found, True
+            if region_end is None:
+                break  # never closed: what follows is inside it, not beside it
+            pos = region_end
             continue
         found.append(value)
         pos = end
-    return found
+    return found, False
 
 
-def _decode_text(text: str) -> tuple[bool, Any]:
-    """Find the plan JSON in model text: whole text, then code fences, then a scan."""
-    ok, value = _loads(text.strip())
-    if ok:
-        return True, value
+def _decode_text(text: str) -> tuple[Any, str]:
+    """Find the plan JSON in model text: whole text, then code fences, then a scan.
+
+    Returns ``(value, "")``, ``(_TOO_DEEP, "")`` or ``(None, why nothing was found)``.
+    """
+    stripped = text.strip()
+    ok, value, why = _loads(stripped)
+    if ok or value is _TOO_DEEP:
+        return value, ""
     fenced = []
     for match in _FENCE.finditer(text):
-        ok, value = _loads(match.group(2).strip())
+        ok, found, _ = _loads(match.group(2).strip())
         if ok:
-            fenced.append(value)
+            fenced.append(found)
+        elif found is _TOO_DEEP:
+            return _TOO_DEEP, ""
     if fenced:
-        return True, _pick(fenced)
-    scanned = _scan(text)
+        return _pick(fenced), ""
+    scanned, too_deep = _scan(text)
+    if too_deep:
+        return _TOO_DEEP, ""
     if scanned:
-        return True, _pick(scanned)
-    return False, None
+        return _pick(scanned), ""
+    if stripped[:1] in ("{", "["):
+        return None, f"the text is not valid JSON ({why})"
+    return None, "no JSON object or list found in the text"
+
+
+def _int_text(value: int) -> str:
+    """``value`` as digits, or ``an integer of about N digits`` when it is huge."""
+    if value.bit_length() <= _BIG_INT_BITS:
+        return str(value)
+    digits = int(value.bit_length() * 0.30103) + 1
+    return f"{'-' if value < 0 else ''}an integer of about {digits} digits"
+
+
+def _path_text(path: Sequence[object]) -> str:
+    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+    return text if len(text) <= 80 else text[:37] + "..." + text[-40:]
+
+
+def _within_bounds(doc: object) -> bool:
+    """True when ``doc`` nests no deeper than the bound, is made of dicts, lists and
+    tuples, and has string keys only; level by level, no recursion."""
+    level, depth = [doc], 1
+    while level:
+        if depth > _MAX_DEPTH:
+            return False
+        below = []
+        for value in level:
+            kind = type(value)
+            if kind is dict:
+                assert isinstance(value, dict)
+                if not all(type(key) is str for key in value):
+                    return False
+                children: Iterable[object] = value.values()
+            elif kind is list or kind is tuple:
+                assert isinstance(value, list | tuple)
+                children = value
+            else:
+                return False
+            below += [c for c in children if type(c) in _CONTAINERS]
+        level, depth = below, depth + 1
+    return True
+
+
+_CONTAINERS: Final = (dict, list, tuple)
+
+
+def _strict_problems(doc: object) -> tuple[list[Problem], bool]:
+    """Values strict JSON cannot carry, and nesting past the bound; iterative, linear.
+
+    Returns the problems (at most ``_MAX_STRICT_PROBLEMS``) and whether one of them is
+    nesting too deep (then nothing below the bound was looked at). The common case, a
+    plan with nothing wrong, is two C-speed passes; only a plan with a problem is walked
+    value by value to say where.
+    """
+    if _within_bounds(doc):
+        try:
+            json.dumps(doc, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        except (ValueError, TypeError, UnicodeEncodeError, RecursionError):
+            pass
+        else:
+            return [], False
+    problems: list[Problem] = []
+    too_deep = False
+    max_digits = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+    stack: list[tuple[object, int, tuple[object, ...]]] = [(doc, 1, ())]
+    while stack and len(problems) < _MAX_STRICT_PROBLEMS:
+        value, depth, path = stack.pop()
+        why = _not_strict(value, max_digits)
+        if why is None and isinstance(value, Mapping | list | tuple):
+            if depth > _MAX_DEPTH:
+                too_deep = True
+                why = (f"nested more than {_MAX_DEPTH} levels deep; a plan needs far fewer "
+                       "— flatten the payload")
+            elif isinstance(value, Mapping):
+                for key, item in value.items():
+                    if not isinstance(key, str) or _not_strict(key, 0) is not None:
+                        why = f"has a key {_describe(key)}; keys must be strings of UTF-8 text"
+                        break
+                    stack.append((item, depth + 1, (*path, key)))
+            else:
+                stack.extend((item, depth + 1, (*path, i)) for i, item in enumerate(value))
+        if why is not None:
+            problems.append(_strict_problem(doc, path, why))
+    return problems, too_deep
+
+
+def _not_strict(value: object, max_digits: int) -> str | None:
+    """Why ``value`` itself cannot be written as strict JSON, or None."""
+    if value is None or isinstance(value, bool | Mapping | list | tuple):
+        return None
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is a string with a lone surrogate, which UTF-8 (and so JSON) cannot carry"
+        return None
+    if isinstance(value, int):
+        if max_digits and value.bit_length() * 0.30103 > max_digits - 1:
+            return f"is {_int_text(value)}, more than JSON readers accept ({max_digits})"
+        return None
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return f"is {value!r}, which strict JSON cannot carry; use a finite number or null"
+        return None
+    return f"is a Python {type(value).__name__}, which JSON cannot carry"
+
+
+def _strict_problem(doc: object, path: tuple[object, ...], why: str) -> Problem:
+    task: int | None = None
+    rest = path
+    if isinstance(doc, Mapping) and path[:1] == ("tasks",) and len(path) > 1:
+        task, rest = path[1] if isinstance(path[1], int) else None, path[2:]
+    elif isinstance(doc, list | tuple) and path and isinstance(path[0], int):
+        task, rest = path[0], path[1:]
+    code = INVALID_PAYLOAD if task is not None and rest[:1] == ("payload",) else SCHEMA
+    if task is not None and "nested more than" in why:
+        code = SCHEMA
+    where = _path_text(rest) if task is not None else _path_text(path)
+    return Problem(code, task, f"{where or 'the plan'} {why}")
 
 
 def _suggest(name: str, choices: Sequence[str], *, cutoff: float = 0.6) -> str | None:
@@ -574,11 +760,46 @@ def _payload_fields(model: type[BaseModel]) -> str:
 def _check(
     raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int
 ) -> tuple[list[Problem], Plan | None]:
+    with _collector_paused(raw):
+        return _check_now(raw, kinds, min_tasks, max_tasks)
+
+
+_LARGE_INPUT: Final = 1_000_000
+"""Input this large (characters, or tasks times 100) is read with the cyclic collector off."""
+
+
+@contextlib.contextmanager
+def _collector_paused(raw: object) -> Iterator[None]:
+    """Pause the cyclic garbage collector while a large plan is read.
+
+    Reading creates objects by the hundred thousand and no reference cycles, yet each
+    collection walks the whole plan again: on a 100,000-task plan the collector alone
+    doubles the time. Refcounting still frees everything; the collector resumes after.
+    """
+    size = len(raw) if isinstance(raw, str | bytes | bytearray) else 0
+    if isinstance(raw, Mapping) and isinstance(raw.get("tasks"), list | tuple):
+        size = 100 * len(raw["tasks"])
+    elif isinstance(raw, list | tuple):
+        size = 100 * len(raw)
+    if size < _LARGE_INPUT or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _check_now(
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int
+) -> tuple[list[Problem], Plan | None]:
     _check_bounds(min_tasks, max_tasks)
     registry = _registry(kinds)
     problems: list[Problem] = []
 
     doc: object = raw
+    parsed_here = isinstance(raw, str | bytes | bytearray)  # nobody else holds its payloads
     if isinstance(raw, bytes | bytearray):
         try:
             doc = bytes(raw).decode("utf-8-sig")
@@ -589,13 +810,19 @@ def _check(
             )
             return [Problem(NOT_JSON, None, message)], None
     if isinstance(doc, str):
-        found, doc = _decode_text(doc)
-        if not found:
-            message = (
-                "no JSON object or list found in the text; reply with the plan as JSON: "
-                + _SHAPE_HINT
-            )
+        doc, why = _decode_text(doc)
+        if doc is _TOO_DEEP:
+            message = (f"the JSON is nested more than {_MAX_DEPTH} levels deep; a plan needs "
+                       f"far fewer: {_SHAPE_HINT}")
+            return [Problem(SCHEMA, None, message)], None
+        if doc is None:
+            message = f"{why}; reply with the plan as JSON: {_SHAPE_HINT}"
             return [Problem(NOT_JSON, None, message)], None
+
+    strict, too_deep = _strict_problems(doc)
+    if too_deep:
+        return strict, None
+    problems.extend(strict)
 
     goal = ""
     entries: Sequence[object] | None = None
@@ -660,7 +887,13 @@ def _check(
             )
         )
 
-    drafts = [_read_task(i, entry, registry, problems) for i, entry in enumerate(entries)]
+    refused = {p.task for p in strict if p.code == INVALID_PAYLOAD}
+    specs = {spec.name: spec for spec in registry}
+    drafts = [
+        _read_task(i, entry, registry, problems, check_payload=i not in refused,
+                   copy_payload=not parsed_here, specs=specs)
+        for i, entry in enumerate(entries)
+    ]
 
     ids: dict[str, int] = {}
     for i, draft in enumerate(drafts):
@@ -683,8 +916,17 @@ def _check(
     for i, draft in enumerate(drafts):
         resolved.append(_resolve_deps(i, draft, n, ids, problems))
 
-    cycle_problems = [_cycle_problem(c, drafts) for c in _find_cycles(resolved)]
-    problems.extend(cycle_problems)
+    cycles, groups = _find_cycles(resolved)
+    problems.extend(_cycle_problem(c, drafts) for c in cycles)
+    if groups > len(cycles):
+        problems.append(
+            Problem(
+                CYCLE,
+                None,
+                f"{groups - len(cycles)} more dependency cycles are not listed "
+                f"({groups} in all); fix the ones above and validate again",
+            )
+        )
 
     if problems:
         # document-level problems first, then by task index (stable: field order kept)
@@ -702,8 +944,21 @@ def _check(
     return [], Plan(goal=goal, tasks=tasks)
 
 
-def _read_task(i: int, entry: object, registry: Registry, problems: list[Problem]) -> _Draft:
+def _read_task(
+    i: int,
+    entry: object,
+    registry: Registry,
+    problems: list[Problem],
+    *,
+    check_payload: bool = True,
+    copy_payload: bool = True,
+    specs: Mapping[str, KindSpec] | None = None,
+) -> _Draft:
     """Pass one over task ``i``: shape, kind, payload; dependencies are kept for pass two."""
+    specs = {spec.name: spec for spec in registry} if specs is None else specs
+    quick = _read_plain_task(i, entry, specs, problems, check_payload, copy_payload)
+    if quick is not None:
+        return quick
     draft = _Draft()
     if not isinstance(entry, Mapping):
         problems.append(
@@ -769,7 +1024,8 @@ def _read_task(i: int, entry: object, registry: Registry, problems: list[Problem
     if "payload" in entry:
         payload = entry["payload"]
         if isinstance(payload, Mapping):
-            draft.payload = copy.deepcopy(dict(payload))
+            draft.payload = copy.deepcopy(dict(payload)) if payload and copy_payload \
+                else dict(payload)
         else:
             problems.append(
                 Problem(
@@ -780,7 +1036,7 @@ def _read_task(i: int, entry: object, registry: Registry, problems: list[Problem
             )
             draft.ok = False
             spec = None
-    if spec is not None and spec.payload_model is not None:
+    if check_payload and spec is not None and spec.payload_model is not None:
         _check_payload(i, spec, spec.payload_model, draft.payload, problems)
 
     if "depends_on" in entry:
@@ -790,7 +1046,7 @@ def _read_task(i: int, entry: object, registry: Registry, problems: list[Problem
         else:
             hint = ""
             if isinstance(deps, int) and not isinstance(deps, bool):
-                hint = f"; write [{deps}]"
+                hint = f"; write [{_int_text(deps)}]"
             elif isinstance(deps, str) and deps.strip().isdigit():
                 hint = f"; write [{deps.strip()}]"
             problems.append(
@@ -813,6 +1069,49 @@ def _read_task(i: int, entry: object, registry: Registry, problems: list[Problem
             )
             draft.ok = False
     return draft
+
+
+def _read_plain_task(
+    i: int,
+    entry: object,
+    specs: Mapping[str, KindSpec],
+    problems: list[Problem],
+    check_payload: bool,
+    copy_payload: bool,
+) -> _Draft | None:
+    """The usual task (a dict of the right fields and types, a known kind) read at once;
+    None for anything else, which the careful path reads and explains."""
+    if type(entry) is not dict or not entry.keys() <= _TASK_FIELD_SET:
+        return None
+    assert isinstance(entry, dict)
+    kind, payload = entry.get("kind"), entry.get("payload", _NO_PAYLOAD)
+    deps, task_id = entry.get("depends_on", _NO_DEPS), entry.get("id")
+    if type(kind) is not str or type(payload) is not dict or type(deps) is not list:
+        return None
+    spec = specs.get(kind)
+    if spec is None or ("id" in entry and (type(task_id) is not str or not task_id)):
+        return None
+    assert isinstance(payload, dict) and isinstance(deps, list)
+    if not deps:
+        read: list[int | str] = []
+    elif len(deps) == 1 and (type(deps[0]) is int or type(deps[0]) is str):
+        read = [deps[0]]
+    else:
+        read = _read_deps(i, deps, problems)
+    draft = _Draft(
+        kind=kind,
+        payload=copy.deepcopy(payload) if payload and copy_payload else dict(payload),
+        deps=read,
+        id=task_id,
+    )
+    if check_payload and spec.payload_model is not None:
+        _check_payload(i, spec, spec.payload_model, draft.payload, problems)
+    return draft
+
+
+_TASK_FIELD_SET: Final = frozenset(_TASK_FIELDS)
+_NO_PAYLOAD: Final[dict[str, Any]] = {}
+_NO_DEPS: Final[list[Any]] = []
 
 
 def _check_payload(
@@ -841,7 +1140,10 @@ def _check_payload(
 
 
 def _read_deps(i: int, deps: Sequence[object], problems: list[Problem]) -> list[int | str]:
+    if all(type(dep) is int or type(dep) is str for dep in deps):  # the usual case
+        return list(dict.fromkeys(deps))  # type: ignore[arg-type]
     out: list[int | str] = []
+    seen: set[int | str] = set()
     for j, dep in enumerate(deps):
         if isinstance(dep, bool) or not isinstance(dep, int | str):
             problems.append(
@@ -853,7 +1155,8 @@ def _read_deps(i: int, deps: Sequence[object], problems: list[Problem]) -> list[
                 )
             )
             continue
-        if dep not in out:
+        if dep not in seen:
+            seen.add(dep)
             out.append(dep)
     return out
 
@@ -863,6 +1166,7 @@ def _resolve_deps(
 ) -> list[int]:
     """Pass two: check each dependency of task ``i``; return the ones that can be edges."""
     edges: list[int] = []
+    seen: set[int] = set()
     for dep in draft.deps:
         if isinstance(dep, str):
             if dep not in ids:
@@ -886,7 +1190,8 @@ def _resolve_deps(
                         "depends_on",
                     )
                 )
-            elif ids[dep] not in edges:
+            elif ids[dep] not in seen:
+                seen.add(ids[dep])
                 edges.append(ids[dep])
             continue
         if dep == i:
@@ -898,7 +1203,8 @@ def _resolve_deps(
                 )
             )
         elif 0 <= dep < i:
-            if dep not in edges:
+            if dep not in seen:
+                seen.add(dep)
                 edges.append(dep)
         elif i < dep < n:
             if i == 0:
@@ -910,7 +1216,7 @@ def _resolve_deps(
                 Problem(
                     FORWARD_DEPENDENCY,
                     i,
-                    f"task {i} depends on task {dep}, which comes later; {advice}",
+                    f"task {i} depends on task {_int_text(dep)}, which comes later; {advice}",
                 )
             )
         else:
@@ -919,30 +1225,91 @@ def _resolve_deps(
                 Problem(
                     UNKNOWN_DEPENDENCY,
                     i,
-                    f"task {i} depends on task {dep}, which does not exist; {where}",
+                    f"task {i} depends on task {_int_text(dep)}, which does not exist; "
+                    f"{where}",
                 )
             )
     return edges
 
 
-def _find_cycles(deps: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Distinct cycles among the edges, each as ``[a, b, ..., a]``, a a dependency of b."""
-    graph: dict[int, set[int]] = {i: set(d) for i, d in enumerate(deps)}
-    cycles: list[list[int]] = []
-    seen: set[frozenset[int]] = set()
-    for _ in range(sum(len(d) for d in graph.values()) + 1):
-        try:
-            graphlib.TopologicalSorter(graph).prepare()
-        except graphlib.CycleError as exc:
-            cycle = [int(node) for node in exc.args[1]]
-            key = frozenset(cycle)
-            if key not in seen:
-                seen.add(key)
-                cycles.append(cycle)
-            graph[cycle[1]].discard(cycle[0])  # break this cycle, look for another
-        else:
-            break
-    return cycles
+def _strong_components(graph: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Tarjan's strongly connected components, iteratively (no recursion on user data)."""
+    n = len(graph)
+    index = [-1] * n
+    low = [0] * n
+    on_stack = [False] * n
+    stack: list[int] = []
+    components: list[list[int]] = []
+    counter = 0
+    for root in range(n):
+        if index[root] != -1:
+            continue
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        work = [(root, 0)]
+        while work:
+            v, i = work[-1]
+            edges = graph[v]
+            if i < len(edges):
+                work[-1] = (v, i + 1)
+                w = edges[i]
+                if index[w] == -1:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == index[v]:
+                component: list[int] = []
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    component.append(w)
+                    if w == v:
+                        break
+                components.append(component)
+    return components
+
+
+def _cycle_through(start: int, members: set[int], graph: Sequence[Sequence[int]]) -> list[int]:
+    """A shortest cycle through ``start`` inside its component, as a chain in which each
+    task depends on the next and the last depends on ``start`` (breadth-first, linear)."""
+    parent: dict[int, int] = {start: start}
+    queue = [start]
+    for node in queue:
+        for dep in graph[node]:
+            if dep == start:
+                chain = [node]
+                while chain[-1] != start:
+                    chain.append(parent[chain[-1]])
+                return chain[::-1]
+            if dep in members and dep not in parent:
+                parent[dep] = node
+                queue.append(dep)
+    raise AssertionError("a strongly connected component always holds a cycle")
+
+
+def _find_cycles(deps: Sequence[Sequence[int]]) -> tuple[list[list[int]], int]:
+    """One cycle per group of tasks that depend on each other in a circle, smallest task
+    first, at most ``_MAX_CYCLES`` of them; and how many such groups there are.
+
+    Linear in tasks plus dependencies whatever the plan's shape.
+    """
+    if all(d < i for i, edges in enumerate(deps) for d in edges):
+        return [], 0  # every edge points back: no cycle is possible
+    cyclic = [c for c in _strong_components(deps) if len(c) > 1]
+    cyclic.sort(key=min)
+    cycles = [_cycle_through(min(c), set(c), deps) for c in cyclic[:_MAX_CYCLES]]
+    return cycles, len(cyclic)
 
 
 def _label(i: int, drafts: Sequence[_Draft]) -> str:
@@ -950,11 +1317,9 @@ def _label(i: int, drafts: Sequence[_Draft]) -> str:
     return f"task {i} ({draft.id!r})" if draft.id is not None else f"task {i}"
 
 
-def _cycle_problem(cycle: list[int], drafts: Sequence[_Draft]) -> Problem:
-    nodes = cycle[:-1]
-    chain = list(reversed(nodes))  # chain[k] depends on chain[k + 1]
-    start = chain.index(min(chain))
-    chain = chain[start:] + chain[:start]
+def _cycle_problem(chain: list[int], drafts: Sequence[_Draft]) -> Problem:
+    """``chain[k]`` depends on ``chain[k + 1]``; the last depends on ``chain[0]``."""
+    nodes = chain
     text = _label(chain[0], drafts)
     for node in chain[1:]:
         text += f" depends on {_label(node, drafts)}, which"

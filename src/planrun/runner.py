@@ -76,22 +76,72 @@ class App:
 
 
 def load_app(ref: str) -> App:
-    """Import ``module:attribute`` and return it as an :class:`App` (a Registry is wrapped)."""
+    """Import ``module:attribute`` and return it as an :class:`App` (a Registry is wrapped).
+
+    The attribute may be an App, a Registry, or a function taking no arguments that returns
+    one (or a tuple whose first item is one, as ``examples.tickets:make_app`` does).
+
+    Raises:
+        UsageError: what is wrong with the reference, in one line: a module that cannot be
+            imported (missing, a syntax error, raising at import), a missing attribute, a
+            function that needs arguments or raises, or something that is not an App.
+    """
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise UsageError(f"--app must look like module:attribute, got {ref!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r}: {exc}") from exc
-    target = getattr(module, attr, None)
-    if callable(target) and not isinstance(target, (App, Registry)):
-        target = target()
+    module = _import_app_module(module_name)
+    if not hasattr(module, attr):
+        apps = sorted(n for n, v in vars(module).items()
+                      if not n.startswith("_") and isinstance(v, App | Registry))
+        have = f"; it has {', '.join(apps)}" if apps else ""
+        raise UsageError(f"module {module_name!r} has no attribute {attr!r}{have}")
+    target = getattr(module, attr)
+    if callable(target) and not isinstance(target, App | Registry):
+        target = _call_app_factory(ref, target)
+    if isinstance(target, tuple | list) and target and isinstance(target[0], App | Registry):
+        target = target[0]
     if isinstance(target, Registry):
         return App(target)
     if isinstance(target, App):
         return target
-    raise UsageError(f"{ref} is not a planrun App or Registry")
+    raise UsageError(
+        f"{ref} is a {type(target).__name__}, not a planrun App or Registry "
+        "(or a function returning one)"
+    )
+
+
+def _import_app_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except SyntaxError as exc:
+        where = f"{exc.filename}, line {exc.lineno}" if exc.filename else "its source"
+        raise UsageError(f"cannot import {name!r}: syntax error in {where}: {exc.msg}") from exc
+    except ImportError as exc:
+        raise UsageError(f"cannot import {name!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code raised while it was imported
+        raise UsageError(
+            f"importing {name!r} raised {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from exc
+
+
+def _call_app_factory(ref: str, factory: Callable[..., Any]) -> Any:
+    import inspect
+
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise UsageError(
+            f"{ref} needs arguments; --app names an App, a Registry, or a function that "
+            "takes none and returns one"
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): try the call
+        pass
+    try:
+        return factory()
+    except Exception as exc:
+        raise UsageError(
+            f"calling {ref}() raised {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from exc
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,8 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Scenario:
-        """Build a scenario from its JSON form; a malformed one raises :class:`UsageError`."""
+        """Build a scenario from its JSON form; a malformed one raises :class:`UsageError`
+        naming the field that is wrong."""
         if not isinstance(data, Mapping):
             raise UsageError("a scenario is a JSON object with 'workers' and 'tasks'")
         workers, tasks = data.get("workers"), data.get("tasks")
@@ -56,27 +58,41 @@ class Scenario:
             raise UsageError("scenario: 'workers' must be a non-empty list")
         if not isinstance(tasks, list) or not tasks:
             raise UsageError("scenario: 'tasks' must be a non-empty list")
+        names: set[str] = set()
         for i, w in enumerate(workers):
-            if not isinstance(w, Mapping) or not isinstance(w.get("name"), str):
-                raise UsageError(f"scenario: worker {i} needs a 'name'")
+            _check_worker(i, w, names)
+        ids = [_task_id(t, i) if isinstance(t, Mapping) else "" for i, t in enumerate(tasks)]
         for i, t in enumerate(tasks):
-            if not isinstance(t, Mapping) or not isinstance(t.get("kind"), str):
-                raise UsageError(f"scenario: task {i} needs a 'kind'")
+            _check_task(i, t, ids)
+        if len(set(ids)) != len(ids):
+            raise UsageError("scenario: task ids must be unique")
         options = data.get("options") or {}
         if not isinstance(options, Mapping):
             raise UsageError("scenario: 'options' must be an object")
-        return cls(list(workers), list(tasks), str(data.get("strategy", "balanced")), options)
+        _check_options(options)
+        from planrun.routing import STRATEGIES
+
+        strategy = data.get("strategy", "balanced")
+        if strategy not in STRATEGIES:
+            raise UsageError(f"scenario: 'strategy' must be one of {list(STRATEGIES)}, "
+                             f"got {strategy!r}")
+        return cls(list(workers), list(tasks), str(strategy), options)
 
     @classmethod
     def load(cls, path: str | Path) -> Scenario:
         """Read a scenario file (or a built-in scenario by name)."""
         if str(path) in BUILTIN_SCENARIOS:
             return cls.from_dict(BUILTIN_SCENARIOS[str(path)])
+        if Path(path).is_dir():
+            raise UsageError(f"scenario {path} is a directory, not a scenario file")
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except OSError as exc:
             raise UsageError(f"cannot read scenario {path}: {exc.strerror or exc}") from exc
-        except json.JSONDecodeError as exc:
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"scenario {path} is not UTF-8 text ({exc.reason} at byte "
+                             f"{exc.start})") from exc
+        except (ValueError, RecursionError) as exc:
             raise UsageError(f"scenario {path} is not JSON: {exc}") from exc
         return cls.from_dict(data)
 
@@ -137,6 +153,88 @@ class _SimWorker:
 
 def _task_id(spec: Mapping[str, Any], index: int) -> str:
     return str(spec.get("id", f"t{index}"))
+
+
+_NUMBER_OPTIONS = ("max_attempts", "retry_budget", "timeout", "stale_after", "max_reclaims",
+                   "stall_after")
+_SUPERVISOR_OPTIONS = frozenset((*_NUMBER_OPTIONS, "on_dead", "goal", "backoff"))
+"""The supervisor's options a scenario file may set (the ones JSON can say)."""
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    unknown = sorted(set(options) - _SUPERVISOR_OPTIONS)
+    if unknown:
+        raise UsageError(f"scenario: unknown option(s) {unknown}; known: "
+                         f"{sorted(_SUPERVISOR_OPTIONS)}")
+    for name in _NUMBER_OPTIONS:
+        value = options.get(name)
+        if value is not None and (not _is_number(value) or value < 0):
+            raise UsageError(f"scenario: option {name!r} must be a finite number >= 0, "
+                             f"got {value!r}")
+    if options.get("backoff") is not None:
+        raise UsageError("scenario: option 'backoff' can only be null (no backoff) in a file")
+    for name in ("on_dead", "goal"):
+        if name in options and not isinstance(options[name], str):
+            raise UsageError(f"scenario: option {name!r} must be a string")
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _check_worker(i: int, w: object, names: set[str]) -> None:
+    if not isinstance(w, Mapping) or not isinstance(w.get("name"), str) or not w["name"]:
+        raise UsageError(f"scenario: worker {i} needs a 'name'")
+    name = w["name"]
+    if name in names:
+        raise UsageError(f"scenario: worker name {name!r} appears twice")
+    names.add(name)
+    capacity = w.get("capacity", 1)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise UsageError(f"scenario: worker {name!r}: 'capacity' must be an integer >= 1, "
+                         f"got {capacity!r}")
+    kinds = w.get("kinds")
+    if kinds is not None and (not isinstance(kinds, list) or not kinds
+                              or not all(isinstance(k, str) for k in kinds)):
+        raise UsageError(f"scenario: worker {name!r}: 'kinds' must be a list of kind names")
+    skills = w.get("skills")
+    if skills is not None and (not isinstance(skills, Mapping) or not skills or not all(
+            isinstance(k, str) and _is_number(v) and v > 0 for k, v in skills.items())):
+        raise UsageError(f"scenario: worker {name!r}: 'skills' must map kind names to "
+                         "numbers > 0")
+
+
+def _check_task(i: int, t: object, ids: Sequence[str]) -> None:
+    if not isinstance(t, Mapping) or not isinstance(t.get("kind"), str):
+        raise UsageError(f"scenario: task {i} needs a 'kind'")
+    estimate = t.get("estimate", 1.0)
+    if not _is_number(estimate) or estimate < 0:
+        raise UsageError(f"scenario: task {i}: 'estimate' must be a finite number >= 0, "
+                         f"got {estimate!r}")
+    if "id" in t and (not isinstance(t["id"], str) or not t["id"]):
+        raise UsageError(f"scenario: task {i}: 'id' must be a non-empty string")
+    deps = t.get("depends_on", [])
+    if not isinstance(deps, list):
+        raise UsageError(f"scenario: task {i}: 'depends_on' must be a list")
+    for d in deps:
+        known = (0 <= d < len(ids) if isinstance(d, int) and not isinstance(d, bool)
+                 else isinstance(d, str) and d in ids)
+        if not known or (isinstance(d, int) and d == i) or d == ids[i]:
+            raise UsageError(f"scenario: task {i} depends on {d!r}, which is no other task "
+                             "(use task ids or indices)")
+    for key in ("resources",):
+        value = t.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+            raise UsageError(f"scenario: task {i}: {key!r} must be a list of names")
+    for key in ("fail", "fail_permanent", "hang"):
+        plan = t.get(key) or {}
+        if not isinstance(plan, Mapping) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for v in plan.values()):
+            raise UsageError(f"scenario: task {i}: {key!r} must map worker names to counts")
+    if not isinstance(t.get("payload") or {}, Mapping):
+        raise UsageError(f"scenario: task {i}: 'payload' must be an object")
 
 
 def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Supervisor:

@@ -24,6 +24,7 @@ from planrun.redact import redact
 from planrun.registry import Registry, TaskContext, WorkerSpec
 from planrun.routing import Router, WorkerState, get_router
 from planrun.scheduling import (
+    EFFECT_RETRY,
     SCHEDULER_RETRY,
     Backoff,
     OnDead,
@@ -138,6 +139,8 @@ class Supervisor:
         goal, meta: recorded with the run in the store.
         store_patience: seconds a failing store is retried (a database restart) before the
             run stops with :class:`StoreError`; no new attempt starts meanwhile.
+        effect_retry: how a failing effect is tried again (default 6 tries, 1 s doubling
+            to 30 s); one that fails every try makes the run not ok.
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class Supervisor:
         goal: str = "",
         meta: Mapping[str, Any] | None = None,
         store_patience: float = 120.0,
+        effect_retry: RetryPolicy | None = None,
     ) -> None:
         policy = as_policy(retry if retry is not None else backoff, SCHEDULER_RETRY)
         attempts = policy.attempts if retry is not None else SCHEDULER_RETRY.attempts
@@ -193,6 +197,7 @@ class Supervisor:
             router=get_router(strategy), retry=policy, sink=self._record,
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects, seed=seed,
+            effect_retry=effect_retry or EFFECT_RETRY,
         )
         for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
             self.register(spec)

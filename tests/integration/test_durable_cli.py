@@ -104,6 +104,16 @@ def test_postgres_down_at_start_is_one_line_with_the_password_masked(tmp_path: P
 def test_unknown_run_and_missing_db_are_clear(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     db = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["status", "nope", "--db", db]) == 2  # a typo is not a new empty database
+    assert "no database file" in capsys.readouterr().err
+    assert not (tmp_path / "x.db").exists()
+
+    async def create() -> None:
+        store = open_store(db)
+        await store.open()
+        await store.close()
+
+    asyncio.run(create())
     assert main(["status", "nope", "--db", db]) == 2
     assert "unknown run 'nope'" in capsys.readouterr().err
     assert main(["resume", "nope", "--db", db]) == 2

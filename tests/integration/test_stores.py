@@ -183,6 +183,14 @@ async def test_round_trip_keeps_every_field(store: Store) -> None:
     assert state.effects == {}
 
 
+async def test_a_run_id_already_stored_is_a_clear_error(store: Store) -> None:
+    run_id = await make_run(store, chain(1))
+    with pytest.raises(StoreError, match=f"run '{run_id}' already exists") as info:
+        await store.create_run(RunInfo(run_id, 2.0, goal="again"))
+    assert "UNIQUE" not in str(info.value) and "duplicate key" not in str(info.value)
+    assert (await store.load(run_id)).run.goal == "test"  # the first run is untouched
+
+
 async def test_write_upserts_rows_and_appends_events(store: Store) -> None:
     run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
     a = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w", token=1)

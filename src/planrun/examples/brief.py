@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from planrun.errors import PlanrunError
 from planrun.registry import Registry, WorkerSpec
 from planrun.runner import App
 from planrun.workers import ModelWorker
@@ -116,7 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Competitive brief (live)")
     parser.add_argument("goal", nargs="?", default=GOAL)
     args = parser.parse_args(argv)
-    report = plan_and_run(args.goal, make_app())
+    try:
+        report = plan_and_run(args.goal, make_app())
+    except PlanrunError as exc:  # no key, an invalid plan after repairs, ...: one line
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"brief: error: {message}", file=sys.stderr)
+        return 2
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -77,7 +77,7 @@ RELEASE_PLAN: dict[str, Any] = {
          "depends_on": [1]},
     ],
 }
-"""The release as a plan document (DESIGN.md shape)."""
+"""The release as a plan document (the shape `planrun validate` reads)."""
 
 
 def make_app() -> App:

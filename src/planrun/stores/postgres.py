@@ -385,7 +385,10 @@ class PostgresStore:
         row = run_row(run)
 
         async def go(cur: Cursor) -> None:
-            await cur.execute(Q["create_run"], row)
+            try:
+                await cur.execute(Q["create_run"], row)
+            except self._drivers.psycopg.errors.UniqueViolation:
+                raise _run_exists(run.id) from None
             await cur.execute(Q["notify"], {"run_id": run.id})
 
         await self._tx(go)
@@ -823,3 +826,7 @@ class PostgresStore:
                     self._waiters.notify(note.payload)
         except self._drivers.psycopg.Error as exc:
             log.warning("%s: listening connection lost: %s", self.url, one_line(exc))
+
+
+def _run_exists(run_id: str) -> StoreError:
+    return StoreError(f"run {run_id!r} already exists; choose another run id, or resume it")

@@ -249,7 +249,13 @@ class SQLiteStore:
 
         def go(conn: sqlite3.Connection) -> None:
             with _transaction(conn):
-                conn.execute(Q["create_run"], row)
+                try:
+                    conn.execute(Q["create_run"], row)
+                except sqlite3.IntegrityError:
+                    raise StoreError(
+                        f"run {run.id!r} already exists in {self.url}; choose another run id, "
+                        "or resume it"
+                    ) from None
 
         await self._with_conn(go)
         self._waiters.notify(run.id)
