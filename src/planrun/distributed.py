@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from planrun import tracing
 from planrun.errors import (
     BudgetExceeded,
     ErrorClass,
@@ -542,7 +543,8 @@ class WorkerProcess:
                                                self.lease_s, free)
             for task in tasks:
                 key = (run_id, task.id)
-                handle = asyncio.ensure_future(self._execute(run_id, task))
+                handle = asyncio.ensure_future(tracing.worker_attempt(
+                    self._execute(run_id, task), self.store, run_id, task, self.name))
                 self._running[key] = _Running(task, handle)
                 handle.add_done_callback(self._forget(key))
         return bool(self._running)
@@ -612,6 +614,7 @@ class WorkerProcess:
     async def _report(self, run_id: str, task: Task, outcome: Task, name: str,
                       detail: Mapping[str, Any]) -> None:
         """Write the outcome fenced by the token; never write one that cannot be fenced."""
+        tracing.attempt_outcome(outcome, name)
         event = _event(outcome, name, time.time(), self.name, detail)
         delay = 0.2
         while True:
