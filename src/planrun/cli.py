@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from planrun import tracing
 from planrun.errors import InvalidPlan, PlanrunError
 from planrun.plan import Plan, validate_plan
 
@@ -712,6 +714,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_status(subparsers)
     _add_worker(subparsers)
     _add_demo(subparsers)
+    from planrun.eval_cli import add_eval_parser
+
+    add_eval_parser(subparsers)
     module = _fixtures_cli()
     if module is not None:
         module.add_fixtures_parser(subparsers)
@@ -730,6 +735,7 @@ def _exit_code(code: object) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     parser = _build_parser()
+    tracing.configure_from_env(os.environ)  # PLANRUN_TRACE_FILE: spans to a file
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help, --version, or a usage error (2)

@@ -84,6 +84,7 @@ TRACE_KEY = "trace"
 
 _KEY_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{6,}")
 _ENDED = ("completed", "failed", "dead", "reclaimed", "cancelled")
+_FINAL_NAMES = frozenset(status.value for status in FINAL)
 T = TypeVar("T")
 
 
@@ -370,8 +371,9 @@ class RunTracer:
             self._meters.active.add(-1, {"planrun.worker": worker})
             span.set_attribute("planrun.task.status", "unfinished")
             span.end(end_time=self._ns(at))
-        for status_name in self._status.values():
-            self._meters.tasks.add(-1, {"planrun.task.status": status_name})
+        for status_name in self._status.values():  # a run that stopped leaves none open
+            if status_name not in _FINAL_NAMES:
+                self._meters.tasks.add(-1, {"planrun.task.status": status_name})
         self._status.clear()
         self._unfinished.clear()
         _live.discard(self)
