@@ -186,10 +186,11 @@ def write_goal_sets() -> None:
         (EVALS_DIR / f"{name}.jsonl").write_text(text, encoding="utf-8")
 
 
-def make_eval(name: str, *, live: bool) -> Path:
-    """Record the eval of goal set ``name`` (both prompt versions) and check it replays."""
+def make_eval(name: str, *, live: bool, out: Path | None = None) -> Path:
+    """Record the eval of goal set ``name`` (both prompt versions) into ``out`` (default
+    the shipped cassettes folder) and check that it replays."""
     goals = EVALS_DIR / f"{name}.jsonl"
-    path = EVALS_DIR / "cassettes" / f"{name}.json"
+    path = (out or EVALS_DIR / "cassettes") / f"{name}.json"
     command = f"python tools/make_fixtures.py --eval{' --live' if live else ''} {name}"
     if live:
         model = Model()
@@ -205,7 +206,8 @@ def make_eval(name: str, *, live: bool) -> Path:
     replayed = evaluate(goals, EVAL_VERSIONS, replay=path)
     if replayed.summaries() != recorded.summaries():
         raise SystemExit(f"eval {name}: the replay differs from the recording")
-    print(f"{path.relative_to(REPO)}: {len(recorded.versions)} versions")
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    print(f"{shown}: {len(recorded.versions)} versions")
     print(recorded.table())
     return path
 

@@ -42,7 +42,7 @@ def test_worker_process_spans_are_in_the_runs_trace(tmp_path: Path) -> None:
                 assert traced is not None
                 coordinator = Coordinator(registry, store, run_id="dist-run", poll=0.05,
                                           meta=traced.meta)
-                return await asyncio.wait_for(coordinator.arun(tickets), 20)
+                return await asyncio.wait_for(coordinator.arun(tickets), 60)
         finally:
             await store.close()
 
@@ -57,7 +57,6 @@ def test_worker_process_spans_are_in_the_runs_trace(tmp_path: Path) -> None:
         tracing.uninstrument()
         worker.send_signal(signal.SIGTERM)
         _, err = worker.communicate(timeout=30)
-        print(err[-3000:])
     assert worker.returncode == 0, err[-500:]
     assert result.ok
     [run] = [s for s in exporter.get_finished_spans() if s.name == "run dist-run"]
