@@ -44,6 +44,7 @@ import os
 import re
 import time
 import weakref
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -84,7 +85,6 @@ TRACE_KEY = "trace"
 
 _KEY_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{6,}")
 _ENDED = ("completed", "failed", "dead", "reclaimed", "cancelled")
-_FINAL_NAMES = frozenset(status.value for status in FINAL)
 T = TypeVar("T")
 
 
@@ -168,10 +168,13 @@ class _Instruments:
 
     def __init__(self, provider: Any) -> None:
         meter = provider.get_meter(SCOPE, _version())
-        self.tasks = meter.create_up_down_counter(
-            "planrun.tasks", unit="{task}", description="Tasks by status")
-        self.active = meter.create_up_down_counter(
-            "planrun.worker.active", unit="{task}", description="Attempts running per worker")
+        # Counted in process and observed at collection time: an event costs a dict update.
+        meter.create_observable_up_down_counter(
+            "planrun.tasks", callbacks=[_tasks_by_status], unit="{task}",
+            description="Tasks of the runs in progress, by status")
+        meter.create_observable_up_down_counter(
+            "planrun.worker.active", callbacks=[_active_per_worker], unit="{task}",
+            description="Attempts running per worker")
         self.tokens = meter.create_histogram(
             "gen_ai.client.token.usage", unit="{token}",
             description="Tokens used per model call, by gen_ai.token.type")
@@ -191,6 +194,22 @@ def _meters() -> _Instruments:
     if found is None:
         found = _instruments[id(provider)] = _Instruments(provider)
     return found
+
+
+def _tasks_by_status(_options: Any) -> Iterator[Any]:
+    for tracer in list(_live):
+        for status, count in tracer.counts().items():
+            yield otel_metrics.Observation(count, {"planrun.run.id": tracer.run_id,
+                                                   "planrun.task.status": status})
+
+
+_worker_active: Counter[str] = Counter()
+"""Attempts running in this process per worker name (worker processes and runs alike)."""
+
+
+def _active_per_worker(_options: Any) -> Iterator[Any]:
+    for worker, count in list(_worker_active.items()):
+        yield otel_metrics.Observation(count, {"planrun.worker": worker})
 
 
 def _oldest_unfinished(_options: Any) -> Iterator[Any]:
@@ -229,8 +248,8 @@ class RunTracer:
     The run span is opened by :meth:`start` (a child of ``parent`` context, or of the
     current span) and ended by :meth:`finish`; each ``started`` event opens an attempt span
     that the attempt's end event (``completed``, ``failed``, ``dead``, ``reclaimed``,
-    ``cancelled``) closes, both at the events' own times. ``progress`` is called first with
-    every event, so the observer can stand where a user callback stood.
+    ``cancelled``) closes, both at the events' own times. ``progress`` is called with every
+    event after it is recorded, so the observer can stand where a user callback stood.
     """
 
     def __init__(
@@ -257,6 +276,7 @@ class RunTracer:
         self._open: dict[str, Any] = {}
         self._status: dict[str, str] = {}
         self._unfinished: dict[str, float] = {}
+        self._counts: Counter[str] = Counter()
         self._result_status: str | None = None
 
     def _ns(self, at: float) -> int:
@@ -290,8 +310,6 @@ class RunTracer:
 
     def on_event(self, event: Event, task: Task) -> None:
         """Record one ledger event (the supervisor's ``on_event`` signature)."""
-        if self.progress is not None:
-            self.progress(event, task)
         self._count(task)
         name = event.event
         if name == "started":
@@ -302,6 +320,8 @@ class RunTracer:
             self._span.add_event(f"task {name}", {"planrun.task.id": task.id,
                                                   "planrun.task.kind": task.kind},
                                  timestamp=self._ns(event.at))
+        if self.progress is not None:
+            self.progress(event, task)
 
     def _count(self, task: Task) -> None:
         status = task.status.value
@@ -309,8 +329,8 @@ class RunTracer:
         if before == status:
             return
         if before is not None:
-            self._meters.tasks.add(-1, {"planrun.task.status": before})
-        self._meters.tasks.add(1, {"planrun.task.status": status})
+            self._counts[before] -= 1
+        self._counts[status] += 1
         self._status[task.id] = status
         if task.status in FINAL:
             self._unfinished.pop(task.id, None)
@@ -330,7 +350,7 @@ class RunTracer:
                 "planrun.worker": worker,
             })
         self._open[task.id] = (span, worker)
-        self._meters.active.add(1, {"planrun.worker": worker})
+        _worker_active[worker] += 1
         # The supervisor starts the attempt's coroutine right after this event, in this
         # context: making the span current here makes it the parent of the attempt's
         # model calls. RunTracer.run keeps this from leaking out of the run.
@@ -338,7 +358,7 @@ class RunTracer:
 
     def _close_attempt(self, event: Event, task: Task) -> None:
         span, worker = self._open.pop(task.id)
-        self._meters.active.add(-1, {"planrun.worker": worker})
+        _worker_active[worker] -= 1
         _outcome(span, event.event, task)
         span.end(end_time=self._ns(event.at))
 
@@ -368,12 +388,9 @@ class RunTracer:
         at = self._now()
         for task_id in list(self._open):
             span, worker = self._open.pop(task_id)
-            self._meters.active.add(-1, {"planrun.worker": worker})
+            _worker_active[worker] -= 1
             span.set_attribute("planrun.task.status", "unfinished")
             span.end(end_time=self._ns(at))
-        for status_name in self._status.values():  # a run that stopped leaves none open
-            if status_name not in _FINAL_NAMES:
-                self._meters.tasks.add(-1, {"planrun.task.status": status_name})
         self._status.clear()
         self._unfinished.clear()
         _live.discard(self)
@@ -385,6 +402,10 @@ class RunTracer:
             self._span.set_status(trace.StatusCode.ERROR, type(error).__name__)
             self._span.set_attribute("error.type", type(error).__name__)
         self._span.end(end_time=max(time.time_ns(), self._ns(at)))
+
+    def counts(self) -> dict[str, int]:
+        """Tasks of this run by status, as the events so far tell."""
+        return {status: n for status, n in self._counts.items() if n}
 
     def oldest_unfinished_age(self) -> float | None:
         """Seconds since the oldest unfinished task was created, or None."""
@@ -461,17 +482,17 @@ async def worker_attempt(
     if key not in _run_contexts:
         state = await store.load_tasks(run_id)
         _run_contexts[key] = _extract(state.run.meta)
-    meters = _meters()
+    _meters()
     attributes = {"planrun.run.id": run_id, "planrun.task.id": task.id,
                   "planrun.task.kind": task.kind, "planrun.task.attempt": task.attempts + 1,
                   "planrun.task.token": task.token, "planrun.worker": worker}
-    meters.active.add(1, {"planrun.worker": worker})
+    _worker_active[worker] += 1
     try:
         with _tracer().start_as_current_span(f"task {task.kind}", context=_run_contexts[key],
                                              attributes=attributes):
             await work
     finally:
-        meters.active.add(-1, {"planrun.worker": worker})
+        _worker_active[worker] -= 1
 
 
 def attempt_outcome(outcome: Task, name: str) -> None:
