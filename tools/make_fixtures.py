@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import StandIn, eval_planner, for_scenario
 
 from planrun.clock import VirtualClock
-from planrun.eval import EVALS_DIR, evaluate
+from planrun.eval import EVALS_DIR, EvalReport, aevaluate, evaluate
 from planrun.fixtures import record, replay
 from planrun.model import Model
 from planrun.runner import RunReport
@@ -192,17 +192,22 @@ def make_eval(name: str, *, live: bool, out: Path | None = None) -> Path:
     goals = EVALS_DIR / f"{name}.jsonl"
     path = (out or EVALS_DIR / "cassettes") / f"{name}.json"
     command = f"python tools/make_fixtures.py --eval{' --live' if live else ''} {name}"
+
+    async def measure(model: Model) -> EvalReport:
+        async with model:
+            return await aevaluate(goals, EVAL_VERSIONS, model=model)
+
     if live:
         model = Model()
         with record(path, base_url=model.base_url, model=model.model, made="recorded",
                     scenario=f"eval:{name}", command=command):
-            recorded = evaluate(goals, EVAL_VERSIONS, model=model)
+            recorded = asyncio.run(measure(model))
     else:
         with StandIn(FakeOpenAI({"plan": eval_planner(goals)})) as server:
             model = Model(STANDIN_MODEL, api_key=STANDIN_KEY, base_url=server.base_url)
             with record(path, base_url="http://127.0.0.1:<port>/v1", model=STANDIN_MODEL,
                         made="synthesized", scenario=f"eval:{name}", command=command):
-                recorded = evaluate(goals, EVAL_VERSIONS, model=model)
+                recorded = asyncio.run(measure(model))
     replayed = evaluate(goals, EVAL_VERSIONS, replay=path)
     if replayed.summaries() != recorded.summaries():
         raise SystemExit(f"eval {name}: the replay differs from the recording")

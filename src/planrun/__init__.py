@@ -37,6 +37,7 @@ from planrun.errors import (
     UsageError,
     WorkerError,
 )
+from planrun.eval import EvalReport, aevaluate, evaluate
 from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
 from planrun.limiter import RateLimiter
@@ -77,6 +78,7 @@ __all__ = [
     "ConfigError",
     "Coordinator",
     "DispatchError",
+    "EvalReport",
     "Event",
     "FixtureMiss",
     "IllegalTransition",
@@ -122,10 +124,12 @@ __all__ = [
     "WorkerSpec",
     "__version__",
     "adecompose",
+    "aevaluate",
     "analyze",
     "aplan_and_run",
     "aresume_run",
     "decompose",
+    "evaluate",
     "open_store",
     "plan_and_run",
     "plan_schema",

@@ -59,6 +59,7 @@ __all__ = [
     "GoalOutcome",
     "Scores",
     "VersionReport",
+    "aevaluate",
     "evaluate",
     "load_goals",
     "prompt_versions",
@@ -536,6 +537,20 @@ def _cassette_path(source: str | os.PathLike[str]) -> Path:
 def evaluate(
     goals: str | os.PathLike[str] | Sequence[Goal],
     prompts: Mapping[str, PromptSource] | Sequence[str] | None = None,
+    **options: Any,
+) -> EvalReport:
+    """Decompose every goal with every prompt version; see :func:`aevaluate`.
+
+    Synchronous (on a private thread inside a running loop, as in a notebook).
+    """
+    from planrun.clock import RealClock, run_blocking
+
+    return run_blocking(RealClock(), lambda: aevaluate(goals, prompts, **options))
+
+
+async def aevaluate(
+    goals: str | os.PathLike[str] | Sequence[Goal],
+    prompts: Mapping[str, PromptSource] | Sequence[str] | None = None,
     *,
     model: Model | None = None,
     replay: str | os.PathLike[str] | None = None,
@@ -547,7 +562,7 @@ def evaluate(
     prices: PriceTable | None = None,
     command: str | None = None,
 ) -> EvalReport:
-    """Decompose every goal with every prompt version; see the module docstring.
+    """Decompose every goal with every prompt version and measure each version.
 
     Args:
         goals: a goal file, the name of a shipped set (``examples``, ``taskbench``), or
@@ -556,6 +571,7 @@ def evaluate(
             file, a shipped variant name, or None (the shipped prompts); or ``NAME=PATH``
             strings. Default: the shipped prompts alone, as ``default``.
         model: the model (default: from the environment; under ``replay`` the cassette's).
+            A model passed in is not closed.
         replay, record: a cassette to answer from (a path or a shipped set's name), or
             to write. A request with no recording raises :class:`~planrun.FixtureMiss`.
         registry: the kinds for goal lines that name none (an app ``module:attr``).
@@ -563,15 +579,13 @@ def evaluate(
         prices: the price table for the cost.
         command: the re-record command stored in a recorded cassette.
     """
-    from planrun.clock import RealClock, run_blocking
-
     items = list(goals) if isinstance(goals, Sequence) and not isinstance(goals, str) else \
         load_goals(goals, registry=registry)
     versions = prompts if isinstance(prompts, Mapping) else prompt_versions(list(prompts or []))
     options = {"min_tasks": min_tasks, "max_tasks": max_tasks,
                "repair_attempts": repair_attempts}
-
-    async def go(cassette: Any, stack: ExitStack) -> EvalReport:
+    with ExitStack() as stack:
+        cassette = stack.enter_context(_cassette(record, replay, command))
         chosen = model
         if chosen is None:
             chosen = cassette.model() if replay else _default_model()
@@ -586,10 +600,6 @@ def evaluate(
             if model is None:
                 await chosen.aclose()
         return EvalReport(reports)
-
-    with ExitStack() as stack:
-        cassette = stack.enter_context(_cassette(record, replay, command))
-        return run_blocking(RealClock(), lambda: go(cassette, stack))
 
 
 def _default_model() -> Model:
