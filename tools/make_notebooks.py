@@ -822,8 +822,9 @@ PROMPT_EVAL = [
         """),
     code("""
         summaries = report.summaries()
-        metrics = [("first-try valid", "first_try_valid_rate"), ("valid after repair", "valid_rate"),
-                   ("node F1", "node_f1"), ("link F1", "link_f1")]
+        metrics = [("first-try valid", "first_try_valid_rate"),
+                   ("valid after repair", "valid_rate"), ("node F1", "node_f1"),
+                   ("link F1", "link_f1")]
         fig, (rates, repairs) = plt.subplots(1, 2, figsize=(12, 4),
                                              gridspec_kw={"width_ratios": [3, 1]})
         width = 0.38
@@ -841,7 +842,8 @@ PROMPT_EVAL = [
         repairs.set_xticks(range(len(summaries)), list(summaries))
         repairs.set_title("mean repairs per goal")
         show(fig)
-        assert summaries["edited"]["first_try_valid_rate"] >= summaries["shipped"]["first_try_valid_rate"]
+        rate = {name: s["first_try_valid_rate"] for name, s in summaries.items()}
+        assert rate["edited"] >= rate["shipped"]
         """),
     md("""
         ## 4. The goals whose plans changed

@@ -14,8 +14,8 @@ from planrun.testing import FakeOpenAI
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
-import make_fixtures
-from standin import StandIn, eval_planner
+import make_fixtures  # noqa: E402
+from standin import StandIn, eval_planner  # noqa: E402
 
 KEY = "sk-proj-Ev4lK3yQz2Xv7Tn1Bm8Hc3Jd6Fs0Gp5Ya2Ue9Io4Wr7Et1Zx3Cv6Bn8Mq0Lk2Jh5Gf"
 

@@ -127,7 +127,8 @@ def test_the_shipped_examples_replay_and_measure_both_versions(no_network: list[
         assert changed[goal_id]["default"] == "repaired"
         assert changed[goal_id]["strict"] == "first_try"
     table = report.table()
-    assert table.splitlines()[2].startswith("first-try valid") and "problem forward_dependency" in table
+    assert table.splitlines()[2].startswith("first-try valid")
+    assert "problem forward_dependency" in table
 
 
 def test_a_prompt_edited_since_the_recording_is_a_fixture_miss(
