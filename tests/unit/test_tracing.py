@@ -283,28 +283,7 @@ def test_no_secret_in_any_attribute_even_with_content_captured(
     assert FAKE_KEY not in text and FAKE_KEY[8:30] not in text
 
 
-def test_nothing_is_traced_without_a_provider(
-    fake_openai: FakeOpenAI, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    tracing.uninstrument()
-    assert not tracing.enabled()
-    assert tracing.trace_meta() == {}
-    with tracing.model_call("gpt-4o-mini", []) as call:
-        assert call is tracing._NULL_CALL
-    with tracing.traced_run("r") as traced:
-        assert traced is None
-    answers(fake_openai)
-    report = run(tmp_path)
-    assert "trace" not in report.result.events[0].detail
-    assert report.counts["completed"] == 2
-
-
-def test_the_run_meta_holds_the_trace_context(
-    otel: Otel, fake_openai: FakeOpenAI, tmp_path: Any
-) -> None:
-    answers(fake_openai)
-    store = f"sqlite:///{tmp_path}/runs.db"
-    report = run(tmp_path, store=store)
+def stored_meta(store: str, run_id: str) -> Any:
     import asyncio
 
     from planrun.stores import open_store
@@ -313,11 +292,46 @@ def test_the_run_meta_holds_the_trace_context(
         opened = open_store(store)
         await opened.open()
         try:
-            return (await opened.load_tasks(report.run_id)).run.meta
+            return (await opened.load_tasks(run_id)).run.meta
         finally:
             await opened.close()
 
-    stored = asyncio.run(meta())
+    return asyncio.run(meta())
+
+
+def test_nothing_is_traced_without_a_provider(fake_openai: FakeOpenAI, tmp_path: Any) -> None:
+    tracing.uninstrument()
+    assert not tracing.enabled()
+    assert tracing.trace_meta() == {}
+    with tracing.model_call("gpt-4o-mini", []) as call:
+        assert call is tracing._NULL_CALL
+    with tracing.traced_run("r") as traced:
+        assert traced is None
+    answers(fake_openai)
+    store = f"sqlite:///{tmp_path}/runs.db"
+    report = run(tmp_path, store=store)
+    assert report.counts["completed"] == 2
+    assert "trace" not in stored_meta(store, report.run_id)
+
+
+def test_nothing_is_traced_without_the_extra(
+    otel: Otel, fake_openai: FakeOpenAI, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracing, "AVAILABLE", False)  # as if opentelemetry were not installed
+    assert not tracing.enabled()
+    answers(fake_openai)
+    report = run(tmp_path)
+    assert report.counts["completed"] == 2
+    assert otel.finished() == [] and not otel.metric("gen_ai.client.token.usage")
+
+
+def test_the_run_meta_holds_the_trace_context(
+    otel: Otel, fake_openai: FakeOpenAI, tmp_path: Any
+) -> None:
+    answers(fake_openai)
+    store = f"sqlite:///{tmp_path}/runs.db"
+    report = run(tmp_path, store=store)
+    stored = stored_meta(store, report.run_id)
     [root] = [s for s in otel.finished() if s.parent is None]
     traceparent = stored["trace"]["traceparent"]
     assert traceparent.startswith(f"00-{root.context.trace_id:032x}-{root.context.span_id:016x}-")
