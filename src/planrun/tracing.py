@@ -397,10 +397,8 @@ class RunTracer:
         if self._span is None:
             return
         self._span.set_attribute("planrun.run.status", self._result_status or status)
-        if error is not None:
-            self._span.record_exception(error, attributes=_no_message(error))
-            self._span.set_status(trace.StatusCode.ERROR, type(error).__name__)
-            self._span.set_attribute("error.type", type(error).__name__)
+        if error is not None:  # no stack trace: its text could quote what the message did
+            _error(self._span, error, ())
         self._span.end(end_time=max(time.time_ns(), self._ns(at)))
 
     def counts(self) -> dict[str, int]:
@@ -412,10 +410,6 @@ class RunTracer:
         if not self._unfinished:
             return None
         return max(0.0, self._now() - min(self._unfinished.values()))
-
-
-def _no_message(error: BaseException) -> dict[str, Any]:
-    return {"exception.message": redact(str(error))}
 
 
 def _outcome(span: Any, name: str, task: Task) -> None:

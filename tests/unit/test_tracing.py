@@ -271,7 +271,11 @@ def test_no_secret_in_any_attribute_even_with_content_captured(
     plan_and_run(doc, registry, model=fake_model())
     fake_openai.script = [Scripted(401, f"Incorrect API key provided: {FAKE_KEY}")]
     plan_and_run(doc, registry, model=fake_model())
+    with pytest.raises(RuntimeError), tracing.traced_run("boom"):
+        raise RuntimeError(f"failed with {FAKE_KEY}")
     spans = otel.finished()
+    [boom] = by_name(spans, "run boom")
+    assert boom.attributes["error.type"] == "RuntimeError"
     inputs = [s.attributes.get("gen_ai.input.messages") for s in spans if s.name.startswith("chat")]
     assert all(inputs) and "my key is [redacted]" in str(inputs[0])  # captured, redacted
     outputs = [s.attributes.get("gen_ai.output.messages") for s in spans
