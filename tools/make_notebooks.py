@@ -1,4 +1,4 @@
-"""Write ``notebooks/decompose_prompt.ipynb`` and ``notebooks/ticket_run.ipynb``.
+"""Write the notebooks in ``notebooks/`` from their source here.
 
 The notebooks' source lives here, as plain Python strings, so a change to a notebook reads
 as a normal diff in review. The ``.ipynb`` files are written without outputs and with
@@ -720,10 +720,187 @@ STRATEGIES = [
 ]
 
 
+# ---------------------------------------------------------------------------------------------
+# prompt_eval.ipynb
+# ---------------------------------------------------------------------------------------------
+
+PROMPT_EVAL = [
+    md("""
+        # Measuring a prompt change over many goals
+
+        One example says little about a prompt edit. This notebook measures an edit of the
+        decomposition prompt over the goal set shipped for the worked examples
+        (`planrun.eval`):
+
+        1. **edit** a copy of `decompose.md` (one sentence added to the dependency rule);
+        2. **evaluate** both versions on every goal: first-try validity, validity after
+           repair, repairs, problem codes, plan size, tokens, cost, and node / link F1
+           against each goal's reference plan;
+        3. **plot** the two versions' rates side by side;
+        4. **compare**: the goals whose outcome or plan changed;
+        5. **a stale recording**: an edit the recording has never seen is a `FixtureMiss`,
+           not a network call.
+
+        Offline (the default, and in CI) the model's answers are replayed from the shipped
+        cassette `planrun/evals/cassettes/examples.json` (synthesized in the API's wire
+        format; `python tools/make_fixtures.py --eval --live` re-records it against a real
+        key). With `OPENAI_API_KEY` set the same cells talk to the configured endpoint and
+        record to a scratch cassette.
+        """),
+    code("""
+        import difflib
+        import io
+        import os
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        import matplotlib
+
+        matplotlib.use("Agg")  # headless (CI); show() below embeds each figure as a PNG
+        import matplotlib.pyplot as plt
+        from IPython.display import Image, display
+
+        import planrun.prompts
+        from planrun import FixtureMiss
+        from planrun.eval import evaluate, load_goals, shipped
+
+        LIVE = bool(os.environ.get("OPENAI_API_KEY"))
+        GOALS, CASSETTE = shipped("examples")
+        work = Path(tempfile.mkdtemp(prefix="planrun-eval-"))
+
+        def run_eval(versions):
+            if LIVE:
+                return evaluate(GOALS, versions, record=work / "live.json")
+            return evaluate(GOALS, versions, replay=CASSETTE)
+
+        def show(fig):
+            # matplotlib.use("Agg") keeps the notebook headless (CI) but also switches off the
+            # inline backend, so plt.show() would display nothing: embed the figure as a PNG.
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+            plt.close(fig)
+            display(Image(buffer.getvalue()))
+
+        goals = load_goals(GOALS)
+        for goal in goals:
+            print(f"{goal.id:<20} {len(goal.reference['tasks'])} tasks  {goal.goal}")
+        """),
+    md("""
+        ## 1. Edit the prompt
+
+        The shipped prompts are copied to a scratch folder, and rule 4 of the copy gets one
+        more sentence: check each `depends_on` index before answering. The repository's
+        `prompts/` folder is only read.
+        """),
+    code("""
+        edited = work / "edited"
+        shutil.copytree(str(planrun.prompts.default_prompt_dir()), edited)
+        template = edited / "decompose.md"
+        before = template.read_text(encoding="utf-8")
+        rule = "   itself or on a later task.\\n"
+        after = before.replace(rule, "   itself or on a later task. Before you answer, check "
+                               "every `depends_on` entry: each\\n   index must be smaller than "
+                               "its own index.\\n")
+        assert after != before
+        template.write_text(after, encoding="utf-8")
+        print("".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                           "shipped/decompose.md", "edited/decompose.md")))
+        """),
+    md("""
+        ## 2. Evaluate both versions
+
+        `evaluate` runs the real decomposer (`planrun.adecompose`, with its repair loop) on
+        every goal for every version; the table puts the versions side by side.
+        """),
+    code("""
+        report = run_eval({"shipped": None, "edited": edited})
+        print(report.table())
+        """),
+    md("""
+        ## 3. The rates side by side
+        """),
+    code("""
+        summaries = report.summaries()
+        metrics = [("first-try valid", "first_try_valid_rate"),
+                   ("valid after repair", "valid_rate"), ("node F1", "node_f1"),
+                   ("link F1", "link_f1")]
+        fig, (rates, repairs) = plt.subplots(1, 2, figsize=(12, 4),
+                                             gridspec_kw={"width_ratios": [3, 1]})
+        width = 0.38
+        for k, (name, summary) in enumerate(summaries.items()):
+            xs = [i + (k - 0.5) * width for i in range(len(metrics))]
+            values = [summary[key] or 0.0 for _, key in metrics]
+            bars = rates.bar(xs, values, width, label=name)
+            rates.bar_label(bars, labels=[f"{v:.0%}" if i < 2 else f"{v:.2f}"
+                                          for i, v in enumerate(values)], fontsize=8)
+            repairs.bar(k, summary["mean_repairs"], 0.6, label=name)
+        rates.set_xticks(range(len(metrics)), [label for label, _ in metrics])
+        rates.set_ylim(0, 1.15)
+        rates.set_title(f"{len(goals)} goals: rates per prompt version")
+        rates.legend(loc="lower right")
+        repairs.set_xticks(range(len(summaries)), list(summaries))
+        repairs.set_title("mean repairs per goal")
+        show(fig)
+        rate = {name: s["first_try_valid_rate"] for name, s in summaries.items()}
+        assert rate["edited"] >= rate["shipped"]
+        """),
+    md("""
+        ## 4. The goals whose plans changed
+
+        `compare` lists every goal whose outcome (`first_try`, `repaired`, `invalid`, `error`)
+        or plan differs between two versions, with the repairs and the link F1 of each.
+        """),
+    code("""
+        changed = report.compare("shipped", "edited")
+        print(f"{'goal':<20} {'shipped':<10} {'edited':<10} {'plan':<8} {'repairs':<8} link F1")
+        for row in changed:
+            f1 = row["link_f1"]
+            fmt = lambda v: "-" if v is None else f"{v:.2f}"
+            print(f"{row['id']:<20} {row['shipped']:<10} {row['edited']:<10} "
+                  f"{'changed' if row['plan_changed'] else 'same':<8} "
+                  f"{row['repairs']['shipped']} -> {row['repairs']['edited']}   "
+                  f"{fmt(f1['shipped'])} -> {fmt(f1['edited'])}")
+        assert changed
+        """),
+    code("""
+        first = next(r for r in changed if r["plan_changed"])
+        plans = {name: next(o for o in report[name].outcomes if o.id == first["id"]).plan
+                 for name in ("shipped", "edited")}
+        for name, plan in plans.items():
+            edges = [f"{j}->{i}" for i, t in enumerate(plan["tasks"]) for j in t["depends_on"]]
+            print(f"{name:<8} {first['id']}: " + ", ".join(
+                f"{i}:{t['kind']}" for i, t in enumerate(plan["tasks"])) + f"   edges {edges}")
+        """),
+    md("""
+        ## 5. An edit the recording has never seen
+
+        Offline, every request must have a recording. A further edit changes the request, so
+        the replay stops at once with a `FixtureMiss` that names the template and the
+        command that re-records the cassette; nothing is sent anywhere.
+        """),
+    code("""
+        again = work / "again"
+        shutil.copytree(edited, again)
+        (again / "decompose.md").write_text(after + "\\nKeep plans short.\\n", encoding="utf-8")
+        if LIVE:
+            print("live: the edited prompt is simply sent to the endpoint")
+        else:
+            try:
+                evaluate(GOALS, {"again": again}, replay=CASSETTE)
+            except FixtureMiss as miss:
+                print(str(miss).splitlines()[0])
+            else:
+                raise AssertionError("a stale recording must not replay")
+        """),
+]
+
+
 BOOKS = {
     "strategies.ipynb": STRATEGIES,
     "decompose_prompt.ipynb": DECOMPOSE_PROMPT,
     "ticket_run.ipynb": TICKET_RUN,
+    "prompt_eval.ipynb": PROMPT_EVAL,
 }
 
 

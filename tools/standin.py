@@ -21,12 +21,14 @@ schemas the way OpenAI, vLLM, Ollama, llama.cpp's server or llama-cpp-python's s
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import socket
 import sys
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -36,7 +38,7 @@ from planrun.examples.answers import answers
 from planrun.scenarios import get_scenario
 from planrun.testing import ChatRequest, FakeOpenAI, error_body
 
-__all__ = ["EMULATIONS", "StandIn", "for_scenario", "main"]
+__all__ = ["EMULATIONS", "StandIn", "eval_planner", "for_scenario", "main"]
 
 CHAT_PATH = "/v1/chat/completions"
 DROP = None
@@ -64,6 +66,44 @@ EMULATIONS: dict[str, str] = {
     "llama-cpp-python": "500 pydantic literal_error on ('body', 'response_format', 'type')",
 }
 """Servers whose refusal of a response schema the stand-in can imitate (``emulate=``)."""
+
+
+
+STRICT_MARKER = "must be smaller than its own index"
+"""A sentence of the shipped ``strict`` decomposition prompt (how the planner tells it)."""
+
+
+def eval_planner(goal_file: str | Path) -> Any:
+    """A synthetic planner for the eval goal sets: a plan answerer keyed by the goal.
+
+    It finds the goal of the request in ``goal_file`` and answers with the goal's reference
+    plan, changed by fixed rules so that two prompt versions measure differently: under the
+    shipped prompt every second goal's first plan has a dependency on a later task (or on
+    itself), repaired when asked; under the ``strict`` variant (which names the rule) every
+    first plan validates. Some final plans miss one dependency (goal index 1 mod 3 under
+    the shipped prompt, 2 mod 3 under ``strict``), so the link F1 is not always 1.
+    """
+    goals = [json.loads(line) for line in Path(goal_file).read_text().splitlines() if line]
+
+    def answer(req: Any) -> Any:
+        prompt = req.messages[0]["content"] if req.messages else ""
+        found = [i for i, g in enumerate(goals) if f"\n{g['goal']}\n" in prompt]
+        if not found:
+            return {"goal": "", "tasks": []}
+        index = found[0]
+        strict = STRICT_MARKER in prompt
+        plan = copy.deepcopy(goals[index]["reference"])
+        tasks = plan["tasks"]
+        if not strict and index % 2 == 0 and req.repairs == 0:
+            tasks[0]["depends_on"] = [len(tasks) - 1]
+            return plan
+        if index % 3 == (2 if strict else 1):
+            needing = [t for t in tasks if t["depends_on"]]
+            if needing:
+                needing[-1]["depends_on"] = needing[-1]["depends_on"][:-1]
+        return plan
+
+    return answer
 
 
 class StandIn:

@@ -40,6 +40,7 @@ from planrun.errors import (
     UsageError,
     WorkerError,
 )
+from planrun.eval import EvalReport, aevaluate, evaluate
 from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
 from planrun.limiter import RateLimiter
@@ -82,6 +83,7 @@ __all__ = [
     "ConfigError",
     "Coordinator",
     "DispatchError",
+    "EvalReport",
     "Event",
     "FixtureMiss",
     "IllegalTransition",
@@ -130,10 +132,12 @@ __all__ = [
     "WorkerSpec",
     "__version__",
     "adecompose",
+    "aevaluate",
     "analyze",
     "aplan_and_run",
     "aresume_run",
     "decompose",
+    "evaluate",
     "hold_run",
     "open_store",
     "plan_and_run",

@@ -42,6 +42,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from planrun import tracing
 from planrun.errors import InvalidPlan, PlanrunError
 from planrun.plan import Plan, validate_plan
 from planrun.redact import redact
@@ -1002,6 +1003,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_status(subparsers)
     _add_worker(subparsers)
     _add_demo(subparsers)
+    from planrun.eval_cli import add_eval_parser
+
+    add_eval_parser(subparsers)
     module = _fixtures_cli()
     if module is not None:
         module.add_fixtures_parser(subparsers)
@@ -1036,6 +1040,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     _cwd_importable()
+    tracing.configure_from_env(os.environ)  # PLANRUN_TRACE_FILE: spans to a file
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help, --version, or a usage error (2)

@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from planrun import tracing
 from planrun.clock import RealClock, run_blocking
 from planrun.errors import InvalidPlan, UsageError
 from planrun.plan import Plan, Problem, plan_schema
@@ -42,6 +43,7 @@ def repair_message(problems: Sequence[Problem]) -> str:
     return "\n".join(lines)
 
 
+@tracing.traced_decompose
 async def adecompose(
     goal: str,
     registry: Registry,
@@ -94,6 +96,7 @@ async def adecompose(
             plan = Plan.parse(candidate, registry, min_tasks=min_tasks, max_tasks=max_tasks)
         except InvalidPlan as exc:
             history.append(exc.problems)
+            tracing.plan_problems(len(history), exc.problems)
             answer = completion.text or json.dumps(candidate)
             messages = [
                 request,

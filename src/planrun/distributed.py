@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from planrun import tracing
 from planrun.attempt import jsonable, maybe_await, run_attempt
 from planrun.clock import Clock, RealClock
 from planrun.errors import StallError, StoreError, UsageError
@@ -495,7 +496,8 @@ class WorkerProcess:
                                                self.lease_s, free)
             for task in tasks:
                 key = (run_id, task.id)
-                handle = asyncio.ensure_future(self._execute(run_id, task))
+                handle = asyncio.ensure_future(tracing.worker_attempt(
+                    self._execute(run_id, task), self.store, run_id, task, self.name))
                 self._running[key] = _Running(task, handle)
                 handle.add_done_callback(self._forget(key))
         return bool(self._running)
@@ -557,6 +559,7 @@ class WorkerProcess:
     async def _report(self, run_id: str, task: Task, outcome: Task, name: str,
                       detail: Mapping[str, Any]) -> None:
         """Write the outcome fenced by the token; never write one that cannot be fenced."""
+        tracing.attempt_outcome(outcome, name)
         event = _event(outcome, name, self._now(), self.name, detail)
         delay = 0.2
         while True:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planrun import tracing
 from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import UsageError
 from planrun.ledger import Audit, Event
@@ -280,30 +282,37 @@ async def aplan_and_run(
     if model is None and (plan is None or app.needs_model()):
         model = _default_model()  # a missing key fails here, before any task starts
     meter = usage if usage is not None else UsageMeter(prices, budget)
-    if plan is None:
-        assert model is not None and isinstance(goal_or_plan, str)
-        plan = await adecompose(
-            goal_or_plan, app.registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
-            repair_attempts=repair_attempts, prompts=prompts, meter=meter,
-        )
-    async with _opened(store) as opened:
-        sup = Supervisor(
-            app.registry,
-            app.worker_specs(),
-            strategy=strategy,
-            clock=clock or RealClock(),
-            run_id=run_id,
-            effects=app.effects,
-            on_event=progress,
-            extras={"model": model, "usage": meter},
-            store=opened,
-            goal=plan.goal,
-            meta={"plan": plan.to_document(), **(meta or {})},
-            **supervisor_options,
-        )
-        sup.add_tasks(plan.to_tasks())
-        async with _owning(opened, sup.run_id, sup.clock, new_run=True):
-            result = await sup.arun()
+    clock = clock or RealClock()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    goal = goal_or_plan if isinstance(goal_or_plan, str) else plan.goal if plan else ""
+    with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
+        if plan is None:
+            assert model is not None and isinstance(goal_or_plan, str)
+            plan = await adecompose(
+                goal_or_plan, app.registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
+                repair_attempts=repair_attempts, prompts=prompts, meter=meter,
+            )
+        async with _opened(store) as opened:
+            sup = Supervisor(
+                app.registry,
+                app.worker_specs(),
+                strategy=strategy,
+                clock=clock,
+                run_id=run_id,
+                effects=app.effects,
+                on_event=traced.on_event if traced else progress,
+                extras={"model": model, "usage": meter},
+                store=opened,
+                goal=plan.goal,
+                meta={"plan": plan.to_document(), **(traced.meta if traced else {}),
+                      **(meta or {})},
+                **supervisor_options,
+            )
+            sup.add_tasks(plan.to_tasks())
+            async with _owning(opened, sup.run_id, sup.clock, new_run=True):
+                result = await (traced.run(sup.arun()) if traced else sup.arun())
+        if traced:
+            traced.set_result(result)
     return _report(plan, result, meter)
 
 
@@ -330,14 +339,20 @@ async def aresume_run(
     if model is None and app.needs_model():
         model = _default_model()
     meter = UsageMeter(prices, budget)
+    clock = clock or RealClock()
     async with _opened(store) as opened:
-        sup = Supervisor(
-            app.registry, app.worker_specs(), clock=clock or RealClock(), run_id=run_id,
-            effects=app.effects, on_event=progress, extras={"model": model, "usage": meter},
-            store=opened, **supervisor_options,
-        )
-        async with _owning(opened, run_id, sup.clock):
-            result = await sup.aresume()
+        assert opened is not None
+        stored = (await opened.load_tasks(run_id)).run.meta if tracing.enabled() else {}
+        with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
+            sup = Supervisor(
+                app.registry, app.worker_specs(), clock=clock, run_id=run_id,
+                effects=app.effects, on_event=traced.on_event if traced else progress,
+                extras={"model": model, "usage": meter}, store=opened, **supervisor_options,
+            )
+            async with _owning(opened, run_id, sup.clock):
+                result = await (traced.run(sup.aresume()) if traced else sup.aresume())
+            if traced:
+                traced.set_result(result)
         document = sup.meta.get("plan") or {"goal": sup.goal, "tasks": []}
     plan = Plan.parse(document, app.registry, min_tasks=0, max_tasks=READY_PLAN_MAX_TASKS)
     return _report(plan, result, meter)

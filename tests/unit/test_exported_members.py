@@ -18,7 +18,8 @@ PINNED = {
     "analyze", "aplan_and_run", "decompose", "plan_and_run", "plan_schema", "read_jsonl",
     "simulate", "validate_plan", "Coordinator", "WorkerProcess", "FixtureMiss", "record", "redact",
     "replay", "aresume_run", "resume_run", "open_store", "RunInUse", "UnknownRun",
-    "UnstorableValue", "hold_run",
+    "UnstorableValue", "hold_run", "EvalReport", "evaluate",
+    "aevaluate",
 }
 
 
@@ -42,6 +43,6 @@ def test_errors_share_one_root() -> None:
 
 
 def test_sync_and_async_pairs_take_the_same_arguments() -> None:
-    for sync, async_ in [(planrun.decompose, planrun.adecompose)]:
+    for sync, async_ in [(planrun.decompose, planrun.adecompose)]:  # evaluate passes **options
         assert inspect.signature(sync).parameters.keys() == \
             inspect.signature(async_).parameters.keys()

@@ -20,6 +20,7 @@ import openai
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from planrun import tracing
 from planrun.errors import (
     ConfigError,
     ModelRefused,
@@ -464,7 +465,11 @@ class Model:
             before_sleep=self._log_retry,
             reraise=True,
         )
-        return await retrying(self._attempt, call)
+        with tracing.model_call(self.model, call.messages, base_url=self.base_url,
+                                secrets=self._secrets, max_tokens=call.max_tokens,
+                                temperature=call.temperature,
+                                structured=call.target is not None) as traced:
+            return traced.done(await retrying(self._attempt, call))
 
     def _target(
         self, result: type[BaseModel] | Mapping[str, Any] | None, name: str | None
