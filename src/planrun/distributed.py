@@ -28,7 +28,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -437,6 +437,8 @@ class WorkerProcess:
         backoff, extras, timeout: as for :class:`~planrun.Supervisor` (a kind's
             ``timeout_s`` overrides ``timeout``).
         idle_exit: stop after this many seconds with no running run and no work (None: never).
+        extras_for: ``run_id -> extras`` merged over ``extras`` for that run's tasks (the
+            run's own model, limiter and budget).
     """
 
     def __init__(
@@ -454,6 +456,7 @@ class WorkerProcess:
         extras: Mapping[str, Any] | None = None,
         idle_exit: float | None = None,
         timeout: float | None = None,
+        extras_for: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
         import os
         import socket
@@ -474,6 +477,7 @@ class WorkerProcess:
         self.poll = poll
         self.backoff = backoff or Backoff()
         self.extras = dict(extras or {})
+        self.extras_for = extras_for
         self.idle_exit = idle_exit
         self.timeout = timeout
         self._rng = random.Random()
@@ -557,10 +561,13 @@ class WorkerProcess:
     async def _execute(self, run_id: str, task: Task) -> None:
         spec = self.registry[task.kind]
         renewer = asyncio.ensure_future(self._renew(run_id, task))
+        extras = self.extras
+        if self.extras_for is not None:
+            extras = {**extras, **await self.extras_for(run_id)}
         ctx = TaskContext(run_id=run_id, task_id=task.id, kind=task.kind, attempt=task.token,
                           worker=self.name, skill=1.0, payload=task.payload,
                           estimate_s=task.estimate_s, inputs=await self._inputs(run_id, task),
-                          extras=self.extras)
+                          extras=extras)
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         try:
             if spec.handler is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import inspect
 import json
 import logging
 import os
@@ -54,9 +55,9 @@ from planrun.errors import (
     UsageError,
     WorkerError,
 )
-from planrun.limiter import RateLimiter
+from planrun.limits import Limiter
 from planrun.prompts import RenderedPrompt
-from planrun.usage import Usage, UsageRecord, estimate_tokens
+from planrun.usage import Reservation, Usage, UsageRecord, estimate_tokens
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -681,7 +682,9 @@ class Model:
     :class:`~planrun.errors.ConfigError` now, before any task starts.
 
     ``meter`` is the default :class:`~planrun.usage.Usage` for calls that pass none;
-    ``limiter`` a :class:`~planrun.limiter.RateLimiter` awaited before every request.
+    ``limiter`` a :class:`~planrun.limiter.RateLimiter` (one process) or a
+    :class:`~planrun.limits.SharedRateLimiter` (every process of a run), awaited before
+    every request (any :class:`~planrun.limits.Limiter`).
     """
 
     def __init__(
@@ -694,7 +697,7 @@ class Model:
         timeout: float | None = 60.0,
         retry: int | RetryPolicy = 4,
         structured: Structured = "auto",
-        limiter: RateLimiter | None = None,
+        limiter: Limiter | None = None,
         meter: Usage | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
@@ -928,16 +931,23 @@ class Model:
         schema_text = json.dumps(response_format) if response_format else ""
         prompt_estimate = estimate_tokens(params["messages"], extra_text=schema_text)
         completion_estimate = call.max_tokens or DEFAULT_COMPLETION_ESTIMATE
-        reservation = call.meter.reserve(self.model, prompt_estimate, completion_estimate)
+        estimate = prompt_estimate + completion_estimate
+        reservation = await call.meter.areserve(self.model, prompt_estimate, completion_estimate)
         try:
             if self.limiter is not None:
-                await self.limiter.acquire(prompt_estimate + completion_estimate)
-            reply = await self._send(call, params, prompt_estimate + completion_estimate)
-            return self._finish(call, mode, reply, prompt_estimate + completion_estimate)
+                await self.limiter.acquire(estimate)
+            reply = await self._send(call, params, estimate, reservation)
+            record = self._record(call, reply)
+            reservation.used(record)
+            if self.limiter is not None:
+                await _settled(self.limiter.reconcile(estimate, record.total_tokens))
+            return self._finish(call, mode, reply, record)
         finally:
-            reservation.release()
+            await reservation.aclose()
 
-    async def _send(self, call: _Call, params: dict[str, Any], estimate: int) -> Any:
+    async def _send(
+        self, call: _Call, params: dict[str, Any], estimate: int, reservation: Reservation
+    ) -> Any:
         call.attempts += 1
         try:
             create = self._client.chat.completions.create(**params)
@@ -946,32 +956,35 @@ class Model:
             own = _own_error(exc)
             if own is not None:
                 if self.limiter is not None:
-                    self.limiter.reconcile(estimate, 0)
+                    await _settled(self.limiter.reconcile(estimate, 0))
                 # A planrun error raised beneath the SDK (a fixture miss in a replaying
                 # transport) is not a connection problem: never retried, never translated.
                 raise own from None
             error = translate_error(exc, secrets=self._secrets)
-            call.meter.record(self.model, prompt_hash=call.prompt_hash, error=type(error).__name__)
+            reservation.used(call.meter.record(self.model, prompt_hash=call.prompt_hash,
+                                               error=type(error).__name__))
             if self.limiter is not None:
-                self.limiter.reconcile(estimate, 0)
+                await _settled(self.limiter.reconcile(estimate, 0))
                 if isinstance(error, RateLimited):
-                    self.limiter.penalize(error.retry_after or self.retry.base)
+                    await _settled(self.limiter.penalize(error.retry_after or self.retry.base))
             raise error from exc
 
-    def _finish(self, call: _Call, mode: Mode, reply: Any, estimate: int) -> Completion[Any]:
+    def _record(self, call: _Call, reply: Any) -> UsageRecord:
         usage = reply.usage
         details = getattr(usage, "prompt_tokens_details", None)
-        request_id = getattr(reply, "_request_id", None)
-        record = call.meter.record(
+        return call.meter.record(
             reply.model or self.model,
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=(details.cached_tokens or 0) if details else 0,
             prompt_hash=call.prompt_hash,
-            request_id=request_id,
+            request_id=getattr(reply, "_request_id", None),
         )
-        if self.limiter is not None:
-            self.limiter.reconcile(estimate, record.total_tokens)
+
+    def _finish(
+        self, call: _Call, mode: Mode, reply: Any, record: UsageRecord
+    ) -> Completion[Any]:
+        request_id = record.request_id
         if not reply.choices:
             raise PermanentError("the model API returned no choices")
         choice = reply.choices[0]
@@ -1049,6 +1062,12 @@ def _check_refusal(refusal: str | None, finish_reason: str) -> None:
         raise ModelRefused(
             "the reply was withheld by the content filter (finish_reason='content_filter')"
         )
+
+
+async def _settled(outcome: Any) -> None:
+    """Await what a limiter's ``reconcile``/``penalize`` returned, when it is awaitable."""
+    if inspect.isawaitable(outcome):
+        await outcome
 
 
 async def _sleep(seconds: float) -> None:

@@ -3,7 +3,9 @@
 Tasks by status (is the run converging?), per-worker active count (is the load spread, or
 is one worker pinned while others idle?), and the age of the oldest unfinished task (a
 task stuck in ``assigned`` shows up as an age that climbs while everything else looks
-healthy).
+healthy). Beside them, when the store holds them: what the run spent and what its budget
+leaves (``spend``), and the shared rate limiter's rates and the rate of its last minute
+(``limiter``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planrun.ledger import Event
-from planrun.stores.base import RunState
+from planrun.stores.base import LimiterState, RunState, SpendState
 from planrun.task import FINAL, Status
 
 __all__ = ["RunStatus", "Sample", "run_status", "timeline"]
@@ -30,6 +32,10 @@ class RunStatus:
     active_by_worker: dict[str, int]
     oldest_unfinished_s: float | None
     oldest_unfinished: str | None
+    spend: dict[str, Any] | None = None
+    """What the run spent and what its budget leaves (None: the store has no record)."""
+    limiter: dict[str, Any] | None = None
+    """The run's shared rate limiter: rates, ``recent_rpm``, 429 pauses (None: none)."""
 
     @property
     def finished(self) -> bool:
@@ -47,14 +53,49 @@ class RunStatus:
         workers = ", ".join(f"{w} {n}" for w, n in sorted(self.active_by_worker.items()))
         oldest = (f"{self.oldest_unfinished_s:.1f} s ({self.oldest_unfinished})"
                   if self.oldest_unfinished_s is not None else "-")
-        return (f"run {self.run_id} [{self.run_status}]\n"
-                f"  tasks by status:        {counts}\n"
-                f"  active per worker:      {workers or '-'}\n"
-                f"  oldest unfinished task: {oldest}")
+        lines = (f"run {self.run_id} [{self.run_status}]\n"
+                 f"  tasks by status:        {counts}\n"
+                 f"  active per worker:      {workers or '-'}\n"
+                 f"  oldest unfinished task: {oldest}")
+        if self.spend is not None:
+            lines += f"\n  spent:                  {_spent(self.spend)}"
+            lines += f"\n  budget left:            {_left(self.spend)}"
+        if self.limiter is not None:
+            lines += f"\n  rate limit:             {_rate(self.limiter)}"
+        return lines
 
 
-def run_status(state: RunState, now: float) -> RunStatus:
-    """The snapshot of ``state`` at time ``now`` (the clock the run's records use)."""
+def _spent(spend: dict[str, Any]) -> str:
+    return (f"{spend['requests']} requests, {spend['total_tokens']} tokens, "
+            f"${spend['cost_usd']:.4f}")
+
+
+def _left(spend: dict[str, Any]) -> str:
+    parts = []
+    if spend["tokens_left"] is not None:
+        parts.append(f"{spend['tokens_left']} of {spend['max_tokens']} tokens")
+    if spend["cost_left"] is not None:
+        parts.append(f"${spend['cost_left']:.4f} of ${spend['max_cost']:.4f}")
+    return ", ".join(parts) or "no budget"
+
+
+def _rate(limiter: dict[str, Any]) -> str:
+    limits = ", ".join(f"{limiter[k]:g} {k}" for k in ("rpm", "tpm") if limiter[k] is not None)
+    text = (f"{limits or 'none'} [{limiter['key']}]; last minute "
+            f"{limiter['recent_rpm']:.0f} requests")
+    if limiter["paused_for"] > 0:
+        text += f"; paused {limiter['paused_for']:.1f} s after a 429"
+    return text
+
+
+def run_status(
+    state: RunState,
+    now: float,
+    spend: SpendState | None = None,
+    limiter: LimiterState | None = None,
+) -> RunStatus:
+    """The snapshot of ``state`` at time ``now`` (the clock the run's records use), with
+    the run's ``spend`` and shared ``limiter`` rows when the store has them."""
     counts = {s.value: 0 for s in Status}
     active: Counter[str] = Counter()
     oldest: tuple[float, str] | None = None
@@ -74,6 +115,8 @@ def run_status(state: RunState, now: float) -> RunStatus:
         active_by_worker=dict(active),
         oldest_unfinished_s=None if oldest is None else max(0.0, now - oldest[0]),
         oldest_unfinished=None if oldest is None else oldest[1],
+        spend=None if spend is None else spend.to_dict(),
+        limiter=None if limiter is None else limiter.to_dict(),
     )
 
 

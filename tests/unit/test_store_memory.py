@@ -77,7 +77,7 @@ def test_every_backend_has_the_protocols_methods_with_the_same_signatures() -> N
         for name, member in vars(Store).items()
         if inspect.iscoroutinefunction(member)
     }
-    assert len(wanted) == 23  # with append_event, load_tasks, load_some and load_changed
+    assert len(wanted) == 33  # with the ten limiter_* and spend* methods of schema 4
     for cls in (InMemoryStore, SQLiteStore, PostgresStore):
         for name, signature in wanted.items():
             assert inspect.signature(getattr(cls, name)) == signature, (cls, name)

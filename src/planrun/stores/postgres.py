@@ -43,9 +43,11 @@ from planrun.stores.base import (
     SCHEMA_VERSION,
     TASK_COLUMNS,
     EffectRecord,
+    LimiterState,
     RunInfo,
     RunState,
     RunSummary,
+    SpendState,
     Waiters,
     dump_json,
     effect_from_row,
@@ -53,12 +55,14 @@ from planrun.stores.base import (
     event_row,
     keep_json,
     last_per_task,
+    limiter_from_row,
     load_queries,
     mask_url,
     newer_schema,
     one_line,
     run_from_row,
     run_row,
+    spend_from_row,
     started_event,
     summarize,
     task_from_row,
@@ -646,6 +650,123 @@ class PostgresStore:
         return await self._tx(go)
 
     # --- notifications ----------------------------------------------------------------------
+
+    # --- limits shared by every process -----------------------------------------------------
+    # Time is the server's clock (clock_timestamp()), which every machine shares.
+
+    async def limiter_configure(
+        self, key: str, rpm: float | None, tpm: float | None, request_burst: float,
+        token_burst: float,
+    ) -> None:
+        """Create the limiter row of ``key``, or set its rates (what it spent is kept)."""
+        row = {"key": key, "rpm": rpm, "tpm": tpm, "request_burst": float(request_burst),
+               "token_burst": float(token_burst)}
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["limiter_configure"], row)
+
+        await self._tx(go)
+
+    async def limiter_take(self, key: str, tokens: float) -> float:
+        """Take one request and ``tokens`` if allowed now (0), else the seconds to wait."""
+        args = {"key": key, "cost": float(tokens)}
+
+        async def go(cur: Cursor) -> float:
+            await cur.execute(Q["limiter_take"], args)
+            if await cur.fetchone() is not None:
+                return 0.0
+            await cur.execute(Q["limiter_ready_at"], args)
+            row = await cur.fetchone()
+            if row is None:
+                raise StoreError(f"no limiter {key!r} (call limiter_configure first)")
+            return max(1e-6, float(row["wait"]))
+
+        return await self._tx(go)
+
+    async def limiter_give(self, key: str, tokens: float) -> None:
+        """Give ``tokens`` back to the token bucket (negative: take more)."""
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["limiter_give"], {"key": key, "amount": float(tokens)})
+
+        await self._tx(go)
+
+    async def limiter_pause(self, key: str, seconds: float) -> None:
+        """Nobody takes anything from ``key`` for ``seconds``."""
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["limiter_pause"], {"key": key, "seconds": float(seconds)})
+
+        await self._tx(go)
+
+    async def limiter_state(self, key: str) -> LimiterState | None:
+        """The limiter row of ``key``."""
+
+        async def go(cur: Cursor) -> LimiterState | None:
+            await cur.execute(Q["limiter_state"], {"key": key})
+            row = await cur.fetchone()
+            return None if row is None else limiter_from_row(row)
+
+        return await self._tx(go)
+
+    async def spend_open(self, run_id: str, max_tokens: int | None,
+                         max_cost: float | None) -> None:
+        """Create the spend row of a run (a limit given replaces the stored one)."""
+        args = {"run_id": run_id, "max_tokens": max_tokens, "max_cost": max_cost}
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["spend_open"], args)
+
+        await self._tx(go)
+
+    async def spend_reserve(self, run_id: str, tokens: int, cost: float) -> SpendState | None:
+        """Hold back ``tokens`` and ``cost`` if they fit (None), else the refusing row."""
+        args = {"run_id": run_id, "tokens": int(tokens), "cost": float(cost)}
+
+        async def go(cur: Cursor) -> SpendState | None:
+            await cur.execute(Q["spend_reserve"], args)
+            if await cur.fetchone() is not None:
+                return None
+            await cur.execute(Q["spend_get"], args)
+            row = await cur.fetchone()
+            if row is None:
+                raise StoreError(f"run {run_id!r} has no spend row (call spend_open first)")
+            return spend_from_row(row)
+
+        return await self._tx(go)
+
+    async def spend_settle(
+        self, run_id: str, reserved_tokens: int, reserved_cost: float, requests: int,
+        prompt_tokens: int, cached_tokens: int, completion_tokens: int, cost_usd: float,
+    ) -> None:
+        """Give a reservation back and add what the request really used."""
+        args = {"run_id": run_id, "reserved_tokens": int(reserved_tokens),
+                "reserved_cost": float(reserved_cost), "requests": int(requests),
+                "prompt_tokens": int(prompt_tokens), "cached_tokens": int(cached_tokens),
+                "completion_tokens": int(completion_tokens), "cost_usd": float(cost_usd)}
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["spend_settle"], args)
+
+        await self._tx(go)
+
+    async def spend_release_all(self, run_id: str) -> None:
+        """Drop every reservation of a run."""
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["spend_release_all"], {"run_id": run_id})
+
+        await self._tx(go)
+
+    async def spend(self, run_id: str) -> SpendState | None:
+        """The spend row of a run."""
+
+        async def go(cur: Cursor) -> SpendState | None:
+            await cur.execute(Q["spend_get"], {"run_id": run_id})
+            row = await cur.fetchone()
+            return None if row is None else spend_from_row(row)
+
+        return await self._tx(go)
 
     async def wait_for_change(self, run_id: str, timeout: float) -> None:
         """Wait for a ``NOTIFY`` about the run, or ``timeout`` seconds.
