@@ -309,6 +309,9 @@ def _limit_flags(parser: argparse.ArgumentParser, worker: bool = False) -> None:
                         metavar="N", help=f"requests per minute ({whose}; default $PLANRUN_RPM)")
     parser.add_argument("--tpm", type=_positive_float, default=os.environ.get("PLANRUN_TPM"),
                         metavar="N", help=f"tokens per minute ({whose}; default $PLANRUN_TPM)")
+    parser.add_argument("--rpm-burst", type=_positive_float, default=2.0, metavar="N",
+                        help="requests that may go back to back (default 2: one slot of "
+                        "slack absorbs the database round trip, so the full rate is used)")
     parser.add_argument("--limit-key", metavar="NAME",
                         help="name of the rate limit to share (default: the model and a hash "
                         "of the API key, as providers count)")
@@ -328,8 +331,11 @@ def _run_limits(args: argparse.Namespace, budget: bool = True) -> Any:
     from planrun.limits import RunLimits
 
     rated = args.rpm is not None or args.tpm is not None
+    if args.rpm_burst < 1:
+        raise _CliError(f"--rpm-burst must be >= 1, got {args.rpm_burst:g}")
     return RunLimits(
         rpm=args.rpm, tpm=args.tpm, key=_limit_key(args) if rated else None,
+        request_burst=args.rpm_burst if rated else None,
         budget_tokens=getattr(args, "budget_tokens", None) if budget else None,
         budget_usd=getattr(args, "budget_usd", None) if budget else None,
     )
@@ -340,7 +346,8 @@ def _limited(model: Any, limits: Any) -> Any:
     if model is not None and limits.rated:
         from planrun.limiter import RateLimiter
 
-        model.limiter = RateLimiter(limits.rpm, limits.tpm)
+        model.limiter = RateLimiter(limits.rpm, limits.tpm,
+                                    request_burst=limits.request_burst or 1.0)
     return model
 
 
@@ -771,15 +778,16 @@ def _run_extras(store: Any, model: Any, args: argparse.Namespace) -> Any:
                             "worker's --rpm/--tpm apply to runs that record none",
                             run_id, recorded.rpm, recorded.tpm)
             limits = recorded if recorded.rated else mine
-            shared = SharedBudget(store, run_id)
+            shared = SharedBudget(store, run_id, enforce=recorded.budgeted)
             await shared.open()  # keeps the run's limits and what it spent
             extras: dict[str, Any] = {"usage": Usage(shared=shared)}
             if model is not None:
                 own = copy.copy(model)  # one HTTP client; this run's limiter
                 own.limiter = None
                 if limits.rated:
-                    own.limiter = SharedRateLimiter(store, limits.key or _limit_key(args),
-                                                    limits.rpm, limits.tpm)
+                    own.limiter = SharedRateLimiter(
+                        store, limits.key or _limit_key(args), limits.rpm, limits.tpm,
+                        request_burst=limits.request_burst or 1.0)
                 extras["model"] = own
             cache[run_id] = extras
             return extras

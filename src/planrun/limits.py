@@ -222,14 +222,18 @@ class SharedBudget:
 
     :class:`~planrun.usage.Usage` calls :meth:`reserve` before each request and
     :meth:`settle` after it (``Usage(budget=..., shared=SharedBudget(store, run_id))``).
+
+    ``enforce=False`` (a run without a budget) skips the reservation and only adds what
+    was used: one store call per request instead of two.
     """
 
-    def __init__(self, store: Store, run_id: str) -> None:
+    def __init__(self, store: Store, run_id: str, *, enforce: bool = True) -> None:
         self.store = store
         self.run_id = run_id
+        self.enforce = enforce
 
     def __repr__(self) -> str:
-        return f"SharedBudget(run_id={self.run_id!r})"
+        return f"SharedBudget(run_id={self.run_id!r}, enforce={self.enforce})"
 
     async def open(self, budget: Budget | None = None, *, release: bool = False) -> None:
         """Make the run's spend row (the limits of ``budget`` replace the stored ones).
@@ -247,6 +251,8 @@ class SharedBudget:
 
     async def reserve(self, tokens: int, cost: float) -> None:
         """Hold back ``tokens`` and ``cost`` for one request, or raise BudgetExceeded."""
+        if not self.enforce:
+            return
         refused = await self.store.spend_reserve(self.run_id, tokens, cost)
         if refused is None:
             return
@@ -266,6 +272,8 @@ class SharedBudget:
 
     async def settle(self, tokens: int, cost: float, used: Tally) -> None:
         """Give back a reservation of ``tokens`` and ``cost``; add what was ``used``."""
+        if not self.enforce:
+            tokens, cost = 0, 0.0  # nothing was held back
         await self.store.spend_settle(
             self.run_id, tokens, cost, used.requests, used.prompt_tokens, used.cached_tokens,
             used.completion_tokens, used.cost_usd,
@@ -289,12 +297,16 @@ class RunLimits:
     """The rate limit's key (:func:`limit_key`); None: each process derives its own."""
     budget_tokens: int | None = None
     budget_usd: float | None = None
+    request_burst: float | None = None
+    """Requests that may go back to back (None: the limiter's default)."""
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm", "budget_tokens", "budget_usd"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise UsageError(f"{name} must be > 0, got {value}")
+        if self.request_burst is not None and not self.request_burst >= 1:
+            raise UsageError(f"request_burst must be >= 1, got {self.request_burst}")
 
     @property
     def rated(self) -> bool:
@@ -328,6 +340,7 @@ class RunLimits:
             budget_tokens=None if raw.get("budget_tokens") is None
             else int(raw["budget_tokens"]),
             budget_usd=_number(raw.get("budget_usd")),
+            request_burst=_number(raw.get("request_burst")),
         )
 
 

@@ -672,6 +672,7 @@ class PostgresStore:
         args = {"key": key, "cost": float(tokens)}
 
         async def go(cur: Cursor) -> float:
+            await cur.execute(Q["limiter_async_commit"])
             await cur.execute(Q["limiter_take"], args)
             if await cur.fetchone() is not None:
                 return 0.0
@@ -687,6 +688,7 @@ class PostgresStore:
         """Give ``tokens`` back to the token bucket (negative: take more)."""
 
         async def go(cur: Cursor) -> None:
+            await cur.execute(Q["limiter_async_commit"])
             await cur.execute(Q["limiter_give"], {"key": key, "amount": float(tokens)})
 
         await self._tx(go)

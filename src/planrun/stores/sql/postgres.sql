@@ -143,6 +143,10 @@ ON CONFLICT (key) DO UPDATE SET
     rpm = excluded.rpm, tpm = excluded.tpm, request_burst = excluded.request_burst,
     token_burst = excluded.token_burst;
 
+-- name: limiter_async_commit
+-- A limiter's state lives a minute: its commits need not wait for the disk.
+SET LOCAL synchronous_commit TO OFF;
+
 -- name: limiter_take
 -- One request and its tokens, only when both buckets (and any pause) allow it now.
 -- Time is the server's clock, so processes on machines whose clocks differ agree.
