@@ -18,7 +18,8 @@ processes of one machine), so every process of the run draws on the same ones:
     atomically (refused with :class:`~planrun.errors.BudgetExceeded` when spent + reserved +
     this request would pass a limit, so no new call starts anywhere), and after it the
     reservation is replaced by the usage the server reported. What was spent is stored with
-    the run, so a resumed run continues from it.
+    the run, so a resumed run continues from it. A request that would fit in what is left
+    but not beside the reservations of calls in flight waits for them to settle.
 
 Both work through three methods of the store (:meth:`~planrun.stores.base.Store.limiter_take`
 and friends), one short transaction each.
@@ -227,10 +228,13 @@ class SharedBudget:
     was used: one store call per request instead of two.
     """
 
-    def __init__(self, store: Store, run_id: str, *, enforce: bool = True) -> None:
+    def __init__(self, store: Store, run_id: str, *, enforce: bool = True,
+                 poll: float = 0.05, patience: float = 120.0) -> None:
         self.store = store
         self.run_id = run_id
         self.enforce = enforce
+        self.poll = poll
+        self.patience = patience
 
     def __repr__(self) -> str:
         return f"SharedBudget(run_id={self.run_id!r}, enforce={self.enforce})"
@@ -250,25 +254,26 @@ class SharedBudget:
             await self.store.spend_release_all(self.run_id)
 
     async def reserve(self, tokens: int, cost: float) -> None:
-        """Hold back ``tokens`` and ``cost`` for one request, or raise BudgetExceeded."""
+        """Hold back ``tokens`` and ``cost`` for one request, or raise BudgetExceeded.
+
+        When what was spent leaves room for the request but calls in flight hold it back,
+        this waits (polling every ``poll`` s, at most ``patience`` s) for them to settle:
+        a reservation is usually far above what a call uses. BudgetExceeded means the
+        request cannot fit in what is left even if every reservation came back unused.
+        """
         if not self.enforce:
             return
-        refused = await self.store.spend_reserve(self.run_id, tokens, cost)
-        if refused is None:
-            return
-        if refused.max_tokens is not None and (
-            refused.total_tokens + refused.reserved_tokens + tokens > refused.max_tokens
-        ):
-            raise BudgetExceeded(
-                f"token budget of run {self.run_id} exceeded: the next call may use up to "
-                f"{tokens} tokens; {refused.total_tokens} used and {refused.reserved_tokens} "
-                f"reserved of {refused.max_tokens}"
-            )
-        raise BudgetExceeded(
-            f"cost budget of run {self.run_id} exceeded: the next call may cost up to "
-            f"${cost:.6f}; ${refused.cost_usd:.6f} spent and ${refused.reserved_cost:.6f} "
-            f"reserved of ${refused.max_cost or 0:.6f}"
-        )
+        deadline = time.monotonic() + self.patience
+        while True:
+            refused = await self.store.spend_reserve(self.run_id, tokens, cost)
+            if refused is None:
+                return
+            exhausted = _exhausted(refused, tokens, cost, reserved=False)
+            if exhausted is None and time.monotonic() >= deadline:
+                exhausted = _exhausted(refused, tokens, cost, reserved=True)
+            if exhausted is not None:
+                raise BudgetExceeded(f"run {self.run_id}: {exhausted}")
+            await asyncio.sleep(self.poll)
 
     async def settle(self, tokens: int, cost: float, used: Tally) -> None:
         """Give back a reservation of ``tokens`` and ``cost``; add what was ``used``."""
@@ -282,6 +287,25 @@ class SharedBudget:
     async def spent(self) -> SpendState | None:
         """The run's spend row."""
         return await self.store.spend(self.run_id)
+
+
+def _exhausted(spend: SpendState, tokens: int, cost: float, *, reserved: bool) -> str | None:
+    """Why the request cannot fit (counting reservations or not), or None when it can."""
+    held_tokens = spend.reserved_tokens if reserved else 0
+    held_cost = spend.reserved_cost if reserved else 0.0
+    if spend.max_tokens is not None and (
+        spend.total_tokens + held_tokens + tokens > spend.max_tokens
+    ):
+        return (f"token budget exceeded: the next call may use up to {tokens} tokens; "
+                f"{spend.total_tokens} used and {spend.reserved_tokens} reserved "
+                f"of {spend.max_tokens}")
+    if spend.max_cost is not None and (
+        spend.cost_usd + held_cost + cost > spend.max_cost + 1e-12
+    ):
+        return (f"cost budget exceeded: the next call may cost up to ${cost:.6f}; "
+                f"${spend.cost_usd:.6f} spent and ${spend.reserved_cost:.6f} reserved "
+                f"of ${spend.max_cost:.6f}")
+    return None
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,8 @@ def test_four_worker_processes_share_one_budget_and_a_resume_spends_no_more(
     assert spend.max_tokens == budget and spend.requests == sent > 0
     assert spend.total_tokens <= budget + 4 * reservation
     assert spend.total_tokens <= budget  # every call reserved its tokens before it was sent
+    # ...and the budget was used up: no call that still fitted was refused.
+    assert spend.total_tokens > budget - reservation
     assert spend.reserved_tokens == 0  # every reservation was settled
     counts = summary["counts"]
     print(f"{spend.total_tokens} tokens spent of {budget} in {spend.requests} requests "
