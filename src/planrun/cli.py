@@ -683,8 +683,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         from planrun.limits import RunLimits
 
         state = await store.load(args.run_id)
-        key = RunLimits.from_meta(state.run.meta).key
-        limiter = await store.limiter_state(key) if key else None
+        limits = RunLimits.from_meta(state.run.meta)
+        limiter: Any = await store.limiter_state(limits.key) if limits.key else None
+        if limiter is None and limits.rated:  # kept in memory by the one process running it
+            limiter = {"key": limits.key, "rpm": limits.rpm, "tpm": limits.tpm,
+                       "shared": False, "recent_rpm": None}
         return run_status(state, time.time(), await store.spend(args.run_id), limiter)
 
     while True:

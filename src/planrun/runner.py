@@ -270,7 +270,9 @@ async def _shared_budget(
         return None
     from planrun.limits import SharedBudget
 
-    shared = SharedBudget(store, run_id)
+    # A new run without a budget only adds what it spent; a resumed one obeys the stored
+    # limits whether or not they are given again.
+    shared = SharedBudget(store, run_id, enforce=budget is not None or release)
     await shared.open(budget, release=release)
     return shared
 

@@ -11,7 +11,7 @@ leaves (``spend``), and the shared rate limiter's rates and the rate of its last
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,8 @@ class RunStatus:
     spend: dict[str, Any] | None = None
     """What the run spent and what its budget leaves (None: the store has no record)."""
     limiter: dict[str, Any] | None = None
-    """The run's shared rate limiter: rates, ``recent_rpm``, 429 pauses (None: none)."""
+    """The run's rate limit: its rates and key; for a shared one (``shared``) also
+    ``recent_rpm``, ``acquired``, ``penalties`` and ``paused_for`` (None: no limit)."""
 
     @property
     def finished(self) -> bool:
@@ -81,6 +82,8 @@ def _left(spend: dict[str, Any]) -> str:
 
 def _rate(limiter: dict[str, Any]) -> str:
     limits = ", ".join(f"{limiter[k]:g} {k}" for k in ("rpm", "tpm") if limiter[k] is not None)
+    if limiter.get("recent_rpm") is None:
+        return f"{limits or 'none'} [{limiter['key']}], kept by the process running the run"
     text = (f"{limits or 'none'} [{limiter['key']}]; last minute "
             f"{limiter['recent_rpm']:.0f} requests")
     if limiter["paused_for"] > 0:
@@ -92,10 +95,11 @@ def run_status(
     state: RunState,
     now: float,
     spend: SpendState | None = None,
-    limiter: LimiterState | None = None,
+    limiter: LimiterState | Mapping[str, Any] | None = None,
 ) -> RunStatus:
     """The snapshot of ``state`` at time ``now`` (the clock the run's records use), with
-    the run's ``spend`` and shared ``limiter`` rows when the store has them."""
+    the run's ``spend`` and shared ``limiter`` rows when the store has them (``limiter``
+    may instead be the rates the run recorded, for a limiter kept in one process)."""
     counts = {s.value: 0 for s in Status}
     active: Counter[str] = Counter()
     oldest: tuple[float, str] | None = None
@@ -116,7 +120,8 @@ def run_status(
         oldest_unfinished_s=None if oldest is None else max(0.0, now - oldest[0]),
         oldest_unfinished=None if oldest is None else oldest[1],
         spend=None if spend is None else spend.to_dict(),
-        limiter=None if limiter is None else limiter.to_dict(),
+        limiter=(None if limiter is None else dict(limiter) if isinstance(limiter, Mapping)
+                 else {**limiter.to_dict(), "shared": True}),
     )
 
 

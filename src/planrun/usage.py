@@ -378,24 +378,33 @@ class Usage:
         Raises :class:`~planrun.errors.BudgetExceeded` (and reserves nothing) when what was
         spent, plus what is reserved, plus this request could pass a limit.
         """
+        return self._reserve(model, prompt_tokens, completion_tokens, check=True)
+
+    def _reserve(
+        self, model: str, prompt_tokens: int, completion_tokens: int, *, check: bool
+    ) -> Reservation:
         tokens = prompt_tokens + completion_tokens
         cost = self.estimate_cost(model, prompt_tokens, completion_tokens)
         ledger = self._ledger
         with ledger.lock:
-            self._check(tokens, cost)
+            if check:
+                self._check(tokens, cost)
             ledger.reserved_tokens += tokens
             ledger.reserved_cost += cost
         return Reservation(ledger, tokens, cost)
 
     async def areserve(self, model: str, prompt_tokens: int, completion_tokens: int) -> Reservation:
-        """:meth:`reserve`, then the same reservation from the shared budget, if any.
+        """:meth:`reserve`, or with a shared budget the same reservation taken there.
 
-        Raises :class:`~planrun.errors.BudgetExceeded` (and holds nothing back) when either
-        budget cannot afford the request. Close the reservation with
+        The shared budget holds what every process of the run spent (this one's too), so
+        it alone decides; a request that fits what is left waits there for calls in flight
+        to settle. Raises :class:`~planrun.errors.BudgetExceeded` (and holds nothing back)
+        when the budget cannot afford the request. Close the reservation with
         :meth:`Reservation.aclose`.
         """
-        reservation = self.reserve(model, prompt_tokens, completion_tokens)
         shared = self._ledger.shared
+        enforced = shared is not None and shared.enforce
+        reservation = self._reserve(model, prompt_tokens, completion_tokens, check=not enforced)
         if shared is not None:
             try:
                 await shared.reserve(reservation.tokens, reservation.cost)
