@@ -40,6 +40,7 @@ from planrun.errors import (
 from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
 from planrun.limiter import RateLimiter
+from planrun.limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
 from planrun.model import Completion, Model, RetryPolicy
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
 from planrun.prompts import PromptLibrary, RenderedPrompt
@@ -83,6 +84,7 @@ __all__ = [
     "InvalidPlan",
     "KindSpec",
     "Ledger",
+    "Limiter",
     "Model",
     "ModelRefused",
     "ModelWorker",
@@ -102,9 +104,12 @@ __all__ = [
     "RenderedPrompt",
     "RetryPolicy",
     "RunAborted",
+    "RunLimits",
     "RunReport",
     "RunResult",
     "Scenario",
+    "SharedBudget",
+    "SharedRateLimiter",
     "SimResult",
     "StallError",
     "Status",
@@ -126,6 +131,7 @@ __all__ = [
     "aplan_and_run",
     "aresume_run",
     "decompose",
+    "limit_key",
     "open_store",
     "plan_and_run",
     "plan_schema",

@@ -18,6 +18,7 @@ PINNED = {
     "analyze", "aplan_and_run", "decompose", "plan_and_run", "plan_schema", "read_jsonl",
     "simulate", "validate_plan", "Coordinator", "WorkerProcess", "FixtureMiss", "record",
     "replay", "aresume_run", "resume_run", "open_store",
+    "Limiter", "RunLimits", "SharedBudget", "SharedRateLimiter", "limit_key",
 }
 
 

@@ -246,6 +246,32 @@ class PostgresStore:
         except d.psycopg.Error as exc:
             raise self._error(exc) from exc
 
+    async def _statement(self, sql: str, args: dict[str, Any]) -> DictRow | None:
+        """Run one statement on its own (autocommit: one round trip); its first row."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"{self.url}: the store is not open (call open() first)")
+        d = self._drivers
+
+        async def once() -> DictRow | None:
+            async with pool.connection() as conn:
+                cur: Cursor
+                async with conn.cursor(row_factory=d.dict_row) as cur:
+                    await cur.execute(sql, args)
+                    return await cur.fetchone() if cur.description else None
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
+            retry=retry_if_exception(self._retryable),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            return await retrying(once)
+        except d.psycopg.Error as exc:
+            raise self._error(exc) from exc
+
     # --- lifecycle --------------------------------------------------------------------------
 
     async def open(self) -> None:
@@ -669,29 +695,14 @@ class PostgresStore:
 
     async def limiter_take(self, key: str, tokens: float) -> float:
         """Take one request and ``tokens`` if allowed now (0), else the seconds to wait."""
-        args = {"key": key, "cost": float(tokens)}
-
-        async def go(cur: Cursor) -> float:
-            await cur.execute(Q["limiter_async_commit"])
-            await cur.execute(Q["limiter_take"], args)
-            if await cur.fetchone() is not None:
-                return 0.0
-            await cur.execute(Q["limiter_ready_at"], args)
-            row = await cur.fetchone()
-            if row is None:
-                raise StoreError(f"no limiter {key!r} (call limiter_configure first)")
-            return max(1e-6, float(row["wait"]))
-
-        return await self._tx(go)
+        row = await self._statement(Q["limiter_take"], {"key": key, "cost": float(tokens)})
+        if row is None:
+            raise StoreError(f"no limiter {key!r} (call limiter_configure first)")
+        return 0.0 if row["taken"] else max(1e-6, float(row["wait"]))
 
     async def limiter_give(self, key: str, tokens: float) -> None:
         """Give ``tokens`` back to the token bucket (negative: take more)."""
-
-        async def go(cur: Cursor) -> None:
-            await cur.execute(Q["limiter_async_commit"])
-            await cur.execute(Q["limiter_give"], {"key": key, "amount": float(tokens)})
-
-        await self._tx(go)
+        await self._statement(Q["limiter_give"], {"key": key, "amount": float(tokens)})
 
     async def limiter_pause(self, key: str, seconds: float) -> None:
         """Nobody takes anything from ``key`` for ``seconds``."""

@@ -143,52 +143,55 @@ ON CONFLICT (key) DO UPDATE SET
     rpm = excluded.rpm, tpm = excluded.tpm, request_burst = excluded.request_burst,
     token_burst = excluded.token_burst;
 
--- name: limiter_async_commit
--- A limiter's state lives a minute: its commits need not wait for the disk.
-SET LOCAL synchronous_commit TO OFF;
-
 -- name: limiter_take
--- One request and its tokens, only when both buckets (and any pause) allow it now.
--- Time is the server's clock, so processes on machines whose clocks differ agree.
-WITH c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now)
-UPDATE planrun_limits AS l SET
-    requests_full_at = CASE WHEN l.rpm IS NULL THEN l.requests_full_at
-                            ELSE greatest(l.requests_full_at, c.now) + 60.0 / l.rpm END,
-    tokens_full_at = CASE WHEN l.tpm IS NULL THEN l.tokens_full_at
-                          ELSE greatest(l.tokens_full_at, c.now)
-                               + %(cost)s::float8 * 60.0 / l.tpm END,
-    acquired = l.acquired + 1,
-    prev_count = CASE WHEN floor(c.now / 60)::bigint = l.minute THEN l.prev_count
-                      WHEN floor(c.now / 60)::bigint = l.minute + 1 THEN l.minute_count
-                      ELSE 0 END,
-    minute_count = CASE WHEN floor(c.now / 60)::bigint = l.minute THEN l.minute_count + 1
-                        ELSE 1 END,
-    minute = floor(c.now / 60)::bigint
-FROM c
-WHERE l.key = %(key)s
-  AND greatest(l.paused_until,
-               CASE WHEN l.rpm IS NULL THEN 0
-                    ELSE l.requests_full_at - (l.request_burst - 1) * 60.0 / l.rpm END,
-               CASE WHEN l.tpm IS NULL THEN 0
-                    ELSE l.tokens_full_at - (l.token_burst
-                         - least(%(cost)s::float8, l.token_burst)) * 60.0 / l.tpm END
-      ) <= c.now + 1e-6
-RETURNING c.now;
-
--- name: limiter_ready_at
--- How long from now until the next take could succeed.
-SELECT greatest(paused_until,
-                CASE WHEN rpm IS NULL THEN 0
-                     ELSE requests_full_at - (request_burst - 1) * 60.0 / rpm END,
-                CASE WHEN tpm IS NULL THEN 0
-                     ELSE tokens_full_at - (token_burst
-                          - least(%(cost)s::float8, token_burst)) * 60.0 / tpm END
-       ) - extract(epoch FROM clock_timestamp())::float8 AS wait
-FROM planrun_limits WHERE key = %(key)s;
+-- One statement, run on its own (autocommit): take one request and the tokens when both
+-- buckets (and any pause) allow it now and answer 0, else take nothing and answer the
+-- seconds to wait. Time is the server's clock, so machines whose clocks differ agree. A
+-- limiter's state lives a minute: its commit need not wait for the disk.
+WITH s AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
+c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now FROM s),
+taken AS (
+    UPDATE planrun_limits AS l SET
+        requests_full_at = CASE WHEN l.rpm IS NULL THEN l.requests_full_at
+                                ELSE greatest(l.requests_full_at, c.now) + 60.0 / l.rpm END,
+        tokens_full_at = CASE WHEN l.tpm IS NULL THEN l.tokens_full_at
+                              ELSE greatest(l.tokens_full_at, c.now)
+                                   + %(cost)s::float8 * 60.0 / l.tpm END,
+        acquired = l.acquired + 1,
+        prev_count = CASE WHEN floor(c.now / 60)::bigint = l.minute THEN l.prev_count
+                          WHEN floor(c.now / 60)::bigint = l.minute + 1 THEN l.minute_count
+                          ELSE 0 END,
+        minute_count = CASE WHEN floor(c.now / 60)::bigint = l.minute
+                            THEN l.minute_count + 1 ELSE 1 END,
+        minute = floor(c.now / 60)::bigint
+    FROM c
+    WHERE l.key = %(key)s
+      AND greatest(l.paused_until,
+                   CASE WHEN l.rpm IS NULL THEN 0
+                        ELSE l.requests_full_at - (l.request_burst - 1) * 60.0 / l.rpm END,
+                   CASE WHEN l.tpm IS NULL THEN 0
+                        ELSE l.tokens_full_at - (l.token_burst
+                             - least(%(cost)s::float8, l.token_burst)) * 60.0 / l.tpm END
+          ) <= c.now + 1e-6
+    RETURNING true AS taken, 0.0::float8 AS wait
+)
+SELECT taken, wait FROM taken
+UNION ALL
+SELECT false AS taken,
+       greatest(l.paused_until,
+                CASE WHEN l.rpm IS NULL THEN 0
+                     ELSE l.requests_full_at - (l.request_burst - 1) * 60.0 / l.rpm END,
+                CASE WHEN l.tpm IS NULL THEN 0
+                     ELSE l.tokens_full_at - (l.token_burst
+                          - least(%(cost)s::float8, l.token_burst)) * 60.0 / l.tpm END
+       ) - c.now AS wait
+FROM planrun_limits AS l, c
+WHERE l.key = %(key)s AND NOT EXISTS (SELECT 1 FROM taken);
 
 -- name: limiter_give
--- Return tokens (negative: take more), never beyond a full bucket.
-WITH c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now)
+-- Return tokens (negative: take more), never beyond a full bucket (autocommit, as take).
+WITH s AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
+c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now FROM s)
 UPDATE planrun_limits AS l
 SET tokens_full_at = greatest(c.now, greatest(l.tokens_full_at, c.now)
                                      - %(amount)s::float8 * 60.0 / l.tpm)
