@@ -8,6 +8,7 @@ waits longer, never shorter.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -191,8 +192,35 @@ async def test_a_resumed_run_keeps_what_was_spent_and_drops_dead_reservations(
     assert (spend.max_tokens, spend.total_tokens, spend.reserved_tokens) == (1000, 300, 0)
 
 
-def test_the_schema_is_version_4() -> None:
+@pytest.mark.parametrize(
+    "store_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
+    indirect=True)
+async def test_a_schema_2_store_is_migrated_to_the_shared_limits(store_url: str) -> None:
     assert SCHEMA_VERSION == 4
+    store = open_store(store_url)
+    await store.open()
+    await store.close()
+    undo = ["DROP TABLE planrun_limits", "DROP TABLE planrun_spend",
+            "UPDATE planrun_schema SET version = 2"]
+    if store_url.startswith("sqlite"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            for sql in undo:
+                conn.execute(sql)
+    else:
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as conn:
+            for sql in undo:
+                conn.execute(sql)
+    again = open_store(store_url)
+    await again.open()
+    try:
+        await again.spend_open("r", 10, None)
+        assert await again.spend_reserve("r", 11, 0.0) is not None
+        await again.limiter_configure("k", 60.0, None, 1.0, 1.0)
+        assert await again.limiter_take("k", 0) == 0
+    finally:
+        await again.close()
 
 
 def test_a_limit_key_never_holds_the_api_key() -> None:
