@@ -11,7 +11,15 @@ recorder's scrubbing must remove). ``emulate=`` (``--emulate``) makes it refuse 
 schemas the way OpenAI, vLLM, Ollama, llama.cpp's server or llama-cpp-python's server do
 (see :data:`EMULATIONS`), so the JSON-mode fallback is tested over real HTTP.
 
+``rpm_limit=N`` (``--rpm-limit N``) makes it enforce a rate limit the way the API does,
+counted over every client: beyond N requests per minute (with ``rpm_burst`` requests, by
+default one second's worth, allowed back to back) a chat request gets the API's 429 with
+``retry-after``, ``retry-after-ms`` and ``x-ratelimit-*`` headers. ``rate_limited`` counts
+those answers and ``admitted`` holds the arrival time of every request let through, so a
+test can show that a client-side limiter prevents 429s while using the whole rate.
+
     python tools/standin.py --scenario rate_limited      # serve until Ctrl-C
+    python tools/standin.py --rpm-limit 600              # 429 beyond 600 requests/minute
     OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 OPENAI_API_KEY=sk-anything planrun ...
 
     with StandIn(FakeOpenAI(answers())) as server:       # from Python
@@ -23,9 +31,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -124,6 +134,8 @@ class StandIn:
         extra_headers: Mapping[str, str] | None = None,
         emulate: str | None = None,
         raw: Iterable[Raw] = (),
+        rpm_limit: float | None = None,
+        rpm_burst: float | None = None,
     ) -> None:
         if emulate is not None and emulate not in EMULATIONS:
             raise ValueError(f"emulate must be one of {sorted(EMULATIONS)}, got {emulate!r}")
@@ -139,6 +151,11 @@ class StandIn:
         """TCP connections accepted: fewer than ``requests`` proves keep-alive reuse."""
         self.rejected = 0
         """Requests refused because of their response schema (``emulate``)."""
+        self.rate = _ServerRateLimit(rpm_limit, rpm_burst) if rpm_limit else None
+        self.rate_limited = 0
+        """Chat requests answered 429 by ``rpm_limit``."""
+        self.admitted: list[float] = []
+        """``time.monotonic()`` of every chat request let through under ``rpm_limit``."""
         self._lock = threading.Lock()
         self._server = _QuietServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -195,12 +212,27 @@ class StandIn:
             if rejection is not None:
                 self.rejected += 1
                 return rejection
+            limit_headers: dict[str, str] = {}
+            if self.rate is not None:
+                now = time.monotonic()
+                wait, limit_headers = self.rate.take(now)
+                if wait > 0:
+                    self.rate_limited += 1
+                    status, headers, content = _error(
+                        429, f"Rate limit reached for requests on this stand-in: limit "
+                        f"{self.rate.rpm:g} per minute. Please try again in "
+                        f"{wait * 1000:.0f}ms.", "rate_limit_exceeded")
+                    return status, {**headers, **limit_headers,
+                                    "retry-after": str(max(1, math.ceil(wait))),
+                                    "retry-after-ms": f"{wait * 1000:.0f}"}, content
+                self.admitted.append(now)
             request = httpx.Request(method, f"http://standin{path}", headers=headers,
                                     content=body)
             response = self.fake(request)
             out = {k: v for k, v in response.headers.items()
                    if k.lower() not in ("content-length", "content-type")}
-            return response.status_code, {**out, **self.extra_headers}, response.content
+            return (response.status_code, {**out, **limit_headers, **self.extra_headers},
+                    response.content)
 
     def _take_raw(self) -> Raw | object:
         with self._lock:
@@ -277,6 +309,31 @@ class StandIn:
         return Handler
 
 
+class _ServerRateLimit:
+    """The server side of a requests-per-minute limit: a GCRA over every client."""
+
+    def __init__(self, rpm: float, burst: float | None) -> None:
+        self.rpm = rpm
+        self.interval = 60.0 / rpm
+        self.burst = max(1.0, burst if burst is not None else rpm / 60)
+        self._tat = float("-inf")  # theoretical arrival time of the next request
+
+    def take(self, now: float) -> tuple[float, dict[str, str]]:
+        """(0, headers) when a request may pass now (and it is counted), else (wait, headers)."""
+        tolerance = (self.burst - 1) * self.interval
+        tat = max(self._tat, now)
+        wait = tat - tolerance - now
+        if wait <= 0:
+            self._tat = tat = tat + self.interval
+        remaining = max(0, math.floor((tolerance - (tat - now)) / self.interval) + 1)
+        headers = {
+            "x-ratelimit-limit-requests": f"{self.rpm:g}",
+            "x-ratelimit-remaining-requests": str(remaining),
+            "x-ratelimit-reset-requests": f"{max(0.0, tat - now) * 1000:.0f}ms",
+        }
+        return max(0.0, wait), headers
+
+
 class _QuietServer(ThreadingHTTPServer):
     """A client dropping its keep-alive connection is normal, not a traceback on stderr."""
 
@@ -305,8 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", help="serve this scenario's scripted replies first")
     parser.add_argument("--emulate", choices=sorted(EMULATIONS),
                         help="refuse response schemas the way this server does")
+    parser.add_argument("--rpm-limit", type=float, metavar="N",
+                        help="answer 429 beyond N requests per minute, over all clients")
     args = parser.parse_args(argv)
-    server = for_scenario(args.scenario, port=args.port, emulate=args.emulate)
+    if args.rpm_limit is not None and not args.rpm_limit > 0:
+        parser.error(f"--rpm-limit must be > 0, got {args.rpm_limit}")
+    server = for_scenario(args.scenario, port=args.port, emulate=args.emulate,
+                          rpm_limit=args.rpm_limit)
     print(f"stand-in serving at {server.base_url}", flush=True)
     try:
         server._server.serve_forever()

@@ -44,6 +44,7 @@ from planrun.eval import EvalReport, aevaluate, evaluate
 from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
 from planrun.limiter import RateLimiter
+from planrun.limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
 from planrun.model import Completion, Model, RetryPolicy
 from planrun.ownership import hold_run
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
@@ -90,6 +91,7 @@ __all__ = [
     "InvalidPlan",
     "KindSpec",
     "Ledger",
+    "Limiter",
     "Model",
     "ModelRefused",
     "ModelWorker",
@@ -110,9 +112,12 @@ __all__ = [
     "RetryPolicy",
     "RunAborted",
     "RunInUse",
+    "RunLimits",
     "RunReport",
     "RunResult",
     "Scenario",
+    "SharedBudget",
+    "SharedRateLimiter",
     "SimResult",
     "StallError",
     "Status",
@@ -139,6 +144,7 @@ __all__ = [
     "decompose",
     "evaluate",
     "hold_run",
+    "limit_key",
     "open_store",
     "plan_and_run",
     "plan_schema",

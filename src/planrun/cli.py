@@ -6,9 +6,10 @@
                 [--deploy1-failures N] [--max-retries N] [--sweep] [--ledger] [--json]
     planrun plan GOAL --app module:attr [--json]
     planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
-                [--db URL] [--json]
+                [--budget-usd X] [--rpm N] [--tpm N] [--db URL] [--json]
     planrun run PLAN.json --app module:attr --db URL --workers external [--mode push|peer]
     planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
+                   [--rpm N] [--tpm N]
     planrun resume RUN_ID --db URL [--app module:attr]
     planrun demo [brief|tickets|release] [--live]
     planrun fixtures check [PATH...] | fixtures show PATH
@@ -414,6 +415,57 @@ def _model(args: argparse.Namespace) -> Any:
     return Model(args.model) if args.model else Model()
 
 
+def _limit_flags(parser: argparse.ArgumentParser, worker: bool = False) -> None:
+    import os
+
+    whose = ("for runs that record no limit of their own" if worker
+             else "recorded with the run; every worker of the run honours it")
+    parser.add_argument("--rpm", type=_positive_float, default=os.environ.get("PLANRUN_RPM"),
+                        metavar="N", help=f"requests per minute ({whose}; default $PLANRUN_RPM)")
+    parser.add_argument("--tpm", type=_positive_float, default=os.environ.get("PLANRUN_TPM"),
+                        metavar="N", help=f"tokens per minute ({whose}; default $PLANRUN_TPM)")
+    parser.add_argument("--rpm-burst", type=_positive_float, default=2.0, metavar="N",
+                        help="requests that may go back to back (default 2: one slot of "
+                        "slack absorbs the database round trip, so the full rate is used)")
+    parser.add_argument("--limit-key", metavar="NAME",
+                        help="name of the rate limit to share (default: the model and a hash "
+                        "of the API key, as providers count)")
+
+
+def _limit_key(args: argparse.Namespace) -> str:
+    import os
+
+    from planrun.limits import limit_key
+    from planrun.model import DEFAULT_MODEL
+
+    model = getattr(args, "model", None) or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
+    return limit_key(model, os.environ.get("OPENAI_API_KEY"), args.limit_key)
+
+
+def _run_limits(args: argparse.Namespace, budget: bool = True) -> Any:
+    from planrun.limits import RunLimits
+
+    rated = args.rpm is not None or args.tpm is not None
+    if args.rpm_burst < 1:
+        raise _CliError(f"--rpm-burst must be >= 1, got {args.rpm_burst:g}")
+    return RunLimits(
+        rpm=args.rpm, tpm=args.tpm, key=_limit_key(args) if rated else None,
+        request_burst=args.rpm_burst if rated else None,
+        budget_tokens=getattr(args, "budget_tokens", None) if budget else None,
+        budget_usd=getattr(args, "budget_usd", None) if budget else None,
+    )
+
+
+def _limited(model: Any, limits: Any) -> Any:
+    """``model`` with an in-process limiter at the run's rates (one process: in memory)."""
+    if model is not None and limits.rated:
+        from planrun.limiter import RateLimiter
+
+        model.limiter = RateLimiter(limits.rpm, limits.tpm,
+                                    request_burst=limits.request_burst or 1.0)
+    return model
+
+
 def _add_plan(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="decompose a goal into a validated plan (nothing runs)",
@@ -457,11 +509,15 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--goal", dest="goal_text", metavar="TEXT",
                         help="the goal, even where it names an existing file")
     _add_model_args(parser)
-    parser.add_argument("--strategy", choices=STRATEGIES, default="balanced")
+    parser.add_argument("--strategy", choices=STRATEGIES,
+                        help="routing (default balanced; local workers only)")
     parser.add_argument("--on-dead", choices=["cancel_dependents", "abort_run"],
                         default="cancel_dependents")
-    parser.add_argument("--budget-tokens", type=_positive_int, metavar="N")
-    parser.add_argument("--budget-usd", type=_positive_float, metavar="X")
+    parser.add_argument("--budget-tokens", type=_positive_int, metavar="N",
+                        help="tokens the whole run may use, in every process")
+    parser.add_argument("--budget-usd", type=_positive_float, metavar="X",
+                        help="USD the whole run may spend, in every process")
+    _limit_flags(parser)
     parser.add_argument("--retry-budget", type=_non_negative_int, metavar="N",
                         help="retries allowed over the whole run (default: no limit)")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
@@ -469,9 +525,9 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--workers", choices=["local", "external"], default="local",
                         help="external: worker processes (planrun worker) do the tasks; "
                         "this process only coordinates (needs --db)")
-    parser.add_argument("--mode", choices=["push", "peer"], default="push",
-                        help="external workers: the coordinator assigns (push) or workers "
-                        "claim ready tasks themselves (peer)")
+    parser.add_argument("--mode", choices=["push", "peer"],
+                        help="external workers: the coordinator assigns (push, the default) "
+                        "or workers claim ready tasks themselves (peer)")
     parser.add_argument("--stale-after", type=_seconds, metavar="S",
                         help="external workers: reclaim a task whose lease is this old "
                         "(default 30)")
@@ -496,31 +552,37 @@ def _plan_source(args: argparse.Namespace) -> Any:
     return text
 
 
+def _refuse_unhonoured(args: argparse.Namespace) -> None:
+    """A flag the chosen mode cannot honour is an error, never silently ignored."""
+    if args.workers == "external":
+        if args.strategy is not None:
+            raise _CliError("--strategy routes local workers; with --workers external the "
+                            "coordinator assigns (drop --strategy)")
+        return
+    for flag, value in (("--mode", args.mode), ("--stale-after", args.stale_after)):
+        if value is not None:
+            raise _CliError(f"{flag} applies to --workers external only")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from planrun.runner import load_app
-    from planrun.usage import Budget
 
     _check_run_flags(args)
+    _refuse_unhonoured(args)
     source = _plan_source(args)
     app = load_app(args.app)
-    budget = None
-    if args.budget_tokens or args.budget_usd:
-        budget = Budget(max_tokens=args.budget_tokens, max_cost=args.budget_usd)
+    limits = _run_limits(args)
+    budget = limits.budget()
     if not isinstance(source, str):
         from planrun.plan import Plan
         from planrun.runner import READY_PLAN_MAX_TASKS
 
         source = Plan.parse(source, app.registry, max_tasks=READY_PLAN_MAX_TASKS)
-    model = _model(args) if isinstance(source, str) or app.needs_model() else None
-    options: dict[str, Any] = {
-        "model": model, "strategy": args.strategy, "budget": budget,
-        "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
-        "meta": {"app": args.app, "on_dead": args.on_dead, "strategy": args.strategy,
-                 "retry_budget": args.retry_budget},
-        "retry_budget": args.retry_budget,
-    }
-    if args.db:
-        options["store"] = args.db
+    strategy = args.strategy or "balanced"
+    meta: dict[str, Any] = {"app": args.app, "on_dead": args.on_dead, "strategy": strategy,
+                            "retry_budget": args.retry_budget}
+    if limits.rated or limits.budgeted:
+        meta["limits"] = limits.to_meta()
     if args.workers == "external":
         if not args.db:
             raise _CliError("--workers external needs --db (the database the workers use)")
@@ -528,9 +590,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from planrun.decompose import decompose
 
             with _cassette(args):
-                source = decompose(source, app.registry, _model(args), min_tasks=args.min_tasks,
-                                   max_tasks=args.max_tasks)
-        return _coordinate(source, app, args)
+                source = decompose(source, app.registry, _limited(_model(args), limits),
+                                   min_tasks=args.min_tasks, max_tasks=args.max_tasks)
+        return _coordinate(source, app, args, limits)
+    model = _model(args) if isinstance(source, str) or app.needs_model() else None
+    options: dict[str, Any] = {
+        "model": _limited(model, limits), "strategy": strategy, "budget": budget,
+        "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
+        "meta": meta, "retry_budget": args.retry_budget,
+    }
+    if args.db:
+        options["store"] = args.db
     return _execute(source, app, options, args)
 
 
@@ -539,14 +609,12 @@ def _check_run_flags(args: argparse.Namespace) -> None:
     if args.db is not None:
         _check_db(args.db)
     if args.workers != "external":
-        if args.mode != "push":
+        if args.mode == "peer":
             raise _CliError("--mode peer needs --workers external (local runs are supervised "
                             "in this process)")
         if args.stale_after is not None:
             raise _CliError("--stale-after applies to --workers external; local runs notice "
                             "a stuck attempt by its timeout")
-    if args.stale_after is None:
-        args.stale_after = 30.0
 
 
 def _check_db(url: str, *, must_exist: bool = False) -> None:
@@ -559,17 +627,24 @@ def _check_db(url: str, *, must_exist: bool = False) -> None:
         raise _CliError(f"no database file {rest[1:]!r} (from --db {url}); nothing was created")
 
 
-def _coordinate(plan: Any, app: Any, args: argparse.Namespace) -> int:
+def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any) -> int:
     from planrun.distributed import Coordinator
+    from planrun.limits import SharedBudget
     from planrun.ownership import hold_run
 
+    mode: Any = args.mode or "push"
+    stale_after = 30.0 if args.stale_after is None else args.stale_after
+    meta: dict[str, Any] = {"app": args.app, "on_dead": args.on_dead,
+                            "stale_after": stale_after, "retry_budget": args.retry_budget}
+    if limits.rated or limits.budgeted:
+        meta["limits"] = limits.to_meta()
+
     async def go(store: Any) -> Any:
-        coordinator = Coordinator(app.registry, store, mode=args.mode, on_dead=args.on_dead,
-                                  effects=app.effects, stale_after=args.stale_after,
-                                  retry_budget=args.retry_budget, goal=plan.goal,
-                                  meta={"app": args.app, "on_dead": args.on_dead,
-                                        "stale_after": args.stale_after,
-                                        "retry_budget": args.retry_budget})
+        coordinator = Coordinator(app.registry, store, mode=mode, on_dead=args.on_dead,
+                                  effects=app.effects, stale_after=stale_after,
+                                  retry_budget=args.retry_budget, goal=plan.goal, meta=meta)
+        # The run's budget is in the database before any worker can see the run.
+        await SharedBudget(store, coordinator.run_id).open(limits.budget())
         print(f"run {coordinator.run_id}: waiting for workers "
               f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
         async with hold_run(store, coordinator.run_id, new_run=True):
@@ -686,7 +761,11 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         done = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
         print(f"run {result.run_id}: {done}")
         return EXIT_OK if result.ok else 1
-    options: dict[str, Any] = {"store": args.db, "_runner": _resume_runner(args.run_id)}
+    from planrun.limits import RunLimits
+
+    limits = RunLimits.from_meta(meta)  # the limits the run was started with
+    options: dict[str, Any] = {"store": args.db, "_runner": _resume_runner(args.run_id),
+                               "budget": limits.budget()}
     if meta.get("on_dead"):
         options["on_dead"] = meta["on_dead"]
     if meta.get("strategy"):
@@ -694,7 +773,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     if meta.get("retry_budget") is not None:
         options["retry_budget"] = meta["retry_budget"]
     if app.needs_model():
-        options["model"] = _model(args)
+        options["model"] = _limited(_model(args), limits)
     return _execute(None, app, options, args)
 
 
@@ -887,7 +966,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     _check_db(args.db, must_exist=True)
 
     async def get(store: Any) -> Any:
-        return run_status(await store.load(args.run_id), time.time())
+        from planrun.limits import RunLimits
+
+        state = await store.load(args.run_id)
+        limits = RunLimits.from_meta(state.run.meta)
+        limiter: Any = await store.limiter_state(limits.key) if limits.key else None
+        if limiter is None and limits.rated:  # kept in memory by the one process running it
+            limiter = {"key": limits.key, "rpm": limits.rpm, "tpm": limits.tpm,
+                       "shared": False, "recent_rpm": None}
+        return run_status(state, time.time(), await store.spend(args.run_id), limiter)
 
     while True:
         status = _with_store(args.db, get)
@@ -920,6 +1007,8 @@ def _add_worker(subparsers: _Subparsers) -> None:
     parser.add_argument("--timeout", type=_seconds, metavar="S",
                         help="seconds one attempt may take (a kind's timeout_s wins); "
                         "then it fails as transient and retries")
+    _limit_flags(parser, worker=True)
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
     parser.set_defaults(func=_cmd_worker)
 
 
@@ -931,17 +1020,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     _check_db(args.db)
     app = load_app(args.app)
-    extras: dict[str, Any] = {}
-    if app.needs_model():
-        extras["model"] = _model(args)
+    model = _model(args) if app.needs_model() else None
 
     async def go(store: Any) -> WorkerProcess:
         import asyncio
 
         worker = WorkerProcess(app.registry, store, name=args.name, kinds=args.kinds,
                                capacity=args.concurrency, mode=args.mode, lease_s=args.lease,
-                               extras=extras, idle_exit=args.idle_exit,
-                               timeout=args.timeout)
+                               idle_exit=args.idle_exit, timeout=args.timeout,
+                               extras_for=_run_extras(store, model, args))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
@@ -954,6 +1041,49 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     print(f"worker {worker.name}: {worker.done} completed, {worker.rejected} refused",
           file=sys.stderr)
     return EXIT_OK
+
+
+def _run_extras(store: Any, model: Any, args: argparse.Namespace) -> Any:
+    """Per run: a model limited by the run's shared rate limit, a meter on its budget."""
+    import asyncio
+    import copy
+    import logging
+
+    from planrun.limits import RunLimits, SharedBudget, SharedRateLimiter
+    from planrun.usage import Usage
+
+    log = logging.getLogger("planrun.cli")
+    cache: dict[str, dict[str, Any]] = {}
+    lock = asyncio.Lock()
+
+    async def extras_for(run_id: str) -> dict[str, Any]:
+        async with lock:
+            if run_id in cache:
+                return cache[run_id]
+            state = await store.load_tasks(run_id)
+            recorded = RunLimits.from_meta(state.run.meta)
+            mine = _run_limits(args, budget=False)
+            if recorded.rated and mine.rated and (recorded.rpm, recorded.tpm) != (
+                    mine.rpm, mine.tpm):
+                log.warning("run %s records its own rate limit (rpm %s, tpm %s); this "
+                            "worker's --rpm/--tpm apply to runs that record none",
+                            run_id, recorded.rpm, recorded.tpm)
+            limits = recorded if recorded.rated else mine
+            shared = SharedBudget(store, run_id, enforce=recorded.budgeted)
+            await shared.open()  # keeps the run's limits and what it spent
+            extras: dict[str, Any] = {"usage": Usage(shared=shared)}
+            if model is not None:
+                own = copy.copy(model)  # one HTTP client; this run's limiter
+                own.limiter = None
+                if limits.rated:
+                    own.limiter = SharedRateLimiter(
+                        store, limits.key or _limit_key(args), limits.rpm, limits.tpm,
+                        request_burst=limits.request_burst or 1.0)
+                extras["model"] = own
+            cache[run_id] = extras
+            return extras
+
+    return extras_for
 
 
 # ---------------------------------------------------------------------------------- demo

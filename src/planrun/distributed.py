@@ -32,7 +32,7 @@ import os
 import socket
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -384,6 +384,8 @@ class WorkerProcess:
         idle_exit: stop after this many seconds with no running run and no work (None: never).
         clock: :class:`RealClock` (default) or :class:`VirtualClock` (tests).
         backoff: deprecated and ignored: the coordinator's retry policy decides retries.
+        extras_for: ``run_id -> extras`` merged over ``extras`` for that run's tasks (the
+            run's own model, limiter and budget).
     """
 
     def __init__(
@@ -402,6 +404,7 @@ class WorkerProcess:
         idle_exit: float | None = None,
         timeout: float | None = None,
         clock: Clock | None = None,
+        extras_for: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
         if backoff is not None:
             warnings.warn("WorkerProcess(backoff=...) is ignored: the coordinator decides "
@@ -423,6 +426,7 @@ class WorkerProcess:
         self.lease_s = lease_s
         self.poll = poll
         self.extras = dict(extras or {})
+        self.extras_for = extras_for
         self.idle_exit = idle_exit
         self.timeout = timeout
         self.clock: Clock = clock or RealClock()
@@ -512,6 +516,9 @@ class WorkerProcess:
     async def _execute(self, run_id: str, task: Task) -> None:
         spec = self.registry[task.kind]
         renewer = asyncio.ensure_future(self._renew(run_id, task))
+        extras = self.extras
+        if self.extras_for is not None:
+            extras = {**extras, **await self.extras_for(run_id)}
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         try:
             ctx = TaskContext(run_id=run_id, task_id=task.id, kind=task.kind,

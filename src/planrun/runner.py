@@ -32,6 +32,7 @@ from planrun.task import Task
 from planrun.workers import ModelWorker
 
 if TYPE_CHECKING:
+    from planrun.limits import SharedBudget
     from planrun.model import Model
     from planrun.stores.base import Store
     from planrun.usage import Budget, PriceTable, Usage
@@ -281,18 +282,24 @@ async def aplan_and_run(
         plan = Plan.parse(goal_or_plan, app.registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
     if model is None and (plan is None or app.needs_model()):
         model = _default_model()  # a missing key fails here, before any task starts
-    meter = usage if usage is not None else UsageMeter(prices, budget)
     clock = clock or RealClock()
     run_id = run_id or uuid.uuid4().hex[:12]
     goal = goal_or_plan if isinstance(goal_or_plan, str) else plan.goal if plan else ""
     with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
-        if plan is None:
-            assert model is not None and isinstance(goal_or_plan, str)
-            plan = await adecompose(
-                goal_or_plan, app.registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
-                repair_attempts=repair_attempts, prompts=prompts, meter=meter,
-            )
         async with _opened(store) as opened:
+            meter = usage
+            if meter is None:
+                # With a store, the budget and what was spent live with the run there, so a
+                # resume continues from it.
+                meter = UsageMeter(prices, budget,
+                                   shared=await _shared_budget(opened, run_id, budget))
+            if plan is None:
+                assert model is not None and isinstance(goal_or_plan, str)
+                plan = await adecompose(
+                    goal_or_plan, app.registry, model, min_tasks=min_tasks,
+                    max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts,
+                    meter=meter,
+                )
             sup = Supervisor(
                 app.registry,
                 app.worker_specs(),
@@ -316,6 +323,21 @@ async def aplan_and_run(
     return _report(plan, result, meter)
 
 
+async def _shared_budget(
+    store: Store | None, run_id: str, budget: Budget | None, *, release: bool = False
+) -> SharedBudget | None:
+    """The run's budget in ``store`` (opened with ``budget``), or None without a store."""
+    if store is None:
+        return None
+    from planrun.limits import SharedBudget
+
+    # A new run without a budget only adds what it spent; a resumed one obeys the stored
+    # limits whether or not they are given again.
+    shared = SharedBudget(store, run_id, enforce=budget is not None or release)
+    await shared.open(budget, release=release)
+    return shared
+
+
 async def aresume_run(
     run_id: str,
     app: App | Registry,
@@ -332,16 +354,19 @@ async def aresume_run(
 
     The run is resumed under its owner lease (:mod:`planrun.ownership`): while another
     live process owns it, this raises :class:`~planrun.errors.RunInUse` and changes nothing.
+    The budget draws on what the run already spent (stored with it); ``budget`` replaces
+    the stored limits, if given. Reservations of calls that died with the run are dropped.
     """
     from planrun.usage import Usage as UsageMeter
 
     app = app if isinstance(app, App) else App(app)
     if model is None and app.needs_model():
         model = _default_model()
-    meter = UsageMeter(prices, budget)
     clock = clock or RealClock()
     async with _opened(store) as opened:
         assert opened is not None
+        shared = await _shared_budget(opened, run_id, budget, release=True)
+        meter = UsageMeter(prices, budget, shared=shared)
         stored = (await opened.load_tasks(run_id)).run.meta if tracing.enabled() else {}
         with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
             sup = Supervisor(

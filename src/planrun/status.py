@@ -3,18 +3,20 @@
 Tasks by status (is the run converging?), per-worker active count (is the load spread, or
 is one worker pinned while others idle?), and the age of the oldest unfinished task (a
 task stuck in ``assigned`` shows up as an age that climbs while everything else looks
-healthy).
+healthy). Beside them, when the store holds them: what the run spent and what its budget
+leaves (``spend``), and the shared rate limiter's rates and the rate of its last minute
+(``limiter``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from planrun.ledger import Event
-from planrun.stores.base import RunState, shown_status
+from planrun.stores.base import LimiterState, RunState, SpendState, shown_status
 from planrun.task import FINAL, Status
 
 __all__ = ["RunStatus", "Sample", "run_status", "timeline"]
@@ -38,6 +40,11 @@ class RunStatus:
     """The process holding the run's owner lease, if any (it may have expired)."""
     owner_until: float | None = None
     """When that lease ends (epoch seconds)."""
+    spend: dict[str, Any] | None = None
+    """What the run spent and what its budget leaves (None: the store has no record)."""
+    limiter: dict[str, Any] | None = None
+    """The run's rate limit: its rates and key; for a shared one (``shared``) also
+    ``recent_rpm``, ``acquired``, ``penalties`` and ``paused_for`` (None: no limit)."""
 
     @property
     def finished(self) -> bool:
@@ -55,14 +62,52 @@ class RunStatus:
         workers = ", ".join(f"{w} {n}" for w, n in sorted(self.active_by_worker.items()))
         oldest = (f"{self.oldest_unfinished_s:.1f} s ({self.oldest_unfinished})"
                   if self.oldest_unfinished_s is not None else "-")
-        return (f"run {self.run_id} [{self.run_status}]\n"
-                f"  tasks by status:        {counts}\n"
-                f"  active per worker:      {workers or '-'}\n"
-                f"  oldest unfinished task: {oldest}")
+        lines = (f"run {self.run_id} [{self.run_status}]\n"
+                 f"  tasks by status:        {counts}\n"
+                 f"  active per worker:      {workers or '-'}\n"
+                 f"  oldest unfinished task: {oldest}")
+        if self.spend is not None:
+            lines += f"\n  spent:                  {_spent(self.spend)}"
+            lines += f"\n  budget left:            {_left(self.spend)}"
+        if self.limiter is not None:
+            lines += f"\n  rate limit:             {_rate(self.limiter)}"
+        return lines
 
 
-def run_status(state: RunState, now: float) -> RunStatus:
-    """The snapshot of ``state`` at time ``now`` (the clock the run's records use)."""
+def _spent(spend: dict[str, Any]) -> str:
+    return (f"{spend['requests']} requests, {spend['total_tokens']} tokens, "
+            f"${spend['cost_usd']:.4f}")
+
+
+def _left(spend: dict[str, Any]) -> str:
+    parts = []
+    if spend["tokens_left"] is not None:
+        parts.append(f"{spend['tokens_left']} of {spend['max_tokens']} tokens")
+    if spend["cost_left"] is not None:
+        parts.append(f"${spend['cost_left']:.4f} of ${spend['max_cost']:.4f}")
+    return ", ".join(parts) or "no budget"
+
+
+def _rate(limiter: dict[str, Any]) -> str:
+    limits = ", ".join(f"{limiter[k]:g} {k}" for k in ("rpm", "tpm") if limiter[k] is not None)
+    if limiter.get("recent_rpm") is None:
+        return f"{limits or 'none'} [{limiter['key']}], kept by the process running the run"
+    text = (f"{limits or 'none'} [{limiter['key']}]; last minute "
+            f"{limiter['recent_rpm']:.0f} requests")
+    if limiter["paused_for"] > 0:
+        text += f"; paused {limiter['paused_for']:.1f} s after a 429"
+    return text
+
+
+def run_status(
+    state: RunState,
+    now: float,
+    spend: SpendState | None = None,
+    limiter: LimiterState | Mapping[str, Any] | None = None,
+) -> RunStatus:
+    """The snapshot of ``state`` at time ``now`` (the clock the run's records use), with
+    the run's ``spend`` and shared ``limiter`` rows when the store has them (``limiter``
+    may instead be the rates the run recorded, for a limiter kept in one process)."""
     counts = {s.value: 0 for s in Status}
     active: Counter[str] = Counter()
     oldest: tuple[float, str] | None = None
@@ -86,6 +131,9 @@ def run_status(state: RunState, now: float) -> RunStatus:
         active_by_worker=dict(active),
         oldest_unfinished_s=None if oldest is None else max(0.0, now - oldest[0]),
         oldest_unfinished=None if oldest is None else oldest[1],
+        spend=None if spend is None else spend.to_dict(),
+        limiter=(None if limiter is None else dict(limiter) if isinstance(limiter, Mapping)
+                 else {**limiter.to_dict(), "shared": True}),
     )
 
 

@@ -18,7 +18,9 @@ money budget is never silently trusted for it.
 A :class:`Budget` is checked *before* each request against what was spent, plus what calls
 in flight have reserved, plus a conservative estimate of the next call
 (:func:`estimate_tokens`); when it would be exceeded, :class:`~planrun.errors.BudgetExceeded`
-is raised and no request is made.
+is raised and no request is made. With ``shared=`` (a :class:`~planrun.limits.SharedBudget`)
+the check is also made against the run's budget in its store, which every process of the
+run draws on (:meth:`Usage.areserve`), and what was used is added there.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planrun.errors import BudgetExceeded, UsageError
+
+if TYPE_CHECKING:
+    from planrun.limits import SharedBudget
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -229,24 +234,43 @@ class _Ledger:
     reserved_tokens: int = 0
     reserved_cost: float = 0.0
     unpriced: set[str] = field(default_factory=set)
+    shared: SharedBudget | None = None
 
 
 class Reservation:
-    """Tokens and money held back for one request in flight; release it when it ends."""
+    """Tokens and money held back for one request in flight; release it when it ends.
+
+    A reservation taken with :meth:`Usage.areserve` from a shared budget also holds them
+    in the store: :meth:`used` notes what the request really used, and :meth:`aclose`
+    gives the reservation back there and adds what was used.
+    """
 
     def __init__(self, ledger: _Ledger, tokens: int, cost: float) -> None:
         self._ledger = ledger
         self.tokens = tokens
         self.cost = cost
         self._open = True
+        self._shared: SharedBudget | None = None
+        self._used = Tally()
 
     def release(self) -> None:
-        """Give the reservation back (idempotent)."""
+        """Give the reservation back in this process (idempotent)."""
         with self._ledger.lock:
             if self._open:
                 self._ledger.reserved_tokens -= self.tokens
                 self._ledger.reserved_cost -= self.cost
                 self._open = False
+
+    def used(self, record: UsageRecord) -> None:
+        """Note a request this reservation covered (settled into the store by aclose)."""
+        self._used = self._used + record.tally()
+
+    async def aclose(self) -> None:
+        """Release, and settle a shared reservation with what was used (idempotent)."""
+        self.release()
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await shared.settle(self.tokens, self.cost, self._used)
 
 
 class Usage:
@@ -260,8 +284,10 @@ class Usage:
         self,
         prices: PriceTable | Mapping[str, Price | tuple[float, float, float]] | None = None,
         budget: Budget | None = None,
+        *,
+        shared: SharedBudget | None = None,
     ) -> None:
-        self._ledger = _Ledger(PriceTable.of(prices), budget)
+        self._ledger = _Ledger(PriceTable.of(prices), budget, shared=shared)
         self._keys: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
@@ -287,6 +313,11 @@ class Usage:
     def budget(self) -> Budget | None:
         """The run's budget, if any."""
         return self._ledger.budget
+
+    @property
+    def shared(self) -> SharedBudget | None:
+        """The run's budget in its store, shared with every process of the run, if any."""
+        return self._ledger.shared
 
     @property
     def prices(self) -> PriceTable:
@@ -351,14 +382,41 @@ class Usage:
         Raises :class:`~planrun.errors.BudgetExceeded` (and reserves nothing) when what was
         spent, plus what is reserved, plus this request could pass a limit.
         """
+        return self._reserve(model, prompt_tokens, completion_tokens, check=True)
+
+    def _reserve(
+        self, model: str, prompt_tokens: int, completion_tokens: int, *, check: bool
+    ) -> Reservation:
         tokens = prompt_tokens + completion_tokens
         cost = self.estimate_cost(model, prompt_tokens, completion_tokens)
         ledger = self._ledger
         with ledger.lock:
-            self._check(tokens, cost)
+            if check:
+                self._check(tokens, cost)
             ledger.reserved_tokens += tokens
             ledger.reserved_cost += cost
         return Reservation(ledger, tokens, cost)
+
+    async def areserve(self, model: str, prompt_tokens: int, completion_tokens: int) -> Reservation:
+        """:meth:`reserve`, or with a shared budget the same reservation taken there.
+
+        The shared budget holds what every process of the run spent (this one's too), so
+        it alone decides; a request that fits what is left waits there for calls in flight
+        to settle. Raises :class:`~planrun.errors.BudgetExceeded` (and holds nothing back)
+        when the budget cannot afford the request. Close the reservation with
+        :meth:`Reservation.aclose`.
+        """
+        shared = self._ledger.shared
+        enforced = shared is not None and shared.enforce
+        reservation = self._reserve(model, prompt_tokens, completion_tokens, check=not enforced)
+        if shared is not None:
+            try:
+                await shared.reserve(reservation.tokens, reservation.cost)
+            except BaseException:
+                reservation.release()
+                raise
+            reservation._shared = shared
+        return reservation
 
     def _check(self, tokens: int, cost: float) -> None:
         ledger, budget = self._ledger, self._ledger.budget

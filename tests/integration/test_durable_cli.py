@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pgtest import PG_URL, require_pg
+from pgtest import PG_URL, fresh_schema, require_pg
 
 from planrun.cli import main
 from planrun.registry import KindSpec, Registry, TaskContext
@@ -127,7 +127,9 @@ def test_database_restarted_mid_run_loses_no_task() -> None:
     import psycopg
 
     app_name = f"planrun-restart-{os.getpid()}"
-    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}application_name={app_name}"
+    # A schema of its own: the server's public schema may hold another version's tables.
+    schema_url = next(schemas := fresh_schema("planrun_restart"))
+    url = f"{schema_url}&application_name={app_name}"
     kicked = 0
 
     async def work(payload: Any, ctx: TaskContext) -> int:
@@ -153,7 +155,10 @@ def test_database_restarted_mid_run_loses_no_task() -> None:
         finally:
             await store.close()
 
-    result, state = asyncio.run(go())
+    try:
+        result, state = asyncio.run(go())
+    finally:
+        next(schemas, None)  # drops the schema
     assert kicked == 2
     assert result.ok
     assert sum(1 for t in state.tasks if t.status.value == "completed") == 200

@@ -736,7 +736,8 @@ def as_version_1(store_url: str, duplicate: tuple[str, int]) -> None:
             "detail) SELECT run_id, seq, at, task, event, worker, attempt, detail "
             "FROM planrun_events WHERE run_id = {p} AND seq = {p}")
     undo = ["DROP INDEX planrun_events_seq",
-            "CREATE INDEX planrun_events_run ON planrun_events (run_id, seq)"]
+            "CREATE INDEX planrun_events_run ON planrun_events (run_id, seq)",
+            "DROP TABLE planrun_limits", "DROP TABLE planrun_spend"]  # tables of schema 4
     if store_url.startswith("sqlite"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
             for sql in undo:

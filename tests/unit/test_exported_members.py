@@ -20,6 +20,7 @@ PINNED = {
     "replay", "aresume_run", "resume_run", "open_store", "RunInUse", "UnknownRun",
     "UnstorableValue", "hold_run", "EvalReport", "evaluate",
     "aevaluate",
+    "Limiter", "RunLimits", "SharedBudget", "SharedRateLimiter", "limit_key",
 }
 
 

@@ -77,7 +77,7 @@ def test_every_backend_has_the_protocols_methods_with_the_same_signatures() -> N
         for name, member in vars(Store).items()
         if inspect.iscoroutinefunction(member)
     }
-    assert len(wanted) == 27  # with the owner lease: acquire, renew, release, run_owner
+    assert len(wanted) == 37  # the owner lease (4) and the limiter_* and spend* methods (10)
     for cls in (InMemoryStore, SQLiteStore, PostgresStore):
         for name, signature in wanted.items():
             assert inspect.signature(getattr(cls, name)) == signature, (cls, name)

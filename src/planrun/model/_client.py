@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from planrun.errors import (
     UsageError,
     WorkerError,
 )
-from planrun.limiter import RateLimiter
+from planrun.limits import Limiter
 from planrun.model._errors import (
     _own_error,
     _redact,
@@ -43,7 +44,7 @@ from planrun.model._retry import RetryPolicy
 from planrun.model._schema import StrictSchema, portable_schema, strict_schema
 from planrun.prompts import RenderedPrompt
 from planrun.redact import register_secret
-from planrun.usage import Usage, UsageRecord, estimate_tokens
+from planrun.usage import Reservation, Usage, UsageRecord, estimate_tokens
 
 log = logging.getLogger("planrun.model")
 
@@ -241,7 +242,9 @@ class Model:
             (structured output through ``text.format``; same retries, fallback, limiter and
             usage).
         meter: the default :class:`~planrun.usage.Usage` for calls that pass none.
-        limiter: a :class:`~planrun.limiter.RateLimiter` awaited before every request.
+        limiter: a :class:`~planrun.limiter.RateLimiter` (one process) or a
+            :class:`~planrun.limits.SharedRateLimiter` (every process of a run), awaited
+            before every request (any :class:`~planrun.limits.Limiter`).
 
     **Loops and threads.** One ``Model`` serves any number of calls from any event loops and
     threads: it keeps one SDK client per event loop, created on the loop's first call and
@@ -267,7 +270,7 @@ class Model:
         timeout: float | None = 60.0,
         retry: int | RetryPolicy = 4,
         structured: Structured | None = None,
-        limiter: RateLimiter | None = None,
+        limiter: Limiter | None = None,
         meter: Usage | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
@@ -587,16 +590,22 @@ class Model:
         chat = params["messages"] if "messages" in params else params["input"]
         prompt_estimate = estimate_tokens(chat, extra_text=schema_text)
         completion_estimate = call.max_tokens or DEFAULT_COMPLETION_ESTIMATE
-        reservation = call.meter.reserve(self.model, prompt_estimate, completion_estimate)
+        estimate = prompt_estimate + completion_estimate
+        reservation = await call.meter.areserve(self.model, prompt_estimate, completion_estimate)
         try:
             if self.limiter is not None:
-                await self.limiter.acquire(prompt_estimate + completion_estimate)
-            reply = await self._send(call, params, prompt_estimate + completion_estimate)
-            return self._finish(call, reply, prompt_estimate + completion_estimate)
+                await self.limiter.acquire(estimate)
+            reply = await self._send(call, params, estimate, reservation)
+            record = self._record(call, reply)
+            reservation.used(record)
+            if self.limiter is not None:
+                await _settled(self.limiter.reconcile(estimate, record.total_tokens))
+            return self._finish(call, reply, record)
         finally:
-            reservation.release()
+            await reservation.aclose()
 
-    async def _send(self, call: _Call, params: dict[str, Any], estimate: int) -> _Reply:
+    async def _send(self, call: _Call, params: dict[str, Any], estimate: int,
+                    reservation: Reservation) -> _Reply:
         """One HTTP request to the model API: the single place planrun's traffic leaves."""
         call.attempts += 1
         try:
@@ -610,12 +619,13 @@ class Model:
         except AssertionError:
             raise  # a test harness refusing the request (respx's "not mocked"), not the API
         except Exception as exc:
-            raise self._failed(call, exc, estimate) from exc
+            raise await self._failed(call, exc, estimate, reservation) from exc
 
-    def _failed(self, call: _Call, exc: BaseException, estimate: int) -> PlanrunError:
+    async def _failed(self, call: _Call, exc: BaseException, estimate: int,
+                      reservation: Reservation) -> PlanrunError:
         """Meter, tell the limiter, and turn ``exc`` into the planrun error to raise."""
         if self.limiter is not None:
-            self.limiter.reconcile(estimate, 0)
+            await _settled(self.limiter.reconcile(estimate, 0))
         if isinstance(exc, PlanrunError) and not isinstance(exc, WorkerError):
             return exc
         own = _own_error(exc)
@@ -627,15 +637,16 @@ class Model:
             error = translate_error(exc, secrets=self._secrets)
         else:
             error = _transport_error(exc, self._secrets)
-        call.meter.record(self.model, prompt_hash=call.prompt_hash, error=type(error).__name__)
+        reservation.used(call.meter.record(self.model, prompt_hash=call.prompt_hash,
+                                           error=type(error).__name__))
         if isinstance(error, RateLimited) and self.limiter is not None:
-            self.limiter.penalize(error.retry_after or self.retry.base)
+            await _settled(self.limiter.penalize(error.retry_after or self.retry.base))
         if call.target is not None and call.level < 2 and rejects_schema(exc):
             return _SchemaRejected(str(error))
         return error
 
-    def _finish(self, call: _Call, reply: _Reply, estimate: int) -> Completion[Any]:
-        record = call.meter.record(
+    def _record(self, call: _Call, reply: _Reply) -> UsageRecord:
+        return call.meter.record(
             reply.model or self.model,
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,
@@ -644,8 +655,8 @@ class Model:
             prompt_hash=call.prompt_hash,
             request_id=reply.request_id,
         )
-        if self.limiter is not None:
-            self.limiter.reconcile(estimate, record.total_tokens)
+
+    def _finish(self, call: _Call, reply: _Reply, record: UsageRecord) -> Completion[Any]:
         if not reply.answered:
             raise PermanentError("the model API returned no choices")
         _check_refusal(reply.refusal, reply.finish_reason)
@@ -841,3 +852,9 @@ async def _sleep(seconds: float) -> None:
 def _prompt_header(name: str | None, prompt_hash: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", name or "")[:64]
     return f"{safe}:{prompt_hash}"
+
+
+async def _settled(outcome: Any) -> None:
+    """Await what a limiter's ``reconcile``/``penalize`` returned, when it is awaitable."""
+    if inspect.isawaitable(outcome):
+        await outcome

@@ -77,10 +77,12 @@ from planrun.stores.base import (
     SCHEMA_VERSION,
     TASK_COLUMNS,
     EffectRecord,
+    LimiterState,
     RunInfo,
     RunOwner,
     RunState,
     RunSummary,
+    SpendState,
     Waiters,
     check_lease,
     dump_json,
@@ -89,6 +91,7 @@ from planrun.stores.base import (
     event_row,
     keep_json,
     last_per_task,
+    limiter_from_row,
     load_queries,
     mask_url,
     newer_schema,
@@ -96,6 +99,7 @@ from planrun.stores.base import (
     owner_from_row,
     run_from_row,
     run_row,
+    spend_from_row,
     start_statuses,
     started_event,
     summarize,
@@ -309,6 +313,32 @@ class PostgresStore:
                     if writing is not None:
                         await cur.execute(Q["writing"], {"run_id": writing})
                     return await fn(cur)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
+            retry=retry_if_exception(self._retryable),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            return await retrying(once)
+        except d.psycopg.Error as exc:
+            raise self._error(exc) from exc
+
+    async def _statement(self, sql: str, args: dict[str, Any]) -> DictRow | None:
+        """Run one statement on its own (autocommit: one round trip); its first row."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"{self.url}: the store is not open (call open() first)")
+        d = self._drivers
+
+        async def once() -> DictRow | None:
+            async with pool.connection() as conn:
+                cur: Cursor
+                async with conn.cursor(row_factory=d.dict_row) as cur:
+                    await cur.execute(sql, args)
+                    return await cur.fetchone() if cur.description else None
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
@@ -792,6 +822,110 @@ class PostgresStore:
         return await self._tx(go)
 
     # --- notifications ----------------------------------------------------------------------
+
+    # --- limits shared by every process -----------------------------------------------------
+    # Time is the server's clock (clock_timestamp()), which every machine shares.
+
+    async def limiter_configure(
+        self, key: str, rpm: float | None, tpm: float | None, request_burst: float,
+        token_burst: float,
+    ) -> None:
+        """Create the limiter row of ``key``, or set its rates (what it spent is kept)."""
+        row = {"key": key, "rpm": rpm, "tpm": tpm, "request_burst": float(request_burst),
+               "token_burst": float(token_burst)}
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["limiter_configure"], row)
+
+        await self._tx(go)
+
+    async def limiter_take(self, key: str, tokens: float) -> float:
+        """Take one request and ``tokens`` if allowed now (0), else the seconds to wait."""
+        row = await self._statement(Q["limiter_take"], {"key": key, "cost": float(tokens)})
+        if row is None:
+            raise StoreError(f"no limiter {key!r} (call limiter_configure first)")
+        return 0.0 if row["taken"] else max(1e-6, float(row["wait"]))
+
+    async def limiter_give(self, key: str, tokens: float) -> None:
+        """Give ``tokens`` back to the token bucket (negative: take more)."""
+        await self._statement(Q["limiter_give"], {"key": key, "amount": float(tokens)})
+
+    async def limiter_pause(self, key: str, seconds: float) -> None:
+        """Nobody takes anything from ``key`` for ``seconds``."""
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["limiter_pause"], {"key": key, "seconds": float(seconds)})
+
+        await self._tx(go)
+
+    async def limiter_state(self, key: str) -> LimiterState | None:
+        """The limiter row of ``key``."""
+
+        async def go(cur: Cursor) -> LimiterState | None:
+            await cur.execute(Q["limiter_state"], {"key": key})
+            row = await cur.fetchone()
+            return None if row is None else limiter_from_row(row)
+
+        return await self._tx(go)
+
+    async def spend_open(self, run_id: str, max_tokens: int | None,
+                         max_cost: float | None) -> None:
+        """Create the spend row of a run (a limit given replaces the stored one)."""
+        args = {"run_id": run_id, "max_tokens": max_tokens, "max_cost": max_cost}
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["spend_open"], args)
+
+        await self._tx(go)
+
+    async def spend_reserve(self, run_id: str, tokens: int, cost: float) -> SpendState | None:
+        """Hold back ``tokens`` and ``cost`` if they fit (None), else the refusing row."""
+        args = {"run_id": run_id, "tokens": int(tokens), "cost": float(cost)}
+
+        async def go(cur: Cursor) -> SpendState | None:
+            await cur.execute(Q["spend_reserve"], args)
+            if await cur.fetchone() is not None:
+                return None
+            await cur.execute(Q["spend_get"], args)
+            row = await cur.fetchone()
+            if row is None:
+                raise StoreError(f"run {run_id!r} has no spend row (call spend_open first)")
+            return spend_from_row(row)
+
+        return await self._tx(go)
+
+    async def spend_settle(
+        self, run_id: str, reserved_tokens: int, reserved_cost: float, requests: int,
+        prompt_tokens: int, cached_tokens: int, completion_tokens: int, cost_usd: float,
+    ) -> None:
+        """Give a reservation back and add what the request really used."""
+        args = {"run_id": run_id, "reserved_tokens": int(reserved_tokens),
+                "reserved_cost": float(reserved_cost), "requests": int(requests),
+                "prompt_tokens": int(prompt_tokens), "cached_tokens": int(cached_tokens),
+                "completion_tokens": int(completion_tokens), "cost_usd": float(cost_usd)}
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["spend_settle"], args)
+
+        await self._tx(go)
+
+    async def spend_release_all(self, run_id: str) -> None:
+        """Drop every reservation of a run."""
+
+        async def go(cur: Cursor) -> None:
+            await cur.execute(Q["spend_release_all"], {"run_id": run_id})
+
+        await self._tx(go)
+
+    async def spend(self, run_id: str) -> SpendState | None:
+        """The spend row of a run."""
+
+        async def go(cur: Cursor) -> SpendState | None:
+            await cur.execute(Q["spend_get"], {"run_id": run_id})
+            row = await cur.fetchone()
+            return None if row is None else spend_from_row(row)
+
+        return await self._tx(go)
 
     async def wait_for_change(self, run_id: str, timeout: float) -> None:
         """Wait for a ``NOTIFY`` about the run, or ``timeout`` seconds.

@@ -126,6 +126,149 @@ ALTER TABLE planrun_events ADD COLUMN xid bigint NOT NULL DEFAULT 0;
 ALTER TABLE planrun_events ALTER COLUMN xid SET DEFAULT pg_current_xact_id()::text::bigint;
 CREATE INDEX planrun_events_xid ON planrun_events (run_id, xid);
 
+-- name: migrate_4
+-- Limits shared by every process: one rate-limiter row per limit key (GCRA: each bucket
+-- is kept as the time it is full again, in epoch seconds of the server's clock), one
+-- spend row per run (the run's budget, what was spent and what calls in flight hold).
+CREATE TABLE planrun_limits (
+    key               text PRIMARY KEY,
+    rpm               double precision,
+    tpm               double precision,
+    request_burst     double precision NOT NULL,
+    token_burst       double precision NOT NULL,
+    requests_full_at  double precision NOT NULL DEFAULT 0,
+    tokens_full_at    double precision NOT NULL DEFAULT 0,
+    paused_until      double precision NOT NULL DEFAULT 0,
+    acquired          bigint NOT NULL DEFAULT 0,
+    penalties         bigint NOT NULL DEFAULT 0,
+    minute            bigint NOT NULL DEFAULT 0,
+    minute_count      bigint NOT NULL DEFAULT 0,
+    prev_count        bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE planrun_spend (
+    run_id            text PRIMARY KEY,
+    max_tokens        bigint,
+    max_cost          double precision,
+    requests          bigint NOT NULL DEFAULT 0,
+    prompt_tokens     bigint NOT NULL DEFAULT 0,
+    cached_tokens     bigint NOT NULL DEFAULT 0,
+    completion_tokens bigint NOT NULL DEFAULT 0,
+    cost_usd          double precision NOT NULL DEFAULT 0,
+    reserved_tokens   bigint NOT NULL DEFAULT 0,
+    reserved_cost     double precision NOT NULL DEFAULT 0
+);
+
+-- name: limiter_configure
+INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst)
+VALUES (%(key)s, %(rpm)s, %(tpm)s, %(request_burst)s, %(token_burst)s)
+ON CONFLICT (key) DO UPDATE SET
+    rpm = excluded.rpm, tpm = excluded.tpm, request_burst = excluded.request_burst,
+    token_burst = excluded.token_burst;
+
+-- name: limiter_take
+-- One statement, run on its own (autocommit): take one request and the tokens when both
+-- buckets (and any pause) allow it now and answer 0, else take nothing and answer the
+-- seconds to wait. Time is the server's clock, so machines whose clocks differ agree. A
+-- limiter's state lives a minute: its commit need not wait for the disk.
+WITH s AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
+c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now FROM s),
+taken AS (
+    UPDATE planrun_limits AS l SET
+        requests_full_at = CASE WHEN l.rpm IS NULL THEN l.requests_full_at
+                                ELSE greatest(l.requests_full_at, c.now) + 60.0 / l.rpm END,
+        tokens_full_at = CASE WHEN l.tpm IS NULL THEN l.tokens_full_at
+                              ELSE greatest(l.tokens_full_at, c.now)
+                                   + %(cost)s::float8 * 60.0 / l.tpm END,
+        acquired = l.acquired + 1,
+        prev_count = CASE WHEN floor(c.now / 60)::bigint = l.minute THEN l.prev_count
+                          WHEN floor(c.now / 60)::bigint = l.minute + 1 THEN l.minute_count
+                          ELSE 0 END,
+        minute_count = CASE WHEN floor(c.now / 60)::bigint = l.minute
+                            THEN l.minute_count + 1 ELSE 1 END,
+        minute = floor(c.now / 60)::bigint
+    FROM c
+    WHERE l.key = %(key)s
+      AND greatest(l.paused_until,
+                   CASE WHEN l.rpm IS NULL THEN 0
+                        ELSE l.requests_full_at - (l.request_burst - 1) * 60.0 / l.rpm END,
+                   CASE WHEN l.tpm IS NULL THEN 0
+                        ELSE l.tokens_full_at - (l.token_burst
+                             - least(%(cost)s::float8, l.token_burst)) * 60.0 / l.tpm END
+          ) <= c.now + 1e-6
+    RETURNING true AS taken, 0.0::float8 AS wait
+)
+SELECT taken, wait FROM taken
+UNION ALL
+SELECT false AS taken,
+       greatest(l.paused_until,
+                CASE WHEN l.rpm IS NULL THEN 0
+                     ELSE l.requests_full_at - (l.request_burst - 1) * 60.0 / l.rpm END,
+                CASE WHEN l.tpm IS NULL THEN 0
+                     ELSE l.tokens_full_at - (l.token_burst
+                          - least(%(cost)s::float8, l.token_burst)) * 60.0 / l.tpm END
+       ) - c.now AS wait
+FROM planrun_limits AS l, c
+WHERE l.key = %(key)s AND NOT EXISTS (SELECT 1 FROM taken);
+
+-- name: limiter_give
+-- Return tokens (negative: take more), never beyond a full bucket (autocommit, as take).
+WITH s AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
+c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now FROM s)
+UPDATE planrun_limits AS l
+SET tokens_full_at = greatest(c.now, greatest(l.tokens_full_at, c.now)
+                                     - %(amount)s::float8 * 60.0 / l.tpm)
+FROM c
+WHERE l.key = %(key)s AND l.tpm IS NOT NULL;
+
+-- name: limiter_pause
+WITH c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now)
+UPDATE planrun_limits AS l
+SET paused_until = greatest(l.paused_until, c.now + %(seconds)s::float8),
+    penalties = l.penalties + 1
+FROM c
+WHERE l.key = %(key)s;
+
+-- name: limiter_state
+SELECT *, extract(epoch FROM clock_timestamp())::float8 AS now FROM planrun_limits WHERE key = %(key)s;
+
+-- name: spend_open
+-- The run's budget; a second open (a resume, a joining worker) keeps what was spent.
+INSERT INTO planrun_spend (run_id, max_tokens, max_cost)
+VALUES (%(run_id)s, %(max_tokens)s, %(max_cost)s)
+ON CONFLICT (run_id) DO UPDATE SET
+    max_tokens = coalesce(excluded.max_tokens, planrun_spend.max_tokens),
+    max_cost = coalesce(excluded.max_cost, planrun_spend.max_cost);
+
+-- name: spend_reserve
+-- Hold back tokens and cost for one request, only if spent + reserved + it fits.
+UPDATE planrun_spend
+SET reserved_tokens = reserved_tokens + %(tokens)s,
+    reserved_cost = reserved_cost + %(cost)s::float8
+WHERE run_id = %(run_id)s
+  AND (max_tokens IS NULL
+       OR prompt_tokens + completion_tokens + reserved_tokens + %(tokens)s <= max_tokens)
+  AND (max_cost IS NULL OR cost_usd + reserved_cost + %(cost)s::float8 <= max_cost + 1e-12)
+RETURNING run_id;
+
+-- name: spend_settle
+-- A request ended: give back its reservation and add what it really used.
+UPDATE planrun_spend SET
+    reserved_tokens = greatest(0, reserved_tokens - %(reserved_tokens)s),
+    reserved_cost = greatest(0.0, reserved_cost - %(reserved_cost)s::float8),
+    requests = requests + %(requests)s,
+    prompt_tokens = prompt_tokens + %(prompt_tokens)s,
+    cached_tokens = cached_tokens + %(cached_tokens)s,
+    completion_tokens = completion_tokens + %(completion_tokens)s,
+    cost_usd = cost_usd + %(cost_usd)s::float8
+WHERE run_id = %(run_id)s;
+
+-- name: spend_release_all
+-- No call of the run is in flight (a resume of a run driven by one process).
+UPDATE planrun_spend SET reserved_tokens = 0, reserved_cost = 0 WHERE run_id = %(run_id)s;
+
+-- name: spend_get
+SELECT * FROM planrun_spend WHERE run_id = %(run_id)s;
+
 -- name: notify
 -- Wakes every wait_for_change() on the run; delivered when the transaction commits.
 SELECT pg_notify('planrun', %(run_id)s);

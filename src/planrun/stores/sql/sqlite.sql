@@ -93,6 +93,126 @@ CREATE UNIQUE INDEX planrun_events_seq ON planrun_events (run_id, seq);
 ALTER TABLE planrun_runs ADD COLUMN owner TEXT;
 ALTER TABLE planrun_runs ADD COLUMN owner_until REAL;
 
+-- name: migrate_4
+-- Limits shared by every process: one rate-limiter row per limit key (GCRA: each bucket
+-- is kept as the time it is full again), one spend row per run (the run's budget, what
+-- was spent and what calls in flight hold back).
+CREATE TABLE planrun_limits (
+    key               TEXT PRIMARY KEY,
+    rpm               REAL,
+    tpm               REAL,
+    request_burst     REAL NOT NULL,
+    token_burst       REAL NOT NULL,
+    requests_full_at  REAL NOT NULL DEFAULT 0,
+    tokens_full_at    REAL NOT NULL DEFAULT 0,
+    paused_until      REAL NOT NULL DEFAULT 0,
+    acquired          INTEGER NOT NULL DEFAULT 0,
+    penalties         INTEGER NOT NULL DEFAULT 0,
+    minute            INTEGER NOT NULL DEFAULT 0,
+    minute_count      INTEGER NOT NULL DEFAULT 0,
+    prev_count        INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE planrun_spend (
+    run_id            TEXT PRIMARY KEY,
+    max_tokens        INTEGER,
+    max_cost          REAL,
+    requests          INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+    cached_tokens     INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd          REAL NOT NULL DEFAULT 0,
+    reserved_tokens   INTEGER NOT NULL DEFAULT 0,
+    reserved_cost     REAL NOT NULL DEFAULT 0
+);
+
+-- name: limiter_configure
+INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst)
+VALUES (:key, :rpm, :tpm, :request_burst, :token_burst)
+ON CONFLICT (key) DO UPDATE SET
+    rpm = excluded.rpm, tpm = excluded.tpm, request_burst = excluded.request_burst,
+    token_burst = excluded.token_burst;
+
+-- name: limiter_take
+-- One request and :cost tokens, only when both buckets (and any pause) allow it now.
+UPDATE planrun_limits SET
+    requests_full_at = CASE WHEN rpm IS NULL THEN requests_full_at
+                            ELSE max(requests_full_at, :now) + 60.0 / rpm END,
+    tokens_full_at = CASE WHEN tpm IS NULL THEN tokens_full_at
+                          ELSE max(tokens_full_at, :now) + :cost * 60.0 / tpm END,
+    acquired = acquired + 1,
+    prev_count = CASE WHEN CAST(:now / 60 AS INTEGER) = minute THEN prev_count
+                      WHEN CAST(:now / 60 AS INTEGER) = minute + 1 THEN minute_count
+                      ELSE 0 END,
+    minute_count = CASE WHEN CAST(:now / 60 AS INTEGER) = minute THEN minute_count + 1
+                        ELSE 1 END,
+    minute = CAST(:now / 60 AS INTEGER)
+WHERE key = :key
+  AND max(paused_until,
+          CASE WHEN rpm IS NULL THEN 0
+               ELSE requests_full_at - (request_burst - 1) * 60.0 / rpm END,
+          CASE WHEN tpm IS NULL THEN 0
+               ELSE tokens_full_at - (token_burst - min(:cost, token_burst)) * 60.0 / tpm END
+      ) <= :now + 1e-6;
+
+-- name: limiter_ready_at
+SELECT max(paused_until,
+           CASE WHEN rpm IS NULL THEN 0
+                ELSE requests_full_at - (request_burst - 1) * 60.0 / rpm END,
+           CASE WHEN tpm IS NULL THEN 0
+                ELSE tokens_full_at - (token_burst - min(:cost, token_burst)) * 60.0 / tpm END
+       ) AS ready_at
+FROM planrun_limits WHERE key = :key;
+
+-- name: limiter_give
+-- Return :amount tokens (negative: take more), never beyond a full bucket.
+UPDATE planrun_limits
+SET tokens_full_at = max(:now, max(tokens_full_at, :now) - :amount * 60.0 / tpm)
+WHERE key = :key AND tpm IS NOT NULL;
+
+-- name: limiter_pause
+UPDATE planrun_limits
+SET paused_until = max(paused_until, :now + :seconds), penalties = penalties + 1
+WHERE key = :key;
+
+-- name: limiter_state
+SELECT *, :now AS now FROM planrun_limits WHERE key = :key;
+
+-- name: spend_open
+-- The run's budget; a second open (a resume, a joining worker) keeps what was spent.
+INSERT INTO planrun_spend (run_id, max_tokens, max_cost)
+VALUES (:run_id, :max_tokens, :max_cost)
+ON CONFLICT (run_id) DO UPDATE SET
+    max_tokens = coalesce(excluded.max_tokens, max_tokens),
+    max_cost = coalesce(excluded.max_cost, max_cost);
+
+-- name: spend_reserve
+-- Hold back :tokens and :cost for one request, only if spent + reserved + it fits.
+UPDATE planrun_spend
+SET reserved_tokens = reserved_tokens + :tokens, reserved_cost = reserved_cost + :cost
+WHERE run_id = :run_id
+  AND (max_tokens IS NULL
+       OR prompt_tokens + completion_tokens + reserved_tokens + :tokens <= max_tokens)
+  AND (max_cost IS NULL OR cost_usd + reserved_cost + :cost <= max_cost + 1e-12);
+
+-- name: spend_settle
+-- A request ended: give back its reservation and add what it really used.
+UPDATE planrun_spend SET
+    reserved_tokens = max(0, reserved_tokens - :reserved_tokens),
+    reserved_cost = max(0.0, reserved_cost - :reserved_cost),
+    requests = requests + :requests,
+    prompt_tokens = prompt_tokens + :prompt_tokens,
+    cached_tokens = cached_tokens + :cached_tokens,
+    completion_tokens = completion_tokens + :completion_tokens,
+    cost_usd = cost_usd + :cost_usd
+WHERE run_id = :run_id;
+
+-- name: spend_release_all
+-- No call of the run is in flight (a resume of a run driven by one process).
+UPDATE planrun_spend SET reserved_tokens = 0, reserved_cost = 0 WHERE run_id = :run_id;
+
+-- name: spend_get
+SELECT * FROM planrun_spend WHERE run_id = :run_id;
+
 -- name: create_run
 INSERT INTO planrun_runs (id, created_at, status, goal, meta)
 VALUES (:id, :created_at, :status, :goal, :meta);
