@@ -360,8 +360,6 @@ class Supervisor:
         self._launch(core.dispatch(now))
         for task in core.effects_due(now):
             self._spawn(self._apply_effect(task))
-        if core.done:
-            self._wake_up()
 
     def _check_workers(self) -> None:
         for task in self.core.tasks.values():
