@@ -279,6 +279,8 @@ def _add_simulate(subparsers: _Subparsers) -> None:
     parser.add_argument("--strategy", choices=[*STRATEGIES, "all"],
                         help="override the scenario's strategy; 'all' compares the four")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deadline", type=_seconds, metavar="S",
+                        help="the window the run must fit in: say whether it does")
     parser.add_argument("--json", action="store_true",
                         help='print {"makespan", "mean_task_s", "strategy", "per_worker"}')
     parser.set_defaults(func=_cmd_simulate)
@@ -293,7 +295,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     else:
         scenario = Scenario.from_durations(args.durations, args.workers)
     strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
-    results = [simulate(scenario, s, seed=args.seed) for s in strategies]
+    results = [simulate(scenario, s, seed=args.seed, deadline_s=args.deadline)
+               for s in strategies]
     if args.json:
         data: Any = [r.to_dict() for r in results]
         print(json.dumps(data if len(data) > 1 else data[0]))
@@ -302,8 +305,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         shares = ", ".join(
             f"{name} {int(w['tasks'])} tasks/{w['busy_s']:g} s" for name, w in r.per_worker.items()
         )
+        fits = "" if r.fits is None else (
+            f"  fits the {r.deadline_s:g} s deadline" if r.fits else
+            f"  does NOT fit the {r.deadline_s:g} s deadline "
+            f"({r.run.counts['cancelled']} cancelled)")
         print(f"{r.strategy:<13} makespan {r.makespan:g} s  mean task {r.mean_task_s:g} s  "
-              f"[{shares}]")
+              f"[{shares}]{fits}")
     return EXIT_OK
 
 
@@ -520,6 +527,9 @@ def _add_run(subparsers: _Subparsers) -> None:
     _limit_flags(parser)
     parser.add_argument("--retry-budget", type=_non_negative_int, metavar="N",
                         help="retries allowed over the whole run (default: no limit)")
+    parser.add_argument("--deadline", type=_seconds, metavar="S",
+                        help="seconds after which nothing new starts: tasks not started are "
+                        "cancelled (cause: deadline); attempts in flight keep their timeout")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
     _db_flag(parser, required=False)
     parser.add_argument("--workers", choices=["local", "external"], default="local",
@@ -597,7 +607,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "model": _limited(model, limits), "strategy": strategy, "budget": budget,
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
-        "meta": meta, "retry_budget": args.retry_budget,
+        "meta": meta, "retry_budget": args.retry_budget, "deadline_s": args.deadline,
     }
     if args.db:
         options["store"] = args.db
@@ -642,7 +652,8 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any) -> i
     async def go(store: Any) -> Any:
         coordinator = Coordinator(app.registry, store, mode=mode, on_dead=args.on_dead,
                                   effects=app.effects, stale_after=stale_after,
-                                  retry_budget=args.retry_budget, goal=plan.goal, meta=meta)
+                                  retry_budget=args.retry_budget, goal=plan.goal, meta=meta,
+                                  deadline_s=args.deadline)
         # The run's budget is in the database before any worker can see the run.
         await SharedBudget(store, coordinator.run_id).open(limits.budget())
         print(f"run {coordinator.run_id}: waiting for workers "

@@ -192,6 +192,16 @@ class RunReport:
         return self.result.ok and self.audit.clean
 
     @property
+    def deadline_reached(self) -> bool:
+        """The run's deadline passed before every task finished."""
+        return self.result.deadline_reached
+
+    @property
+    def effects_failed(self) -> Mapping[str, str]:
+        """Task id -> last error of an effect given up on."""
+        return self.result.effects_failed
+
+    @property
     def duration_s(self) -> float:
         """Seconds from the start of the run to the last task's end."""
         return self.finished_at - self.started_at
@@ -228,6 +238,8 @@ class RunReport:
             "duration_s": round(self.duration_s, 6),
             "budget_exhausted": self.budget_exhausted,
             "aborted_by": self.aborted_by,
+            "deadline_reached": self.deadline_reached,
+            "effects_failed": dict(self.effects_failed),
         }
 
     def summary(self) -> str:
@@ -245,6 +257,11 @@ class RunReport:
             lines.append("budget exhausted: remaining tasks were cancelled (cause: budget)")
         if self.aborted_by:
             lines.append(f"aborted: task {self.aborted_by} died")
+        if self.deadline_reached:
+            lines.append("deadline reached: tasks not started were cancelled (cause: deadline)")
+        if self.effects_failed:
+            lines.append("effects failed: " + ", ".join(
+                f"{k} ({v})" for k, v in sorted(self.effects_failed.items())))
         audit = "clean" if self.audit.clean else str(self.audit.to_dict())
         lines.append(f"audit: {audit}")
         return "\n".join(lines)

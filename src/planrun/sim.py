@@ -22,6 +22,7 @@ task transiently, permanently, or goes silent on it (never answers, never heartb
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -119,6 +120,16 @@ class SimResult:
     """Mean execution time of completed tasks (start to finish, queueing excluded)."""
     per_worker: Mapping[str, Mapping[str, float]]
     run: RunResult
+    deadline_s: float | None = None
+    """The window the run had to fit in (None: none was set)."""
+
+    @property
+    def fits(self) -> bool | None:
+        """Every task finished within the deadline (None without a deadline)."""
+        if self.deadline_s is None:
+            return None
+        return self.run.ok and not self.run.deadline_reached \
+            and self.makespan <= self.deadline_s + 1e-9
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape of ``planrun simulate --json``."""
@@ -127,6 +138,9 @@ class SimResult:
             "mean_task_s": self.mean_task_s,
             "strategy": self.strategy,
             "per_worker": {k: dict(v) for k, v in self.per_worker.items()},
+            **({"deadline_s": self.deadline_s, "fits": self.fits,
+                "cancelled": self.run.counts["cancelled"]}
+               if self.deadline_s is not None else {}),
         }
 
 
@@ -156,6 +170,7 @@ def _task_id(spec: Mapping[str, Any], index: int) -> str:
 
 
 _NUMBER_OPTIONS = ("max_attempts", "retry_budget", "timeout", "stale_after", "max_reclaims",
+                   "deadline_s",
                    "stall_after")
 _SUPERVISOR_OPTIONS = frozenset((*_NUMBER_OPTIONS, "on_dead", "goal", "backoff"))
 """The supervisor's options a scenario file may set (the ones JSON can say)."""
@@ -284,8 +299,18 @@ def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Sup
     return sup
 
 
-def simulate(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> SimResult:
-    """Run a scenario in virtual time and measure it."""
+def simulate(scenario: Scenario, strategy: str | None = None, seed: int = 0,
+             deadline_s: float | None = None) -> SimResult:
+    """Run a scenario in virtual time and measure it.
+
+    With ``deadline_s`` (or the scenario's ``deadline_s`` option) the run has that window,
+    as a real one would: what has not started when it closes is cancelled, and
+    :attr:`SimResult.fits` says whether the whole plan finished inside it.
+    """
+    if deadline_s is not None:
+        scenario = dataclasses.replace(
+            scenario, options={**scenario.options, "deadline_s": deadline_s})
+    deadline_s = scenario.options.get("deadline_s")
     sup = build(scenario, strategy, seed)
     run = sup.run()
     durations = [
@@ -299,6 +324,7 @@ def simulate(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> 
         mean_task_s=round(sum(durations) / len(durations), 9) if durations else 0.0,
         per_worker=run.workers,
         run=run,
+        deadline_s=None if deadline_s is None else float(deadline_s),
     )
 
 
