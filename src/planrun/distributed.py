@@ -516,15 +516,15 @@ class WorkerProcess:
     async def _execute(self, run_id: str, task: Task) -> None:
         spec = self.registry[task.kind]
         renewer = asyncio.ensure_future(self._renew(run_id, task))
-        extras = self.extras
-        if self.extras_for is not None:
-            extras = {**extras, **await self.extras_for(run_id)}
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         try:
+            extras = self.extras
+            if self.extras_for is not None:  # the run's own model, limiter and budget
+                extras = {**extras, **await self.extras_for(run_id)}
             ctx = TaskContext(run_id=run_id, task_id=task.id, kind=task.kind,
                               attempt=task.token, worker=self.name, skill=1.0,
                               payload=task.payload, estimate_s=task.estimate_s,
-                              inputs=await self._inputs(run_id, task), extras=self.extras)
+                              inputs=await self._inputs(run_id, task), extras=extras)
             result = await run_attempt(spec, spec.handler, task, ctx, limit)
         except asyncio.CancelledError:
             raise

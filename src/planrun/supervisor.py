@@ -10,6 +10,7 @@ stop, the deadline and stall detection are the core's.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -216,6 +217,7 @@ class Supervisor:
         self._flusher: asyncio.Task[None] | None = None
         self._store_down = False
         self._timer_at = float("inf")
+        self._start_contexts: dict[str, contextvars.Context] = {}
 
     # ---- setup -----------------------------------------------------------------------------
 
@@ -370,7 +372,12 @@ class Supervisor:
 
     def _launch(self, starts: Sequence[tuple[WorkerState, Task]]) -> None:
         for worker, task in starts:
-            self._running[task.id] = asyncio.ensure_future(self._attempt(worker, task))
+            ctx = self._start_contexts.pop(task.id, None)
+            if ctx is None:
+                self._running[task.id] = asyncio.ensure_future(self._attempt(worker, task))
+            else:  # in the context the start's observer left (a tracing span current)
+                self._running[task.id] = ctx.run(asyncio.ensure_future,
+                                                 self._attempt(worker, task))
 
     async def _attempt(self, worker: WorkerState, task: Task) -> None:
         spec = self.registry[task.kind]
@@ -542,6 +549,8 @@ class Supervisor:
                 self._zombies.add(zombie)
                 zombie.add_done_callback(self._zombies.discard)
         self._notify(entry, task)
+        if event == E.STARTED and self.on_event is not None:
+            self._start_contexts[task.id] = contextvars.copy_context()
 
     def _log(self, task: Task, event: str, detail: Mapping[str, Any]) -> None:
         """An event that changes no record (it still goes to the store with the record)."""

@@ -292,4 +292,4 @@ def test_ctrl_c_on_a_local_run_leaves_it_interrupted_not_failed(tmp_path: Path) 
     assert proc.returncode == 130
     [stopped] = json.loads(cli("runs", "--db", db, "--json").stdout)
     assert (stopped["id"], stopped["status"], stopped["recorded_status"]) == (
-        run_id, "interrupted", "failed")
+        run_id, "interrupted", "interrupted")

@@ -8,7 +8,6 @@ waits longer, never shorter.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -200,18 +199,9 @@ async def test_a_schema_2_store_is_migrated_to_the_shared_limits(store_url: str)
     store = open_store(store_url)
     await store.open()
     await store.close()
-    undo = ["DROP TABLE planrun_limits", "DROP TABLE planrun_spend",
-            "UPDATE planrun_schema SET version = 2"]
-    if store_url.startswith("sqlite"):
-        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
-            for sql in undo:
-                conn.execute(sql)
-    else:
-        import psycopg
+    from test_stores import as_version_2
 
-        with psycopg.connect(store_url, autocommit=True) as conn:
-            for sql in undo:
-                conn.execute(sql)
+    as_version_2(store_url)
     again = open_store(store_url)
     await again.open()
     try:

@@ -712,18 +712,22 @@ UNDO_3_POSTGRES = [
 ]
 
 
+UNDO_4 = ["DROP TABLE planrun_limits", "DROP TABLE planrun_spend"]
+
+
 def as_version_2(store_url: str) -> None:
-    """Turn a fresh store back into schema 2 (no owner lease, a counter row in PostgreSQL)."""
+    """Turn a fresh store back into schema 2 (no shared limits, no owner lease, a counter row
+    in PostgreSQL)."""
     if store_url.startswith("sqlite"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
-            for sql in UNDO_3_SQLITE:
+            for sql in [*UNDO_4, *UNDO_3_SQLITE]:
                 conn.execute(sql)
             conn.execute("UPDATE planrun_schema SET version = 2")
         return
     import psycopg
 
     with psycopg.connect(store_url, autocommit=True) as conn:
-        for sql in UNDO_3_POSTGRES:
+        for sql in [*UNDO_4, *UNDO_3_POSTGRES]:
             conn.execute(sql)
         conn.execute("UPDATE planrun_schema SET version = 2")
 
@@ -736,8 +740,7 @@ def as_version_1(store_url: str, duplicate: tuple[str, int]) -> None:
             "detail) SELECT run_id, seq, at, task, event, worker, attempt, detail "
             "FROM planrun_events WHERE run_id = {p} AND seq = {p}")
     undo = ["DROP INDEX planrun_events_seq",
-            "CREATE INDEX planrun_events_run ON planrun_events (run_id, seq)",
-            "DROP TABLE planrun_limits", "DROP TABLE planrun_spend"]  # tables of schema 4
+            "CREATE INDEX planrun_events_run ON planrun_events (run_id, seq)"]
     if store_url.startswith("sqlite"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
             for sql in undo:
@@ -803,7 +806,7 @@ async def test_schema_2_is_migrated_to_owner_leases_and_lock_free_numbering(
     again = open_store(store_url)
     await again.open()
     try:
-        assert schema_version(store_url) == SCHEMA_VERSION == 3
+        assert schema_version(store_url) == SCHEMA_VERSION == 4
         before = await again.load(run_id)
         assert [e.event for e in before.events] == ["created"] * 3 + ["started"]
         assert before.run.owner is None and await again.run_owner(run_id) is None

@@ -22,7 +22,7 @@ from planrun.ledger import Event
 from planrun.prompts import PromptLibrary
 from planrun.registry import KindSpec, Registry, TaskContext
 from planrun.runner import App, plan_and_run
-from planrun.supervisor import Backoff
+from planrun.scheduling import RetryPolicy
 from planrun.task import Status, Task, transition
 from planrun.testing import ChatRequest, FakeOpenAI, Scripted
 from planrun.usage import Price, PriceTable
@@ -106,7 +106,7 @@ def answers(fake: FakeOpenAI) -> None:
 
 def run(tmp_path: Any, **options: Any) -> Any:
     return plan_and_run("trace me", app(tmp_path), model=fake_model(), min_tasks=1,
-                        backoff=Backoff(base=0.01, cap=0.01, jitter=0.0), **options)
+                        backoff=RetryPolicy(base=0.01, cap=0.01, jitter=0.0), **options)
 
 
 def by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:

@@ -1,4 +1,4 @@
-"""A result that cannot be stored as JSON stops a durable run at once, naming type and path."""
+"""A result that cannot be stored as JSON fails its task at once, naming type and path."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import asyncio
 import datetime
 from typing import Any
 
-import pytest
-
-from planrun import KindSpec, Registry, Supervisor, Task, TaskContext, UnstorableValue, WorkerSpec
+from planrun import KindSpec, Registry, Supervisor, Task, TaskContext, WorkerSpec
 from planrun.stores import InMemoryStore
 
 
@@ -16,14 +14,27 @@ async def when(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     return {"rows": [{"at": datetime.datetime(2026, 1, 1)}]}
 
 
-async def test_an_unstorable_result_is_not_retried_and_not_lost() -> None:
+async def test_an_unstorable_result_fails_its_task_at_once_and_nothing_is_lost() -> None:
     store = InMemoryStore()
     sup = Supervisor(Registry([KindSpec("k", handler=when)]), [WorkerSpec("w")],
                      store=store, store_patience=600.0)
-    sup.add_tasks([Task("a", "k")])
-    with pytest.raises(UnstorableValue, match=r"task 'a' result cannot be stored as JSON: "
-                       r"\$\.rows\[0\]\.at has type datetime\.datetime"):
-        await asyncio.wait_for(sup.arun(), 30)  # not the 600 s a store outage is given
+    sup.add_tasks([Task("a", "k"), Task("b", "k", depends_on=("a",))])
+    result = await asyncio.wait_for(sup.arun(), 30)  # not the 600 s a store outage is given
+    a = result.tasks["a"]
+    assert a.status.value == "dead" and a.attempts == 1  # permanent: not retried
+    assert "UnstorableValue" in (a.error or "")
+    assert "$.rows[0].at has type datetime.datetime" in (a.error or "")
+    assert result.tasks["b"].status.value == "cancelled"
     state = await store.load(sup.run_id)
-    assert state.run.status == "running"  # never recorded as finished with the result lost
-    assert [t.status.value for t in state.tasks] != ["completed"]
+    assert state.run.status == "finished"
+    assert {t.id: t.status.value for t in state.tasks} == {"a": "dead", "b": "cancelled"}
+
+
+def test_without_a_store_the_report_is_still_json() -> None:
+    import json
+
+    sup = Supervisor(Registry([KindSpec("k", handler=when)]), [WorkerSpec("w")])
+    sup.add_tasks([Task("a", "k")])
+    result = sup.run()
+    assert result.tasks["a"].status.value == "dead"
+    json.dumps([t.to_dict() for t in result.tasks.values()], allow_nan=False)

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planrun.errors import PlanrunError
+from planrun.errors import InvalidPlan, PlanrunError
 from planrun.registry import Registry, WorkerSpec
 from planrun.runner import App
 from planrun.workers import ModelWorker
@@ -121,9 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = plan_and_run(args.goal, make_app())
     except PlanrunError as exc:  # no key, an invalid plan after repairs, ...: one line
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"brief: error: {message}", file=sys.stderr)
-        return 2
+        from planrun.redact import redact
+
+        lines = [line.strip() for line in redact(str(exc)).splitlines() if line.strip()]
+        print(f"brief: error: {' '.join(lines) or type(exc).__name__}", file=sys.stderr)
+        return 1 if isinstance(exc, InvalidPlan) else 2
     print(report.summary())
     return 0 if report.ok else 1
 
