@@ -658,8 +658,16 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any) -> i
         await SharedBudget(store, coordinator.run_id).open(limits.budget())
         print(f"run {coordinator.run_id}: waiting for workers "
               f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
-        async with hold_run(store, coordinator.run_id, new_run=True):
-            return await coordinator.arun(plan.to_tasks())
+        # With tracing on, the run's span is the parent of its worker processes' spans:
+        # its trace context is stored in the run's meta, where the workers read it.
+        with tracing.traced_run(coordinator.run_id, goal=plan.goal) as traced:
+            if traced is not None:
+                coordinator.meta.update(traced.meta)
+            async with hold_run(store, coordinator.run_id, new_run=True):
+                result = await coordinator.arun(plan.to_tasks())
+            if traced is not None:
+                traced.set_result(result)
+            return result
 
     result = _with_store(args.db, go)
     summary = {"run_id": result.run_id, "counts": result.counts,

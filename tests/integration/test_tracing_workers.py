@@ -103,3 +103,35 @@ def test_a_resumed_run_joins_the_trace_of_the_run_it_carries_on(tmp_path: Path) 
     assert second.attributes is not None and second.attributes["planrun.run.resumed"] is True
     [attempt] = [s for s in spans if s.name == "task triage"]
     assert attempt.parent is not None and attempt.parent.span_id == second.context.span_id
+
+
+def test_an_external_run_from_the_cli_is_one_trace_with_its_workers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"goal": "triage", "tasks": [
+        {"kind": "triage", "payload": {"ticket": f"T-{i}"}, "depends_on": []}
+        for i in range(3)]}))
+    base = {**os.environ, "PYTHONPATH": str(HERE)}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "planrun.cli", "worker", "--db", url, "--app", "dist_app:app",
+         "--name", "w1", "--idle-exit", "30"],
+        env={**base, tracing.FILE_ENV: str(tmp_path / "worker.jsonl")},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "planrun.cli", "run", str(plan), "--app", "dist_app:app",
+             "--db", url, "--workers", "external", "--json"],
+            env={**base, tracing.FILE_ENV: str(tmp_path / "run.jsonl")},
+            capture_output=True, text=True, timeout=120)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=30)
+    assert done.returncode == 0, done.stderr[-800:]
+    run_spans = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    [run] = [s for s in run_spans if s["name"].startswith("run ")]
+    attempts = [json.loads(line) for line in
+                (tmp_path / "worker.jsonl").read_text().splitlines()]
+    attempts = [s for s in attempts if s["name"] == "task triage"]
+    assert len(attempts) == 3
+    assert {s["context"]["trace_id"] for s in attempts} == {run["context"]["trace_id"]}
+    assert {s["parent_id"] for s in attempts} == {run["context"]["span_id"]}
