@@ -82,14 +82,7 @@ class RateLimiter:
         request_burst: float = 1.0,
         token_burst: float | None = None,
     ) -> None:
-        for name, value in (
-            ("requests_per_minute", requests_per_minute),
-            ("tokens_per_minute", tokens_per_minute),
-        ):
-            if value is not None and not value > 0:
-                raise UsageError(f"RateLimiter: {name} must be > 0, got {value}")
-        if not request_burst >= 1:
-            raise UsageError(f"RateLimiter: request_burst must be >= 1, got {request_burst}")
+        check_rates("RateLimiter", requests_per_minute, tokens_per_minute, request_burst)
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self._requests = self._bucket(requests_per_minute, request_burst)
@@ -170,3 +163,16 @@ class RateLimiter:
         self._queue()  # binds this loop first, so the pause is not reset by the next acquire
         now = asyncio.get_running_loop().time()
         self._paused_until = max(self._paused_until, now + retry_after)
+
+
+def check_rates(owner: str, requests_per_minute: float | None,
+                tokens_per_minute: float | None, request_burst: float) -> None:
+    """Refuse rates that are not positive and a request burst below one (every limiter)."""
+    for name, value in (
+        ("requests_per_minute", requests_per_minute),
+        ("tokens_per_minute", tokens_per_minute),
+    ):
+        if value is not None and not value > 0:
+            raise UsageError(f"{owner}: {name} must be > 0, got {value}")
+    if not request_burst >= 1:
+        raise UsageError(f"{owner}: request_burst must be >= 1, got {request_burst}")

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from planrun.errors import BudgetExceeded, UsageError
+from planrun.limiter import check_rates
 
 if TYPE_CHECKING:
     from planrun.stores.base import LimiterState, SpendState, Store
@@ -132,15 +133,7 @@ class SharedRateLimiter:
         request_burst: float = 1.0,
         token_burst: float | None = None,
     ) -> None:
-        for name, value in (
-            ("requests_per_minute", requests_per_minute),
-            ("tokens_per_minute", tokens_per_minute),
-        ):
-            if value is not None and not value > 0:
-                raise UsageError(f"SharedRateLimiter: {name} must be > 0, got {value}")
-        if not request_burst >= 1:
-            raise UsageError(
-                f"SharedRateLimiter: request_burst must be >= 1, got {request_burst}")
+        check_rates("SharedRateLimiter", requests_per_minute, tokens_per_minute, request_burst)
         if not key:
             raise UsageError("SharedRateLimiter: key must not be empty")
         self.store = store

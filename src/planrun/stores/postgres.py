@@ -314,6 +314,10 @@ class PostgresStore:
                         await cur.execute(Q["writing"], {"run_id": writing})
                     return await fn(cur)
 
+        return await self._retried(once)
+
+    async def _retried(self, once: Callable[[], Awaitable[T]]) -> T:
+        """``once()``, tried again after a connection error; psycopg errors translated."""
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
@@ -323,7 +327,7 @@ class PostgresStore:
         )
         try:
             return await retrying(once)
-        except d.psycopg.Error as exc:
+        except self._drivers.psycopg.Error as exc:
             raise self._error(exc) from exc
 
     async def _statement(self, sql: str, args: dict[str, Any]) -> DictRow | None:
@@ -340,17 +344,7 @@ class PostgresStore:
                     await cur.execute(sql, args)
                     return await cur.fetchone() if cur.description else None
 
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
-            retry=retry_if_exception(self._retryable),
-            before_sleep=self._log_retry,
-            reraise=True,
-        )
-        try:
-            return await retrying(once)
-        except d.psycopg.Error as exc:
-            raise self._error(exc) from exc
+        return await self._retried(once)
 
     # --- lifecycle --------------------------------------------------------------------------
 
