@@ -48,6 +48,10 @@ class Status(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    # Equal to its value, so hashed as it: a status and its string are the same set key,
+    # and a membership test costs a C call, not Enum's Python-level __hash__.
+    __hash__ = str.__hash__
+
 
 FINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.DEAD, Status.CANCELLED})
 """The statuses a task never leaves."""
@@ -171,9 +175,8 @@ def transition(task: Task, to: Status, **changes: Any) -> Task:
 def _copy(task: Task, changes: dict[str, Any]) -> Task:
     # dataclasses.replace re-runs __init__ and costs ~7x more; the supervisor copies a
     # record at every transition, so this stays a plain dict copy of a frozen instance.
-    unknown = changes.keys() - _FIELDS
-    if unknown:
-        raise TypeError(f"Task has no field(s) {sorted(unknown)}")
+    if not _FIELDS.issuperset(changes):
+        raise TypeError(f"Task has no field(s) {sorted(changes.keys() - _FIELDS)}")
     new = object.__new__(Task)
     state = new.__dict__
     state.update(task.__dict__)
