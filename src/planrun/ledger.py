@@ -95,8 +95,9 @@ class Ledger:
     """
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
-        self._events: list[Event | _Raw] = sorted(events, key=lambda e: e.seq)
-        self._next = self._events[-1].seq + 1 if self._events else 0
+        built = sorted(events, key=lambda e: e.seq)
+        self._next = built[-1].seq + 1 if built else 0
+        self._events: list[Event | _Raw] = list(built)
         self._raw = False
         """Some entries are still tuples."""
 
@@ -168,7 +169,7 @@ class Ledger:
 class _EventView(Sequence[Event]):
     """The first ``size`` events of a ledger; the objects are built on first read."""
 
-    __slots__ = ("_ledger", "_size", "_events")
+    __slots__ = ("_events", "_ledger", "_size")
 
     def __init__(self, ledger: Ledger, size: int) -> None:
         self._ledger: Ledger | None = ledger

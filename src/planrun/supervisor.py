@@ -403,7 +403,7 @@ class Supervisor:
         spec = self.registry[task.kind]
         token = task.token
         tasks = self.core.tasks
-        values = dict(
+        values: dict[str, Any] = dict(
             run_id=self.run_id, task_id=task.id, kind=task.kind, attempt=token,
             worker=worker.name, skill=worker.spec.skill(task.kind), payload=task.payload,
             estimate_s=task.estimate_s, inputs={d: tasks[d].result for d in task.depends_on},

@@ -164,6 +164,11 @@ def transition(task: Task, to: Status, **changes: Any) -> Task:
     Raises:
         IllegalTransition: ``to`` is not reachable from the task's current status.
     """
+    return moved(task, to, changes)
+
+
+def moved(task: Task, to: Status, changes: dict[str, Any]) -> Task:
+    """:func:`transition` with the changes as a dict (taken over: it gets ``status``)."""
     if to not in _ALLOWED[task.status]:
         raise IllegalTransition(
             f"task {task.id!r}: {task.status.value} -> {to.value} is not allowed"
@@ -175,7 +180,7 @@ def transition(task: Task, to: Status, **changes: Any) -> Task:
 def _copy(task: Task, changes: dict[str, Any]) -> Task:
     # dataclasses.replace re-runs __init__ and costs ~7x more; the supervisor copies a
     # record at every transition, so this stays a plain dict copy of a frozen instance.
-    if not _FIELDS.issuperset(changes):
+    if not changes.keys() <= _FIELDS:
         raise TypeError(f"Task has no field(s) {sorted(changes.keys() - _FIELDS)}")
     new = object.__new__(Task)
     state = new.__dict__

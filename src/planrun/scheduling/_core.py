@@ -34,10 +34,10 @@ from typing import Any, Literal
 from planrun.errors import ErrorClass, InvalidPlan, UsageError
 from planrun.ledger import EventName as E
 from planrun.registry import WorkerSpec
-from planrun.routing import Router, WorkerState
+from planrun.routing import Balanced, Capability, LeastLoaded, Router, WorkerState
 from planrun.scheduling._outcome import Failure
 from planrun.scheduling._retry import RetryPolicy
-from planrun.task import FINAL, Status, Task, transition
+from planrun.task import FINAL, Status, Task, moved
 
 __all__ = ["OnDead", "RunFacts", "Scheduler", "Sink", "dependency_order", "retries_spent"]
 
@@ -49,6 +49,8 @@ Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None
 ``token`` is the fencing token the change was decided under (the record's before it)."""
 
 _IN_FLIGHT = frozenset({Status.ASSIGNED, Status.RUNNING})
+_STATELESS = frozenset({LeastLoaded, Capability, Balanced})
+"""Built-in routers whose pick among one candidate is that candidate, with no state kept."""
 _INDEXED = _IN_FLIGHT | {Status.COMPLETED}
 """The statuses :meth:`Scheduler._index` has something to do for."""
 _CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED})
@@ -405,6 +407,8 @@ class Scheduler:
             candidates = [w for w in candidates if free.get(w.name, 0) > 0]
         if not candidates:
             return None
+        if len(candidates) == 1 and type(self.router) in _STATELESS:
+            return candidates[0]  # the one choice, whatever the strategy
         avoid = self._avoid.get(task.id)
         if avoid is not None and len(candidates) > 1:
             candidates = [w for w in candidates if w.name != avoid] or candidates
@@ -735,7 +739,7 @@ class Scheduler:
 
     def _change(self, task: Task, to: Status, event: str, worker: str | None,
                 detail: Mapping[str, Any] | None = None, **changes: Any) -> Task:
-        new = transition(task, to, **changes)
+        new = moved(task, to, changes)
         self._replace(task, new)
         self._sink(new, event, worker, detail, task.token)
         return new
