@@ -68,6 +68,8 @@ def payload_for(spec: KindSpec, task: Task) -> Any:
 
 def result_for(spec: KindSpec, result: Any) -> Any:
     """The result checked by the kind's result model, as JSON-ready data."""
+    if spec.result_model is None and (result is None or type(result) in _PLAIN):
+        return result  # nothing to check or to dump
     if spec.result_model is not None and not isinstance(result, spec.result_model):
         try:
             result = spec.result_model.model_validate(result)
@@ -76,6 +78,10 @@ def result_for(spec: KindSpec, result: Any) -> Any:
     if isinstance(result, BaseModel):
         return result.model_dump(mode="json")
     return result
+
+
+_PLAIN = frozenset({str, int, float, bool, dict, list})
+"""Result types that are no model to dump (their JSON check comes after)."""
 
 
 def jsonable(value: Any) -> Any:

@@ -160,6 +160,7 @@ class Scheduler:
         self.tasks: dict[str, Task] = {}
         self._order: dict[str, int] = {}
         self._dependents: dict[str, list[str]] = {}
+        """Task id -> the ids that depend on it (no entry when none does)."""
         self._waiting: dict[str, int] = {}
         self._priority: dict[str, tuple[float, int]] = {}
         self._ready: list[tuple[tuple[float, int], str]] = []
@@ -249,7 +250,6 @@ class Scheduler:
         tid = task.id
         self.tasks[tid] = task
         self._order[tid] = len(self._order)
-        self._dependents.setdefault(tid, [])
         waiting = 0
         for dep in task.depends_on:
             self._dependents.setdefault(dep, []).append(tid)
@@ -270,7 +270,8 @@ class Scheduler:
             return
         path: dict[str, float] = {}
         for t in reversed(batch):
-            below = max((path.get(d, 0.0) for d in self._dependents[t.id]), default=0.0)
+            below = max((path.get(d, 0.0) for d in self._dependents.get(t.id, ())),
+                        default=0.0)
             path[t.id] = t.estimate_s + below
             self._priority[t.id] = (-path[t.id], self._order[t.id])
 
