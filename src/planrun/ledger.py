@@ -45,6 +45,8 @@ class EventName:
     REJECTED = "rejected"
     EFFECT = "effect"
     EFFECT_FAILED = "effect_failed"
+    JOINED = "joined"
+    """A pending task waits for more: tasks spawned by a task it joins."""
 
 
 @dataclass(frozen=True, slots=True)

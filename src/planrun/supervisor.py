@@ -22,7 +22,7 @@ from planrun.errors import DispatchError, RunAborted, StallError, StoreError, Us
 from planrun.ledger import Audit, Event, Ledger, analyze
 from planrun.ledger import EventName as E
 from planrun.redact import redact
-from planrun.registry import Registry, TaskContext, WorkerSpec
+from planrun.registry import Registry, SpawnRequest, TaskContext, WorkerSpec
 from planrun.routing import Router, WorkerState, get_router
 from planrun.scheduling import (
     EFFECT_RETRY,
@@ -31,6 +31,7 @@ from planrun.scheduling import (
     OnDead,
     RetryPolicy,
     Scheduler,
+    SpawnLimits,
     as_policy,
     check_policies,
     failure_of,
@@ -142,6 +143,8 @@ class Supervisor:
             run stops with :class:`StoreError`; no new attempt starts meanwhile.
         effect_retry: how a failing effect is tried again (default 6 tries, 1 s doubling
             to 30 s); one that fails every try makes the run not ok.
+        spawn_limits: how far the run may grow while it runs (tasks handlers add with
+            :meth:`TaskContext.spawn`): tasks per run, per spawning task, depth of spawning.
     """
 
     def __init__(
@@ -171,6 +174,7 @@ class Supervisor:
         meta: Mapping[str, Any] | None = None,
         store_patience: float = 120.0,
         effect_retry: RetryPolicy | None = None,
+        spawn_limits: SpawnLimits | None = None,
     ) -> None:
         policy = as_policy(retry if retry is not None else backoff, SCHEDULER_RETRY)
         attempts = policy.attempts if retry is not None else SCHEDULER_RETRY.attempts
@@ -198,7 +202,8 @@ class Supervisor:
             router=get_router(strategy), retry=policy, sink=self._record,
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects, seed=seed,
-            effect_retry=effect_retry or EFFECT_RETRY,
+            effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
+            spawn_limits=spawn_limits, default_attempts=self.max_attempts,
         )
         for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
             self.register(spec)
@@ -401,14 +406,14 @@ class Supervisor:
         except Exception as exc:
             self._outcome(worker, task, token, None, exc)
         else:
-            self._outcome(worker, task, token, result, None)
+            self._outcome(worker, task, token, result, None, ctx.spawned)
 
     def _outcome(self, worker: WorkerState, task: Task, token: int, result: Any,
-                 exc: BaseException | None) -> None:
+                 exc: BaseException | None, spawned: Sequence[SpawnRequest] = ()) -> None:
         now = self.clock.now()
         core = self.core
         if exc is None:
-            ok = core.complete(task.id, token, result, now, worker.name)
+            ok = core.complete(task.id, token, result, now, worker.name, spawned)
         else:
             ok = core.fail(task.id, token, failure_of(exc), now, worker.name)
         if not ok:

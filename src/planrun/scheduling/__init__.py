@@ -17,12 +17,15 @@ from planrun.scheduling._core import (
     check_policies,
     dependency_order,
     retries_spent,
+    spawn_refused,
 )
+from planrun.scheduling._spawn import Addition, SpawnLimits, expand
 from planrun.scheduling._outcome import Failure, failure_of, timed_out
 from planrun.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_policy
 
 __all__ = [
     "EFFECT_RETRY",
+    "Addition",
     "SCHEDULER_RETRY",
     "Backoff",
     "Failure",
@@ -31,10 +34,13 @@ __all__ = [
     "RunFacts",
     "Scheduler",
     "Sink",
+    "SpawnLimits",
     "as_policy",
     "check_policies",
     "dependency_order",
+    "expand",
     "failure_of",
     "retries_spent",
+    "spawn_refused",
     "timed_out",
 ]

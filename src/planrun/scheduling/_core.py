@@ -33,10 +33,11 @@ from typing import Any, Literal
 
 from planrun.errors import ErrorClass, InvalidPlan, UsageError
 from planrun.ledger import EventName as E
-from planrun.registry import WorkerSpec
+from planrun.registry import SpawnRequest, WorkerSpec
 from planrun.routing import Router, WorkerState
 from planrun.scheduling._outcome import Failure
 from planrun.scheduling._retry import RetryPolicy
+from planrun.scheduling._spawn import Addition, SpawnLimits, expand
 from planrun.task import FINAL, Status, Task, transition
 
 __all__ = ["OnDead", "RunFacts", "Scheduler", "Sink", "dependency_order", "retries_spent"]
@@ -117,6 +118,10 @@ class Scheduler:
         sink: receives every decided change.
         seed: seed of the jitter.
         deadline: time after which nothing new starts (None: no deadline).
+        kinds: the registry additions at run time are validated against (None: a run that
+            cannot grow; a spawn is then refused).
+        spawn_limits: how far the run may grow while it runs.
+        default_attempts: ``max_attempts`` of a task added at run time.
     """
 
     def __init__(
@@ -134,6 +139,9 @@ class Scheduler:
         seed: int | None = None,
         deadline: float | None = None,
         effect_retry: RetryPolicy = EFFECT_RETRY,
+        kinds: Any = None,
+        spawn_limits: SpawnLimits | None = None,
+        default_attempts: int | None = None,
     ) -> None:
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
                        stall_after=stall_after, max_reclaims=max_reclaims)
@@ -148,6 +156,9 @@ class Scheduler:
         self.deadline = deadline
         self.effect_retry = effect_retry
         self.facts = RunFacts()
+        self.kinds = kinds
+        self.spawn_limits = spawn_limits or SpawnLimits()
+        self.default_attempts = default_attempts
         self._sink = sink
         self._rng = random.Random(seed)
         self.tasks: dict[str, Task] = {}
@@ -189,7 +200,7 @@ class Scheduler:
             InvalidPlan: a dependency cycle in the batch.
             UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
         """
-        ordered = dependency_order(tasks)
+        ordered = dependency_order([_with_joins(t) for t in tasks])
         new: list[Task] = []
         seen: set[str] = set()
         for task in ordered:
@@ -417,16 +428,76 @@ class Scheduler:
         return False
 
     def complete(self, task_id: str, token: int, result: Any, now: float,
-                 worker: str | None) -> bool:
-        """An attempt returned ``result``; False when it was fenced off."""
+                 worker: str | None, spawned: Sequence[SpawnRequest] = ()) -> bool:
+        """An attempt returned ``result``; False when it was fenced off.
+
+        ``spawned``: the tasks the attempt asked to add. They are validated first; an
+        invalid addition makes the task dead (permanent) with every problem listed, and
+        adds nothing. A valid one is handed to the sink right after the completion, so a
+        driver writes both together.
+        """
         if not self.current(task_id, token, worker):
             return False
         task = self.tasks[task_id]
-        self._change(task, Status.COMPLETED, E.COMPLETED, worker, result=result,
+        addition = None
+        if spawned:
+            try:
+                addition = self.expansion(task, spawned, now)
+            except InvalidPlan as exc:
+                return self.fail(task_id, token, spawn_refused(exc), now, worker)
+        detail = {"spawned": len(addition.tasks)} if addition is not None else None
+        self._change(task, Status.COMPLETED, E.COMPLETED, worker, detail, result=result,
                      finished_at=now, attempts=task.attempts + 1, lease=None, error=None,
                      error_class=None)
+        if addition is not None:
+            self.grow(addition, now)
         self.touch(now)
         return True
+
+    # ---- growing at run time ---------------------------------------------------------------
+
+    def expansion(self, spawner: Task, spawned: Sequence[SpawnRequest], now: float) -> Addition:
+        """What ``spawned`` adds to this run (see :func:`planrun.scheduling.expand`).
+
+        Raises:
+            InvalidPlan: the addition's problems.
+        """
+        if self.kinds is None:
+            raise InvalidPlan([_problem("unknown_kind", None,
+                                        "this run has no registry to validate additions")])
+        return expand(spawner, spawned, self.tasks, self.kinds, self.spawn_limits, now,
+                      default_attempts=self.default_attempts)
+
+    def grow(self, addition: Addition, now: float) -> None:
+        """Add what a completion spawned: joiners wait longer, the new tasks join the run."""
+        for joiner in addition.joiners:
+            old = self.tasks.get(joiner.id)
+            if old is None or old.status in FINAL:
+                continue
+            new = old.evolve(depends_on=joiner.depends_on)
+            self._rewire(old, new)
+            self._sink(new, E.JOINED, None, {"depends_on": len(new.depends_on)}, new.token)
+        for task in addition.tasks:
+            self._insert(task)
+            self._sink(task, E.CREATED, None, {"parent": task.parent}, task.token)
+        self._prioritise(list(addition.tasks))
+        if self.started:
+            for task in addition.tasks:
+                self._offer(task.id)
+
+    def _rewire(self, old: Task, new: Task) -> None:
+        """``new`` is ``old`` with more dependencies (a join widened)."""
+        tid = new.id
+        before = set(old.depends_on)
+        for dep in new.depends_on:
+            if dep not in before:
+                self._dependents.setdefault(dep, []).append(tid)
+        self.tasks[tid] = new
+        self._waiting[tid] = sum(
+            1 for d in new.depends_on
+            if (t := self.tasks.get(d)) is None or t.status is not Status.COMPLETED)
+        if self.started:
+            self._offer(tid)
 
     def fail(self, task_id: str, token: int, failure: Failure, now: float,
              worker: str | None) -> bool:
@@ -606,8 +677,14 @@ class Scheduler:
         if old is new or (old.status is new.status and old.token == new.token
                           and old.attempts == new.attempts):
             if old is not new:
-                self.tasks[new.id] = new
+                if old.depends_on != new.depends_on:
+                    self._rewire(old, new)  # a join widened by a spawn
+                    self.touch(now)
+                else:
+                    self.tasks[new.id] = new
             return
+        if old.depends_on != new.depends_on:
+            self._rewire(old, old.evolve(depends_on=new.depends_on))
         self._replace(old, new)
         self.touch(now)
         if new.status is Status.FAILED:
@@ -776,6 +853,24 @@ class Scheduler:
         starts.extend(self.dispatch(now))
         self._pump(worker, now, starts)
         return starts
+
+
+def _with_joins(task: Task) -> Task:
+    """A task that joins X waits for X itself too."""
+    missing = tuple(j for j in task.joins if j not in task.depends_on)
+    return task.evolve(depends_on=task.depends_on + missing) if missing else task
+
+
+def spawn_refused(exc: InvalidPlan) -> Failure:
+    """A refused addition as the permanent failure of the task that asked for it."""
+    listed = "; ".join(str(p) for p in exc.problems)
+    return Failure(f"InvalidPlan: spawn refused: {listed}", ErrorClass.PERMANENT)
+
+
+def _problem(code: str, task: int | None, message: str) -> Any:
+    from planrun.plan import Problem
+
+    return Problem(code, task, message)
 
 
 def check_policies(*, on_dead: str = "cancel_dependents", retry_budget: int | None = None,

@@ -1,0 +1,292 @@
+"""Plans that grow at run time, run against every driver of the core.
+
+A handler spawns tasks with :meth:`TaskContext.spawn`; the addition is validated like a
+plan, bounded, recorded with the spawner's completion in one write, and a join waits for
+everything a task spawned. The drivers are those of ``test_drivers`` (in process with each
+store, external workers in push and peer mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+from pgtest import fresh_schema
+from test_drivers import Driver, driver  # noqa: F401  (the fixture of every driver)
+
+from planrun.errors import StoreError, TransientError
+from planrun.ledger import Event
+from planrun.registry import SpawnRequest, TaskContext
+from planrun.scheduling import SpawnLimits
+from planrun.stores import InMemoryStore, open_store
+from planrun.stores.base import RunInfo
+from planrun.supervisor import RunResult
+from planrun.task import Status, Task, transition
+
+
+async def fetch(payload: Any, ctx: TaskContext) -> dict[str, int]:
+    for i in range(int(payload["n"])):
+        ctx.spawn("classify", {"i": i})
+    return {"fetched": int(payload["n"])}
+
+
+async def classify(payload: Any, ctx: TaskContext) -> dict[str, int]:
+    await asyncio.sleep(0.001)
+    return {"label": int(payload["i"]) % 3}
+
+
+async def summary(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+    labels = [r["label"] for r in ctx.inputs.values() if isinstance(r, dict) and "label" in r]
+    return {"n": len(labels), "labels": sorted(labels)}
+
+
+HANDLERS = {"fetch": fetch, "classify": classify, "summary": summary}
+
+
+def completions(result: RunResult) -> Counter[str]:
+    return Counter(e.task for e in result.events if e.event == "completed")
+
+
+def test_a_fan_out_is_joined_by_a_reduce(driver: Driver) -> None:
+    tasks = [Task("fetch", "fetch", {"n": 7}),
+             Task("sum", "summary", depends_on=("fetch",), joins=("fetch",))]
+    result = driver.run(tasks, HANDLERS)
+    assert result.ok, result.counts
+    spawned = [t for t in result.tasks.values() if t.parent == "fetch"]
+    assert sorted(t.id for t in spawned) == [f"fetch/{i}" for i in range(7)]
+    assert result.tasks["sum"].result == {"n": 7, "labels": sorted(i % 3 for i in range(7))}
+    assert set(result.tasks["sum"].depends_on) == {"fetch", *(t.id for t in spawned)}
+    assert result.audit.clean, result.audit  # the reduce completed after every classify
+    assert set(completions(result).values()) == {1}
+    seq = {e.task: e.seq for e in result.events if e.event == "completed"}
+    assert all(seq[t.id] < seq["sum"] for t in spawned)
+
+
+async def nested(payload: Any, ctx: TaskContext) -> str:
+    depth = int(payload["depth"])
+    if depth:
+        for _ in range(2):
+            ctx.spawn("nested", {"depth": depth - 1})
+    return ctx.task_id
+
+
+async def count(payload: Any, ctx: TaskContext) -> int:
+    return len(ctx.inputs)
+
+
+def test_a_join_waits_for_what_the_spawned_tasks_spawn(driver: Driver) -> None:
+    tasks = [Task("root", "nested", {"depth": 2}),
+             Task("after", "count", joins=("root",))]
+    result = driver.run(tasks, {"nested": nested, "count": count})
+    assert result.ok, result.counts
+    assert len(result.tasks) == 2 + 2 + 4  # root, after, two children, four grandchildren
+    assert result.tasks["after"].result == 7  # root and its six descendants
+    assert result.tasks["root/1/0"].parent == "root/1"
+    assert result.audit.clean
+
+
+async def bad_spawner(payload: Any, ctx: TaskContext) -> str:
+    first = ctx.spawn("classify", {"i": 1})
+    ctx.spawn("no_such_kind", {})
+    ctx.spawn("classify", {"i": 2}, depends_on=[f"{ctx.task_id}/3"])  # a later sibling
+    ctx.spawn("classify", {"i": 3}, depends_on=[first])
+    return "asked"
+
+
+def test_an_invalid_spawn_kills_the_spawner_with_every_problem_and_adds_nothing(
+        driver: Driver) -> None:
+    tasks = [Task("bad", "bad"), Task("next", "summary", depends_on=("bad",))]
+    result = driver.run(tasks, {"bad": bad_spawner, **HANDLERS})
+    bad = result.tasks["bad"]
+    assert bad.status is Status.DEAD
+    assert bad.error is not None and "unknown_kind" in bad.error
+    assert "forward_dependency" in bad.error
+    assert bad.error_class == "permanent" and bad.attempts == 1  # not retried
+    assert set(result.tasks) == {"bad", "next"}  # nothing half-added
+    assert result.tasks["next"].status is Status.CANCELLED
+
+
+def test_spawning_is_bounded_per_task_and_in_depth(driver: Driver) -> None:
+    tasks = [Task("wide", "fetch", {"n": 3}), Task("deep", "nested", {"depth": 2})]
+    limits = SpawnLimits(max_per_task=2, max_depth=1)
+    result = driver.run(tasks, {**HANDLERS, "nested": nested}, spawn_limits=limits)
+    wide = result.tasks["wide"]
+    assert wide.status is Status.DEAD and "too_many_tasks" in (wide.error or "")
+    assert result.tasks["deep"].status is Status.COMPLETED  # depth 1 is allowed
+    children = [t for t in result.tasks.values() if t.parent == "deep"]
+    assert len(children) == 2
+    assert all(t.status is Status.DEAD and "too_deep" in (t.error or "") for t in children)
+    assert not any(t.parent == "wide" or (t.parent or "").startswith("deep/")
+                   for t in result.tasks.values())
+
+
+def test_the_run_wide_task_bound_counts_the_plan(driver: Driver) -> None:
+    tasks = [Task("a", "fetch", {"n": 2}), Task("b", "summary")]
+    result = driver.run(tasks, HANDLERS, spawn_limits=SpawnLimits(max_tasks=3))
+    assert result.tasks["a"].status is Status.DEAD
+    assert "at most 3" in (result.tasks["a"].error or "")
+    assert len(result.tasks) == 2
+
+
+async def flaky_spawner(payload: Any, ctx: TaskContext) -> str:
+    for i in range(3):
+        ctx.spawn("classify", {"i": i})
+    if ctx.attempt == 1:
+        raise TransientError("the ticket API timed out")
+    return "ok"
+
+
+def test_a_failed_attempt_spawns_nothing_and_the_retry_spawns_once(driver: Driver) -> None:
+    tasks = [Task("f", "flaky"), Task("sum", "summary", joins=("f",))]
+    result = driver.run(tasks, {"flaky": flaky_spawner, **HANDLERS})
+    assert result.ok, result.counts
+    assert result.tasks["f"].attempts == 2
+    assert sorted(t.id for t in result.tasks.values() if t.parent) == ["f/0", "f/1", "f/2"]
+    assert result.tasks["sum"].result["n"] == 3
+    assert sum(e.event == "created" for e in result.events) == 5
+    assert result.audit.clean
+
+
+async def slow_first_spawner(payload: Any, ctx: TaskContext) -> str:
+    for i in range(2):
+        ctx.spawn("classify", {"i": i})
+    if ctx.attempt == 1:
+        await asyncio.sleep(1.0)  # no heartbeat: the lease runs out, the task is reclaimed
+    return f"attempt {ctx.attempt}"
+
+
+async def slow_summary(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+    for _ in range(15):  # the reclaimed attempt returns meanwhile, and is refused
+        ctx.heartbeat()
+        await asyncio.sleep(0.1)
+    return await summary(payload, ctx)
+
+
+def test_a_reclaimed_spawner_adds_nothing_twice(driver: Driver) -> None:
+    if driver.external:
+        pytest.skip("worker processes renew their leases themselves: see the store test below")
+    tasks = [Task("s", "slow"), Task("sum", "summary", joins=("s",))]
+    handlers = {**HANDLERS, "slow": slow_first_spawner, "summary": slow_summary}
+    result = driver.run(tasks, handlers, stale_after=0.3)
+    assert result.ok, result.counts
+    assert any(e.event == "reclaimed" and e.task == "s" for e in result.events)
+    assert any(e.event == "rejected" and e.task == "s" for e in result.events)
+    assert sorted(t.id for t in result.tasks.values() if t.parent) == ["s/0", "s/1"]
+    assert sum(e.event == "created" and e.task.startswith("s/") for e in result.events) == 2
+    assert set(completions(result).values()) == {1}
+    assert result.audit.clean
+
+
+# ---- the store's one transaction, for worker processes ------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    if request.param == "memory":
+        yield "memory"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'spawn.db'}"
+    else:
+        yield from fresh_schema("planrun_spawn")
+
+
+async def _opened(url: str) -> Any:
+    store = InMemoryStore() if url == "memory" else open_store(url)
+    await store.open()
+    return store
+
+
+def _ev(task: Task, name: str) -> Event:
+    return Event(-1, 1.0, task.id, name, "w", task.token, {})
+
+
+async def _spawning_run(store: Any) -> tuple[Task, Task]:
+    spawner = transition(Task("x", "fetch"), Status.RUNNING, token=1, assigned_to="w")
+    joiner = Task("j", "summary", depends_on=("x",), joins=("x",))
+    await store.create_run(RunInfo("r", 0.0, "running"))
+    await store.add_tasks("r", [spawner, joiner], [])
+    return spawner, joiner
+
+
+def _addition(spawner: Task, joiner: Task, n: int) -> tuple[Task, list[Any], list[Any]]:
+    done = transition(spawner, Status.COMPLETED, result=1, attempts=1, lease=None)
+    new = [Task(f"x/{i}", "classify", parent="x") for i in range(n)]
+    wide = joiner.evolve(depends_on=joiner.depends_on + tuple(t.id for t in new),
+                         token=joiner.token + 1)
+    return done, [(t, _ev(t, "created")) for t in new], [(wide, _ev(wide, "joined"))]
+
+
+async def test_a_spawn_is_written_with_its_completion_or_not_at_all(store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        done, added, widened = _addition(spawner, joiner, 3)
+        # a fault inside the transaction (an added row that clashes) leaves nothing written
+        clash = [*added, (Task("j", "classify", parent="x"), _ev(joiner, "created"))]
+        with pytest.raises(StoreError):
+            await store.write_fenced("r", done, _ev(done, "completed"), 1, clash, widened)
+        state = await store.load("r")
+        assert {t.id: t.status for t in state.tasks} == {"x": Status.RUNNING,
+                                                         "j": Status.PENDING}
+        assert state.events == [] and state.tasks[1].depends_on == ("x",)
+        # the stale attempt of a reclaimed spawner adds nothing
+        assert not await store.write_fenced("r", done, _ev(done, "completed"), 0, added,
+                                            widened)
+        assert len((await store.load("r")).tasks) == 2
+        # the current one adds everything, once
+        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
+        assert not await store.write_fenced("r", done, _ev(done, "completed"), 1, added,
+                                            widened)
+        state = await store.load("r")
+        by_id = {t.id: t for t in state.tasks}
+        assert sorted(by_id) == ["j", "x", "x/0", "x/1", "x/2"]
+        assert by_id["x/1"].parent == "x" and by_id["j"].joins == ("x",)
+        assert by_id["j"].depends_on == ("x", "x/0", "x/1", "x/2")
+        assert [e.event for e in state.events] == ["completed", "joined", *["created"] * 3]
+    finally:
+        await store.close()
+
+
+async def test_a_finished_joiner_is_not_widened(store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        cancelled = transition(joiner, Status.CANCELLED, cause="abort")
+        await store.write("r", [(cancelled, Event(0, 0.5, "j", "cancelled"))])
+        done, added, widened = _addition(spawner, joiner, 1)
+        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
+        by_id = {t.id: t for t in (await store.load("r")).tasks}
+        assert by_id["j"].status is Status.CANCELLED and by_id["j"].depends_on == ("x",)
+        assert "x/0" in by_id
+    finally:
+        await store.close()
+
+
+def test_spawn_requests_keep_their_order_and_ids() -> None:
+    ctx = TaskContext(run_id="r", task_id="t", kind="k", attempt=1, worker="w", skill=1.0)
+    assert ctx.spawn("a") == "t/0"
+    assert ctx.spawn("b", {"x": 1}, depends_on=["t/0"], joins=["t0"]) == "t/1"
+    assert ctx.spawned[1] == SpawnRequest("b", {"x": 1}, ("t/0",), ("t0",), 1.0)
+
+
+async def test_two_spawns_widening_one_joiner_at_once_do_not_lose_each_other(
+        store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        other = transition(Task("y", "fetch"), Status.RUNNING, token=1, assigned_to="w")
+        await store.add_tasks("r", [other], [])
+        done, added, widened = _addition(spawner, joiner, 1)
+        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
+        # a second spawner that read the joiner before the first write is refused whole
+        done_y = transition(other, Status.COMPLETED, result=1, attempts=1, lease=None)
+        late = [(Task("y/0", "classify", parent="y"), _ev(other, "created"))]
+        with pytest.raises(StoreError, match="changed since it was read"):
+            await store.write_fenced("r", done_y, _ev(done_y, "completed"), 1, late, widened)
+        by_id = {t.id: t for t in (await store.load("r")).tasks}
+        assert by_id["y"].status is Status.RUNNING and "y/0" not in by_id
+        assert by_id["j"].depends_on == ("x", "x/0")
+    finally:
+        await store.close()
