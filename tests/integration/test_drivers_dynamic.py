@@ -13,8 +13,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import test_drivers
 from pgtest import fresh_schema
-from test_drivers import Driver, driver  # noqa: F401  (the fixture of every driver)
+from test_drivers import DRIVERS, Driver
 
 from planrun.errors import StoreError, TransientError
 from planrun.ledger import Event
@@ -40,6 +41,26 @@ async def classify(payload: Any, ctx: TaskContext) -> dict[str, int]:
 async def summary(payload: Any, ctx: TaskContext) -> dict[str, Any]:
     labels = [r["label"] for r in ctx.inputs.values() if isinstance(r, dict) and "label" in r]
     return {"n": len(labels), "labels": sorted(labels)}
+
+
+driver = test_drivers.driver  # the fixture of every driver
+
+
+@pytest.fixture(params=[d for d in DRIVERS if d[2] is None], ids=[d[0] for d in DRIVERS
+                                                                  if d[2] is None])
+def in_process(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """The in-process drivers: their supervisor reclaims a silent attempt itself (worker
+    processes renew their own leases; their fencing is tested on the stores below)."""
+    name, store, mode, virtual = request.param
+    d = Driver(name, store, mode, virtual)
+    if store == "sqlite":
+        d.url = f"sqlite:///{tmp_path / 'run.db'}"
+    if store == "postgres":
+        for url in fresh_schema("planrun_drv"):
+            d.url = url
+            yield d
+        return
+    yield d
 
 
 HANDLERS = {"fetch": fetch, "classify": classify, "summary": summary}
@@ -164,9 +185,8 @@ async def slow_summary(payload: Any, ctx: TaskContext) -> dict[str, Any]:
     return await summary(payload, ctx)
 
 
-def test_a_reclaimed_spawner_adds_nothing_twice(driver: Driver) -> None:
-    if driver.external:
-        pytest.skip("worker processes renew their leases themselves: see the store test below")
+def test_a_reclaimed_spawner_adds_nothing_twice(in_process: Driver) -> None:
+    driver = in_process
     tasks = [Task("s", "slow"), Task("sum", "summary", joins=("s",))]
     handlers = {**HANDLERS, "slow": slow_first_spawner, "summary": slow_summary}
     result = driver.run(tasks, handlers, stale_after=0.3)

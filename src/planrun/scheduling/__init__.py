@@ -19,14 +19,14 @@ from planrun.scheduling._core import (
     retries_spent,
     spawn_refused,
 )
-from planrun.scheduling._spawn import Addition, SpawnLimits, expand
 from planrun.scheduling._outcome import Failure, failure_of, timed_out
 from planrun.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_policy
+from planrun.scheduling._spawn import Addition, SpawnLimits, expand
 
 __all__ = [
     "EFFECT_RETRY",
-    "Addition",
     "SCHEDULER_RETRY",
+    "Addition",
     "Backoff",
     "Failure",
     "OnDead",

@@ -104,7 +104,8 @@ def expand(spawner: Task, requests: Sequence[SpawnRequest], tasks: Mapping[str, 
     doc: list[dict[str, Any]] = []
     for i, req in enumerate(requests):
         local: list[int] = []
-        for dep in dict.fromkeys(req.depends_on + req.joins):
+        deps = req.depends_on + req.joins if req.joins else req.depends_on
+        for dep in deps:
             if dep in own:
                 local.append(own[dep])  # checked by the validator: forward, self
             elif dep not in tasks:
@@ -150,9 +151,10 @@ def _bound_problems(spawner: Task, n: int, tasks: Mapping[str, Task],
 
 def _record(spawner: Task, i: int, req: SpawnRequest, now: float,
             default_attempts: int | None) -> Task:
-    task = Task(id=spawn_id(spawner.id, i), kind=req.kind, payload=dict(req.payload),
-                depends_on=tuple(dict.fromkeys(req.depends_on + req.joins)), estimate_s=req.estimate_s,
-                created_at=now, parent=spawner.id, joins=tuple(req.joins))
-    if default_attempts is not None:
-        task = task.evolve(max_attempts=default_attempts)
-    return task
+    deps = req.depends_on + req.joins if req.joins else req.depends_on
+    if len(deps) > 1:
+        deps = tuple(dict.fromkeys(deps))
+    extra: dict[str, Any] = {} if default_attempts is None else {"max_attempts": default_attempts}
+    return Task(id=spawn_id(spawner.id, i), kind=req.kind, payload=dict(req.payload),
+                depends_on=deps, estimate_s=req.estimate_s, created_at=now, parent=spawner.id,
+                joins=req.joins, **extra)
