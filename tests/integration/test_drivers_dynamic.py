@@ -138,7 +138,8 @@ def test_spawning_is_bounded_per_task_and_in_depth(driver: Driver) -> None:
     assert result.tasks["deep"].status is Status.COMPLETED  # depth 1 is allowed
     children = [t for t in result.tasks.values() if t.parent == "deep"]
     assert len(children) == 2
-    assert all(t.status is Status.DEAD and "too_deep" in (t.error or "") for t in children)
+    assert all(t.status is Status.DEAD and "too_many_tasks" in (t.error or "")
+               and "depth 2 of spawning" in (t.error or "") for t in children)
     assert not any(t.parent == "wide" or (t.parent or "").startswith("deep/")
                    for t in result.tasks.values())
 

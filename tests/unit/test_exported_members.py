@@ -12,7 +12,7 @@ PINNED = {
     "Ledger", "Model", "ModelRefused", "ModelWorker", "PROBLEM_CODES", "PermanentError", "Plan",
     "PlanError", "PlanTask", "PlanrunError", "Price", "PriceTable", "Problem", "PromptLibrary",
     "RateLimited", "RateLimiter", "RealClock", "Registry", "RenderedPrompt", "RetryPolicy",
-    "RunAborted", "RunReport", "RunResult", "Scenario", "SimResult", "StallError", "Status",
+    "RunAborted", "RunReport", "RunResult", "Scenario", "SimResult", "SpawnLimits", "SpawnRequest", "StallError", "Status",
     "StoreError", "Supervisor", "Task", "TaskContext", "TaskReport", "TransientError", "Usage",
     "UsageError", "VirtualClock", "WorkerError", "WorkerSpec", "__version__", "adecompose",
     "analyze", "aplan_and_run", "decompose", "plan_and_run", "plan_schema", "read_jsonl",

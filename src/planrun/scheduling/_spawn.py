@@ -143,9 +143,9 @@ def _bound_problems(spawner: Task, n: int, tasks: Mapping[str, Task],
                            f"{limits.max_tasks}"))
     depth = spawn_depth(spawner.id, tasks) + 1
     if n and depth > limits.max_depth:
-        out.append(Problem("too_deep", None,
-                           f"spawning from {spawner.id!r} would reach depth {depth}; at most "
-                           f"{limits.max_depth}"))
+        out.append(Problem("too_many_tasks", None,
+                           f"spawning from {spawner.id!r} would reach depth {depth} of "
+                           f"spawning; at most {limits.max_depth}"))
     return out
 
 
