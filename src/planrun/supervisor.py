@@ -29,12 +29,14 @@ from planrun.scheduling import (
     SCHEDULER_RETRY,
     Backoff,
     OnDead,
+    ReplanRequest,
     RetryPolicy,
     Scheduler,
     SpawnLimits,
     as_policy,
     check_policies,
     failure_of,
+    replans_spent,
     retries_spent,
     timed_out,
 )
@@ -43,10 +45,16 @@ from planrun.task import Status, Task
 if TYPE_CHECKING:
     from planrun.stores.base import Store
 
-__all__ = ["Backoff", "EffectFn", "RunResult", "Supervisor"]
+__all__ = ["Backoff", "EffectFn", "Replanner", "RunResult", "Supervisor"]
 
 EffectFn = Callable[[Task, str], Any | Awaitable[Any]]
 """``effect(task, key)``: apply a side effect of a completed task, once, keyed by ``key``."""
+
+
+Replanner = Callable[[ReplanRequest], Awaitable[Sequence[SpawnRequest]]]
+"""``await replanner(request)``: the tasks that replace a dead task and its cancelled
+dependents (depending on tasks of the run or on earlier tasks of the fragment, by the ids
+``"<dead id>/<n>"`` they will get)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -145,6 +153,11 @@ class Supervisor:
             to 30 s); one that fails every try makes the run not ok.
         spawn_limits: how far the run may grow while it runs (tasks handlers add with
             :meth:`TaskContext.spawn`): tasks per run, per spawning task, depth of spawning.
+        replanner: with ``on_dead="replan"``, asked for a fragment that replaces a dead task
+            and the dependents its death cancelled (``await replanner(request)`` returns
+            :class:`SpawnRequest` items); the fragment is validated like a spawn. None: a
+            death cancels its dependents.
+        max_replans: replans allowed over the whole run; past it a death cancels.
     """
 
     def __init__(
@@ -175,6 +188,8 @@ class Supervisor:
         store_patience: float = 120.0,
         effect_retry: RetryPolicy | None = None,
         spawn_limits: SpawnLimits | None = None,
+        replanner: Replanner | None = None,
+        max_replans: int = 2,
     ) -> None:
         policy = as_policy(retry if retry is not None else backoff, SCHEDULER_RETRY)
         attempts = policy.attempts if retry is not None else SCHEDULER_RETRY.attempts
@@ -204,7 +219,10 @@ class Supervisor:
             stale_after=stale_after, stall_after=stall_after, effects=self.effects, seed=seed,
             effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
             spawn_limits=spawn_limits, default_attempts=self.max_attempts,
+            max_replans=max_replans,
         )
+        self.replanner = replanner
+        self.core.can_replan = replanner is not None
         for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
             self.register(spec)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -319,6 +337,7 @@ class Supervisor:
         self.ledger = Ledger(state.events)
         self._effect_records = dict(state.effects)
         self.core.retries_used = retries_spent(state.events)
+        self.core.replans_used, self.core.replanned = replans_spent(state.events)
         self.core.restore(list(state.tasks))
         self._resumed = True
         return await self.arun()
@@ -367,6 +386,7 @@ class Supervisor:
         self._launch(core.dispatch(now))
         for task in core.effects_due(now):
             self._spawn(self._apply_effect(task))
+        self._ask_replans()
 
     def _check_workers(self) -> None:
         for task in self.core.tasks.values():
@@ -422,8 +442,28 @@ class Supervisor:
         self._launch(core.release(worker, core.tasks[task.id], now))
         for due in core.effects_due(now):
             self._spawn(self._apply_effect(due))
+        self._ask_replans()
         if core.done or core.stopping or core.next_wakeup(now) < self._timer_at:
             self._wake_up()  # the loop sleeps until a time that is no longer the next one
+
+    # ---- replans -----------------------------------------------------------------------------
+
+    def _ask_replans(self) -> None:
+        for request in self.core.replans_due():
+            self._spawn(self._replan(request))
+
+    async def _replan(self, request: ReplanRequest) -> None:
+        """Ask the replanner; the core validates and adds what it answers."""
+        assert self.replanner is not None
+        fragment: Sequence[SpawnRequest] | None = None
+        error: str | None = None
+        try:
+            fragment = list(await self.replanner(request))
+        except Exception as exc:
+            error = redact(f"{type(exc).__name__}: {exc}")
+        now = self.clock.now()
+        self.core.replan_done(request, fragment, error, now)
+        self._launch(self.core.dispatch(now))
 
     # ---- effects -----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import test_drivers
 from pgtest import fresh_schema
 from test_drivers import DRIVERS, Driver
 
-from planrun.errors import StoreError, TransientError
+from planrun.errors import PermanentError, StoreError, TransientError
 from planrun.ledger import Event
 from planrun.registry import SpawnRequest, TaskContext
 from planrun.scheduling import SpawnLimits
@@ -311,3 +311,95 @@ async def test_two_spawns_widening_one_joiner_at_once_do_not_lose_each_other(
         assert by_id["j"].depends_on == ("x", "x/0")
     finally:
         await store.close()
+
+
+# ---- replanning ----------------------------------------------------------------------------
+
+
+async def doomed(payload: Any, ctx: TaskContext) -> str:
+    raise PermanentError(f"source {payload.get('source', '?')} is gone")
+
+
+async def research(payload: Any, ctx: TaskContext) -> str:
+    return f"findings from {payload['source']}"
+
+
+async def report(payload: Any, ctx: TaskContext) -> list[str]:
+    return sorted(str(v) for v in ctx.inputs.values())
+
+
+REPLAN_HANDLERS = {"doomed": doomed, "research": research, "report": report}
+
+
+def research_plan() -> list[Task]:
+    return [Task("scope", "research", {"source": "notes"}),
+            Task("dig", "doomed", {"source": "archive"}, depends_on=("scope",)),
+            Task("report", "report", depends_on=("dig",))]
+
+
+def alternative(requests: list[Any]) -> Any:
+    async def replanner(request: Any) -> list[SpawnRequest]:
+        requests.append(request)
+        dead = request.dead.id
+        return [SpawnRequest("research", {"source": "mirror"}, request.dead.depends_on),
+                SpawnRequest("report", {}, (f"{dead}/0",))]
+    return replanner
+
+
+def test_a_dead_task_is_replanned_and_the_replacement_runs(in_process: Driver) -> None:
+    asked: list[Any] = []
+    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                            replanner=alternative(asked))
+    tasks = result.tasks
+    assert tasks["dig"].status is Status.DEAD and tasks["report"].status is Status.CANCELLED
+    assert [r.dead.id for r in asked] == ["dig"]
+    assert [t.id for t in asked[0].cancelled] == ["report"]
+    assert asked[0].results == {"scope": "findings from notes"}
+    assert tasks["dig/0"].status is Status.COMPLETED
+    assert tasks["dig/0"].depends_on == ("scope",) and tasks["dig/0"].parent == "dig"
+    assert tasks["dig/1"].result == ["findings from mirror"]
+    [event] = [e for e in result.events if e.event == "replanned"]
+    assert event.task == "dig" and "archive is gone" in event.detail["cause"]
+    assert event.detail["tasks"] == ["dig/0", "dig/1"] and event.detail["replaces"] == ["report"]
+    assert result.audit.order_violations == 0 and result.audit.duplicates == 0
+
+
+def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
+    asked: list[Any] = []
+
+    async def still_doomed(request: Any) -> list[SpawnRequest]:
+        asked.append(request)
+        return [SpawnRequest("doomed", {"source": f"try {request.number}"},
+                             request.dead.depends_on),
+                SpawnRequest("report", {}, (f"{request.dead.id}/0",))]
+
+    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                            replanner=still_doomed, max_replans=2)
+    assert [r.number for r in asked] == [1, 2]
+    assert [r.dead.id for r in asked] == ["dig", "dig/0"]
+    assert sum(e.event == "replanned" for e in result.events) == 2
+    last = result.tasks["dig/0/0"]  # the second replacement died too: no third replan
+    assert last.status is Status.DEAD
+    assert result.tasks["dig/0/1"].status is Status.CANCELLED
+    assert not any(t.parent == "dig/0/0" for t in result.tasks.values())
+
+
+def test_an_invalid_fragment_is_refused_and_the_dependents_stay_cancelled(
+        in_process: Driver) -> None:
+    async def nonsense(request: Any) -> list[SpawnRequest]:
+        return [SpawnRequest("no_such_kind", {}), SpawnRequest("report", {}, ("ghost",))]
+
+    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                            replanner=nonsense)
+    [event] = [e for e in result.events if e.event == "replan_failed"]
+    assert "unknown_kind" in event.detail["error"] and "unknown_dependency" in event.detail["error"]
+    assert set(result.tasks) == {"scope", "dig", "report"}
+    assert result.tasks["report"].status is Status.CANCELLED
+
+
+def test_without_a_replanner_replan_cancels_the_dependents(driver: Driver) -> None:
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan")
+    assert result.tasks["dig"].status is Status.DEAD
+    assert result.tasks["report"].status is Status.CANCELLED
+    assert result.tasks["report"].cause == "dig"
+    assert not any(e.event.startswith("replan") for e in result.events)

@@ -40,10 +40,24 @@ from planrun.scheduling._retry import RetryPolicy
 from planrun.scheduling._spawn import Addition, SpawnLimits, expand
 from planrun.task import FINAL, Status, Task, transition
 
-__all__ = ["OnDead", "RunFacts", "Scheduler", "Sink", "dependency_order", "retries_spent"]
+__all__ = ["OnDead", "ReplanRequest", "RunFacts", "Scheduler", "Sink", "dependency_order",
+           "replans_spent", "retries_spent"]
 
-OnDead = Literal["cancel_dependents", "abort_run"]
-ON_DEAD: tuple[str, ...] = ("cancel_dependents", "abort_run")
+OnDead = Literal["cancel_dependents", "abort_run", "replan"]
+ON_DEAD: tuple[str, ...] = ("cancel_dependents", "abort_run", "replan")
+
+
+@dataclass(frozen=True)
+class ReplanRequest:
+    """A death to re-plan: the dead task, the dependents its death cancelled, and the
+    results of the tasks completed so far (by id). The replacement fragment takes the dead
+    task's place: its first tasks may depend on what the dead task depended on."""
+
+    dead: Task
+    cancelled: tuple[Task, ...]
+    results: Mapping[str, Any]
+    number: int
+    """1 for the run's first replan."""
 
 Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None]
 """``sink(record, event, worker, detail, token)``: one decided change and its ledger event;
@@ -97,6 +111,13 @@ def dependency_order(batch: Sequence[Task]) -> list[Task]:
     return [by_id[i] for i in smallest_order(sorter, position.__getitem__)]
 
 
+def replans_spent(events: Iterable[Any]) -> tuple[int, set[str]]:
+    """Replans of the run's ``max_replans`` spent by a stored run, and the dead tasks they
+    were for (each asked once)."""
+    asked = [e.task for e in events if e.event in (E.REPLANNED, E.REPLAN_FAILED)]
+    return len(asked), set(asked)
+
+
 def retries_spent(events: Iterable[Any]) -> int:
     """Retries of the run's budget spent by a stored run: one per ``retry`` event."""
     return sum(1 for e in events if e.event == E.RETRY)
@@ -111,7 +132,10 @@ class Scheduler:
             come from each record's ``max_attempts``).
         retry_budget: retries allowed over the whole run (None: no limit).
         max_reclaims: reclaims of an expired lease after which a task is dead.
-        on_dead: ``cancel_dependents`` or ``abort_run``.
+        on_dead: ``cancel_dependents``, ``abort_run`` or ``replan`` (cancel the dependents,
+            then ask the driver's replanner for a fragment that replaces the dead task and
+            them; without a replanner, or past ``max_replans``, as ``cancel_dependents``).
+        max_replans: replans allowed over the whole run.
         stale_after: lease length, from assignment (push) or start.
         stall_after: seconds without any change before :meth:`stalled` says so.
         effects: kinds whose completion has an effect to apply once.
@@ -142,9 +166,12 @@ class Scheduler:
         kinds: Any = None,
         spawn_limits: SpawnLimits | None = None,
         default_attempts: int | None = None,
+        max_replans: int = 2,
     ) -> None:
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
                        stall_after=stall_after, max_reclaims=max_reclaims)
+        if max_replans < 0:
+            raise UsageError(f"max_replans must be >= 0, got {max_replans}")
         self.router = router
         self.retry = retry
         self.retry_budget = retry_budget
@@ -159,6 +186,14 @@ class Scheduler:
         self.kinds = kinds
         self.spawn_limits = spawn_limits or SpawnLimits()
         self.default_attempts = default_attempts
+        self.max_replans = max_replans
+        self.can_replan = False
+        """Set by a driver that has a replanner."""
+        self.replans_used = 0
+        self.replanned: set[str] = set()
+        """Dead tasks a replan was asked for (once each)."""
+        self._replans_due: list[ReplanRequest] = []
+        self._replans_open: set[str] = set()
         self._sink = sink
         self._rng = random.Random(seed)
         self.tasks: dict[str, Task] = {}
@@ -644,9 +679,9 @@ class Scheduler:
         A task waiting for a known retry time, or an effect waiting for its next try, is not
         a stall: the run knows when it goes on.
         """
-        if not self.unfinished and not self.effects_pending:
+        if not self.unfinished and not self.effects_pending and not self._replans_open:
             return False
-        if self._delayed or self._effects_due:
+        if self._delayed or self._effects_due or self._replans_open:
             return False
         return now - self.last_change >= self.stall_after
 
@@ -660,8 +695,8 @@ class Scheduler:
 
     @property
     def done(self) -> bool:
-        """Every task final and every effect applied or given up on."""
-        return not self.unfinished and not self.effects_pending
+        """Every task final, every effect applied or given up on, every replan answered."""
+        return not self.unfinished and not self.effects_pending and not self._replans_open
 
     # ---- records changed elsewhere ---------------------------------------------------------
 
@@ -715,6 +750,59 @@ class Scheduler:
             dep = self.tasks.get(dep_id)
             if dep is not None and dep.status in _CANCELLABLE:
                 self._cancel(dep, task.id, now)
+        if self.on_dead == "replan":
+            self._ask_replan(task, seen)
+
+    # ---- replanning ------------------------------------------------------------------------
+
+    def _ask_replan(self, dead: Task, downstream: Collection[str]) -> None:
+        """Queue a replan of ``dead`` unless the run cannot (no replanner, bound reached,
+        asked before, stopping): then the dependents stay cancelled."""
+        if (not self.can_replan or dead.id in self.replanned or self.stopping
+                or self.replans_used >= self.max_replans):
+            return
+        self.replanned.add(dead.id)
+        self.replans_used += 1
+        cancelled = tuple(self.tasks[d] for d in downstream
+                          if self.tasks[d].status is Status.CANCELLED
+                          and self.tasks[d].cause == dead.id)
+        results = {t.id: t.result for t in self.tasks.values() if t.status is Status.COMPLETED}
+        self._replans_due.append(ReplanRequest(dead, cancelled, results, self.replans_used))
+        self._replans_open.add(dead.id)
+
+    def replans_due(self) -> list[ReplanRequest]:
+        """Replans the driver should ask its replanner for now (each handed out once)."""
+        due, self._replans_due = self._replans_due, []
+        return due
+
+    def replan_done(self, request: ReplanRequest, fragment: Sequence[SpawnRequest] | None,
+                    error: str | None, now: float) -> bool:
+        """The replanner answered ``fragment`` (or failed with ``error``).
+
+        The fragment is validated as an addition spawned by the dead task (the plan's
+        checks and the spawn limits); valid, it joins the run with a ``replanned`` event
+        on the dead task; otherwise ``replan_failed`` is recorded with the problems and the
+        dependents stay cancelled. Returns whether the fragment was added.
+        """
+        dead = self.tasks[request.dead.id]
+        self._replans_open.discard(dead.id)
+        self.touch(now)
+        if error is None and fragment is not None and not self.stopping:
+            try:
+                addition = self.expansion(dead, fragment, now)
+            except InvalidPlan as exc:
+                error = spawn_refused(exc).error
+            else:
+                self._sink(dead, E.REPLANNED, None,
+                           {"cause": dead.error, "replan": request.number,
+                            "tasks": [t.id for t in addition.tasks],
+                            "replaces": [t.id for t in request.cancelled]}, dead.token)
+                self.grow(addition, now)
+                return True
+        self._sink(dead, E.REPLAN_FAILED, None,
+                   {"cause": dead.error, "replan": request.number,
+                    "error": error or "stopping"}, dead.token)
+        return False
 
     def _cancel(self, task: Task, cause: str, now: float) -> None:
         self._change(task, Status.CANCELLED, E.CANCELLED, None, {"cause": cause}, cause=cause,
@@ -879,7 +967,8 @@ def check_policies(*, on_dead: str = "cancel_dependents", retry_budget: int | No
                    max_attempts: int = 1) -> None:
     """Refuse settings no run can honour, with one clear message each."""
     if on_dead not in ON_DEAD:
-        raise UsageError(f"on_dead must be 'cancel_dependents' or 'abort_run', not {on_dead!r}")
+        raise UsageError(f"on_dead must be 'cancel_dependents', 'abort_run' or 'replan', "
+                         f"not {on_dead!r}")
     if max_attempts < 1:
         raise UsageError("max_attempts must be >= 1")
     if not (stale_after > 0 and stall_after > 0):
