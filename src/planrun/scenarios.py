@@ -29,6 +29,8 @@ __all__ = ["SCENARIOS", "TICKETS", "Scenario", "get_scenario", "run_scenario"]
 
 TICKETS = 200
 """Tickets in the ``tickets`` scenario (two requests each)."""
+TRIAGE_TICKETS = 20
+"""Tickets the ``triage`` scenario's first task fetches (two spawned requests each)."""
 
 RETRY_AFTER_S = 2
 """The ``Retry-After`` the ``rate_limited`` scenario's 429 replies carry, in seconds."""
@@ -80,6 +82,15 @@ async def _tickets(model: Model, clock: Clock | None) -> RunReport:
     return await aplan_and_run(plan, app, model=model, clock=clock)
 
 
+async def _triage(model: Model, clock: Clock | None) -> RunReport:
+    from planrun.examples import tickets
+    from planrun.runner import aplan_and_run
+
+    app, _, _ = tickets.make_app()
+    plan = tickets.triage_plan(TRIAGE_TICKETS, app.registry, seed=0)
+    return await aplan_and_run(plan, app, model=model, clock=clock)
+
+
 async def _release(model: Model, clock: Clock | None) -> RunReport:
     from planrun.examples import release
     from planrun.runner import aplan_and_run
@@ -121,6 +132,14 @@ SCENARIOS: dict[str, Scenario] = {
             _tickets,
             counts={"completed": 2 * TICKETS},
             requests=2 * TICKETS,
+        ),
+        Scenario(
+            "triage",
+            f"The triage grown at run time: one task fetches {TRIAGE_TICKETS} tickets and "
+            "spawns a classify and a draft task per ticket, and a summary after every draft.",
+            _triage,
+            counts={"completed": 2 + 2 * TRIAGE_TICKETS},
+            requests=2 * TRIAGE_TICKETS,
         ),
         Scenario(
             "release",

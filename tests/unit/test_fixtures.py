@@ -105,6 +105,23 @@ def test_tickets_replay_sends_each_reply_once() -> None:
     assert len(outbox.sent) + len(desk.flagged) == 200 and outbox.attempts == len(outbox.sent)
 
 
+def test_triage_replay_grows_from_its_fetch_and_sends_each_reply_once() -> None:
+    app, outbox, desk = tickets.make_app()
+    plan = tickets.triage_plan(20, app.registry, seed=0)
+    assert [t.kind for t in plan.tasks] == ["fetch_tickets"]
+    with replay(FIXTURES / "triage.json") as cassette:
+        report = plan_and_run(plan, app, model=cassette.model(), clock=VirtualClock())
+    assert report.counts["completed"] == 42 and not cassette.unused()
+    by_id = {t.id: t for t in report.tasks}
+    assert {t.kind for t in report.tasks if t.id != "t0"} == {
+        "classify_ticket", "draft_reply", "summarize_triage"}
+    assert all(t.id.startswith("t0/") for t in report.tasks if t.id != "t0")
+    summary = by_id["t0/40"].result
+    assert summary["drafts"] == 20 and sum(summary["by_category"].values()) == 20
+    assert summary["needs_human"] == len(desk.flagged)
+    assert len(outbox.sent) + len(desk.flagged) == 20 and outbox.attempts == len(outbox.sent)
+
+
 def _per_task(report: RunReport, *, workers: bool) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = defaultdict(list)
     for event in report.events:
