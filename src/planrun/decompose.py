@@ -28,7 +28,6 @@ from planrun.registry import Registry, SpawnRequest, spawn_id
 if TYPE_CHECKING:
     from planrun.model import Model
     from planrun.scheduling import ReplanRequest
-    from planrun.task import Task
     from planrun.usage import Usage
 
 __all__ = ["adecompose", "decompose", "repair_message", "replan_goal", "replanner"]
@@ -178,19 +177,31 @@ def replanner(
         plan = await adecompose(
             replan_goal(goal, request), registry, model, min_tasks=min_tasks,
             max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts, meter=meter)
-        return fragment_of(plan, request.dead)
+        return fragment_of(plan, request)
 
     return replan
 
 
-def fragment_of(plan: Plan, dead: Task) -> list[SpawnRequest]:
-    """A plan as the fragment that replaces ``dead``: ids ``"<dead>/<n>"``, roots after
-    ``dead``'s own dependencies."""
-    return [
-        SpawnRequest(t.kind, dict(t.payload),
-                     tuple(spawn_id(dead.id, d) for d in t.depends_on) or dead.depends_on)
-        for t in plan.tasks
-    ]
+def fragment_of(plan: Plan, request: ReplanRequest) -> list[SpawnRequest]:
+    """A plan as the fragment that replaces the dead task and its cancelled dependents.
+
+    Ids are ``"<dead>/<n>"``. Its first tasks wait for what the dead task waited for; its
+    last ones (no task of the fragment waits for them) also get what the replaced tasks
+    had from the rest of the run (their completed dependencies), so a replacement of the
+    final step still sees every input the original would have seen.
+    """
+    dead = request.dead
+    replaced = {dead.id, *(t.id for t in request.cancelled)}
+    kept = tuple(dict.fromkeys(d for t in request.cancelled for d in t.depends_on
+                               if d not in replaced and d in request.results))
+    used = {d for t in plan.tasks for d in t.depends_on}
+    out = []
+    for i, t in enumerate(plan.tasks):
+        deps = tuple(spawn_id(dead.id, d) for d in t.depends_on) or dead.depends_on
+        if i not in used:
+            deps = tuple(dict.fromkeys(deps + kept))
+        out.append(SpawnRequest(t.kind, dict(t.payload), deps))
+    return out
 
 
 def _failure_message(history: Sequence[Sequence[Problem]], attempts: int) -> str:

@@ -82,6 +82,16 @@ async def _tickets(model: Model, clock: Clock | None) -> RunReport:
     return await aplan_and_run(plan, app, model=model, clock=clock)
 
 
+async def _brief_replan(model: Model, clock: Clock | None) -> RunReport:
+    from planrun.examples import brief
+    from planrun.runner import aplan_and_run
+    from planrun.scheduling import RetryPolicy
+
+    app = brief.make_app(unavailable=("Wallets",))
+    return await aplan_and_run(brief.GOAL, app, model=model, clock=clock, on_dead="replan",
+                               retry=RetryPolicy(attempts=3, base=0.5, cap=2.0, jitter=0.0))
+
+
 async def _triage(model: Model, clock: Clock | None) -> RunReport:
     from planrun.examples import tickets
     from planrun.runner import aplan_and_run
@@ -132,6 +142,15 @@ SCENARIOS: dict[str, Scenario] = {
             _tickets,
             counts={"completed": 2 * TICKETS},
             requests=2 * TICKETS,
+        ),
+        Scenario(
+            "brief_replan",
+            "The competitive brief with the wallets research failing on every attempt: it "
+            "dies after three, and the model re-plans it and the steps it cancelled (the "
+            "wallets analysis, the brief); the replacement runs.",
+            _brief_replan,
+            counts={"completed": 6, "dead": 1, "cancelled": 2},
+            requests=9,
         ),
         Scenario(
             "triage",

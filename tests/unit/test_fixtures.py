@@ -492,3 +492,24 @@ def test_replay_model_needs_no_key_and_follows_the_cassette() -> None:
         report = plan_and_run(release.RELEASE_PLAN, release.make_app(), model=model,
                               clock=VirtualClock())
     assert report.ok and isinstance(cassette, Cassette) and not cassette.unused()
+
+
+def test_brief_replan_replay_replaces_the_dead_research_and_its_steps() -> None:
+    report, cassette = run_cassette("brief_replan")
+    by_id = {t.id: t for t in report.tasks}
+    dead = [t for t in report.tasks if t.status == "dead"]
+    assert [t.kind for t in dead] == ["research"] and dead[0].attempts == 3
+    assert "timed out" in (dead[0].error or "")
+    replanned = [e for e in report.events if e.event == "replanned"]
+    assert [e.task for e in replanned] == [dead[0].id]
+    assert len(replanned[0].detail["replaces"]) == 2  # the wallets analysis and the brief
+    fragment = replanned[0].detail["tasks"]
+    assert [by_id[i].kind for i in fragment] == ["research", "analyse", "write_brief"]
+    assert all(by_id[i].status == "completed" for i in fragment)
+    # the replacement brief sees the surviving analysis too
+    kept = [t.id for t in report.tasks if t.kind == "analyse" and t.status == "completed"
+            and t.id not in fragment]
+    brief = report.result.tasks[fragment[2]]
+    assert set(kept) < set(brief.depends_on)
+    plans = [i for i in cassette.interactions if i.request.schema_name == "plan"]
+    assert len(plans) == 3 and "timed out" in json.dumps(plans[-1].request.messages)

@@ -763,7 +763,7 @@ class Scheduler:
             return
         self.replanned.add(dead.id)
         self.replans_used += 1
-        cancelled = tuple(self.tasks[d] for d in downstream
+        cancelled = tuple(self.tasks[d] for d in sorted(downstream, key=self._order.__getitem__)
                           if self.tasks[d].status is Status.CANCELLED
                           and self.tasks[d].cause == dead.id)
         results = {t.id: t.result for t in self.tasks.values() if t.status is Status.COMPLETED}
