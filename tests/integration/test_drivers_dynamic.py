@@ -403,3 +403,45 @@ def test_without_a_replanner_replan_cancels_the_dependents(driver: Driver) -> No
     assert result.tasks["report"].status is Status.CANCELLED
     assert result.tasks["report"].cause == "dig"
     assert not any(e.event.startswith("replan") for e in result.events)
+
+
+@pytest.mark.parametrize("url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_replan_cut_off_by_a_stop_is_asked_again_on_resume_once(url: str,
+                                                                   tmp_path: Any) -> None:
+    from planrun.registry import KindSpec, Registry
+    from planrun.supervisor import Supervisor
+
+    registry = Registry(KindSpec(k, handler=h) for k, h in REPLAN_HANDLERS.items())
+
+    async def never(request: Any) -> list[SpawnRequest]:
+        await asyncio.Event().wait()  # the process stops while the model is asked
+        return []
+
+    async def go(store_url: str) -> RunResult:
+        store = open_store(store_url)
+        await store.open()
+        try:
+            first = Supervisor(registry, store=store, run_id="rp", on_dead="replan",
+                               replanner=never)
+            first.add_tasks(research_plan())
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(first.arun(), 2.0)
+            asked: list[Any] = []
+            again = Supervisor(registry, store=store, run_id="rp", on_dead="replan",
+                               replanner=alternative(asked))
+            result = await again.aresume()
+            assert [r.dead.id for r in asked] == ["dig"]
+            return result
+        finally:
+            await store.close()
+
+    def run(store_url: str) -> RunResult:
+        return asyncio.run(go(store_url))
+
+    if url == "sqlite":
+        result = run(f"sqlite:///{tmp_path / 'replan.db'}")
+    else:
+        [result] = [run(u) for u in fresh_schema("planrun_replan")]
+    assert result.tasks["dig/1"].status is Status.COMPLETED
+    assert sum(e.event == "replanned" for e in result.events) == 1
+    assert set(completions(result).values()) == {1}
