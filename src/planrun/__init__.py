@@ -50,7 +50,7 @@ from planrun.ownership import hold_run
 from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
 from planrun.prompts import PromptLibrary, RenderedPrompt
 from planrun.redact import redact
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.registry import KindSpec, Registry, SpawnRequest, TaskContext, WorkerSpec
 from planrun.runner import (
     App,
     RunReport,
@@ -60,6 +60,7 @@ from planrun.runner import (
     plan_and_run,
     resume_run,
 )
+from planrun.scheduling import SpawnLimits
 from planrun.sim import Scenario, SimResult, simulate
 from planrun.stores import open_store
 from planrun.supervisor import Backoff, RunResult, Supervisor
@@ -119,6 +120,8 @@ __all__ = [
     "SharedBudget",
     "SharedRateLimiter",
     "SimResult",
+    "SpawnLimits",
+    "SpawnRequest",
     "StallError",
     "Status",
     "StoreError",

@@ -518,7 +518,7 @@ def _add_run(subparsers: _Subparsers) -> None:
     _add_model_args(parser)
     parser.add_argument("--strategy", choices=STRATEGIES,
                         help="routing (default balanced; local workers only)")
-    parser.add_argument("--on-dead", choices=["cancel_dependents", "abort_run"],
+    parser.add_argument("--on-dead", choices=["cancel_dependents", "abort_run", "replan"],
                         default="cancel_dependents")
     parser.add_argument("--budget-tokens", type=_positive_int, metavar="N",
                         help="tokens the whole run may use, in every process")

@@ -15,7 +15,7 @@ with every problem of the last attempt and the raw output of each attempt.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from planrun import tracing
@@ -23,13 +23,14 @@ from planrun.clock import RealClock, run_blocking
 from planrun.errors import InvalidPlan, UsageError
 from planrun.plan import Plan, Problem, plan_schema
 from planrun.prompts import PromptLibrary, describe_kinds
-from planrun.registry import Registry
+from planrun.registry import Registry, SpawnRequest, spawn_id
 
 if TYPE_CHECKING:
     from planrun.model import Model
+    from planrun.scheduling import ReplanRequest
     from planrun.usage import Usage
 
-__all__ = ["adecompose", "decompose", "repair_message"]
+__all__ = ["adecompose", "decompose", "repair_message", "replan_goal", "replanner"]
 
 
 def repair_message(problems: Sequence[Problem]) -> str:
@@ -134,6 +135,73 @@ def decompose(
             repair_attempts=repair_attempts, prompts=prompts, meter=meter,
         ),
     )
+
+
+def replan_goal(goal: str, request: ReplanRequest, *, max_chars: int = 4000) -> str:
+    """The goal the decomposer is given to re-plan a dead task's part of ``goal``."""
+    dead = request.dead
+    results = json.dumps(dict(request.results), default=str, sort_keys=True)
+    if len(results) > max_chars:
+        results = results[:max_chars] + " ..."
+    replaced = ", ".join(f"{t.id} ({t.kind} {json.dumps(dict(t.payload), sort_keys=True)})"
+                         for t in request.cancelled) or "none"
+    return (
+        f"{goal.strip()}\n\n"
+        f"Re-plan part of this goal. Task {dead.id} ({dead.kind} "
+        f"{json.dumps(dict(dead.payload), sort_keys=True)}) failed for good: {dead.error}. "
+        f"Its dependents were cancelled: {replaced}. Results so far: {results}. "
+        "Plan only the tasks that replace the failed task and its cancelled dependents, "
+        "another way if the failure says the same way cannot work."
+    )
+
+
+def replanner(
+    goal: str,
+    registry: Registry,
+    model: Model,
+    *,
+    min_tasks: int = 1,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    meter: Usage | None = None,
+) -> Callable[[ReplanRequest], Awaitable[list[SpawnRequest]]]:
+    """A replanner for ``Supervisor(on_dead="replan", replanner=...)`` over the decomposer.
+
+    Each replan is one decomposition (with its repair loop, charged to ``meter``, so to the
+    run's budget) of :func:`replan_goal`; the fragment's first tasks depend on what the
+    dead task depended on, the others on earlier tasks of the fragment.
+    """
+
+    async def replan(request: ReplanRequest) -> list[SpawnRequest]:
+        plan = await adecompose(
+            replan_goal(goal, request), registry, model, min_tasks=min_tasks,
+            max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts, meter=meter)
+        return fragment_of(plan, request)
+
+    return replan
+
+
+def fragment_of(plan: Plan, request: ReplanRequest) -> list[SpawnRequest]:
+    """A plan as the fragment that replaces the dead task and its cancelled dependents.
+
+    Ids are ``"<dead>/<n>"``. Its first tasks wait for what the dead task waited for; its
+    last ones (no task of the fragment waits for them) also get what the replaced tasks
+    had from the rest of the run (their completed dependencies), so a replacement of the
+    final step still sees every input the original would have seen.
+    """
+    dead = request.dead
+    replaced = {dead.id, *(t.id for t in request.cancelled)}
+    kept = tuple(dict.fromkeys(d for t in request.cancelled for d in t.depends_on
+                               if d not in replaced and d in request.results))
+    used = {d for t in plan.tasks for d in t.depends_on}
+    out = []
+    for i, t in enumerate(plan.tasks):
+        deps = tuple(spawn_id(dead.id, d) for d in t.depends_on) or dead.depends_on
+        if i not in used:
+            deps = tuple(dict.fromkeys(deps + kept))
+        out.append(SpawnRequest(t.kind, dict(t.payload), deps))
+    return out
 
 
 def _failure_message(history: Sequence[Sequence[Problem]], attempts: int) -> str:

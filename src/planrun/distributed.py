@@ -39,26 +39,31 @@ from typing import Any, Literal
 from planrun import tracing
 from planrun.attempt import jsonable, maybe_await, run_attempt
 from planrun.clock import Clock, RealClock
-from planrun.errors import StallError, StoreError, UsageError
+from planrun.errors import InvalidPlan, StallError, StoreError, UsageError
 from planrun.ledger import Event, analyze
 from planrun.ledger import EventName as E
 from planrun.redact import redact
-from planrun.registry import Registry, TaskContext
+from planrun.registry import Registry, SpawnRequest, TaskContext
 from planrun.routing import Router, get_router
 from planrun.scheduling import (
     EFFECT_RETRY,
     SCHEDULER_RETRY,
+    Addition,
     Backoff,
+    Failure,
     OnDead,
     RetryPolicy,
     Scheduler,
+    SpawnLimits,
     as_policy,
     check_policies,
+    expand,
     failure_of,
     retries_spent,
+    spawn_refused,
     timed_out,
 )
-from planrun.stores.base import RunInfo, Store
+from planrun.stores.base import RunInfo, Store, WidenConflict
 from planrun.supervisor import EffectFn, RunResult
 from planrun.task import Status, Task, transition
 
@@ -102,7 +107,10 @@ class Coordinator:
         store_patience: seconds a failing store is ridden out before :class:`StoreError`
             (the same patience as the supervisor's).
         clock: :class:`RealClock` (default) or :class:`VirtualClock`.
-        effect_retry: as for :class:`~planrun.Supervisor`.
+        effect_retry, spawn_limits: as for :class:`~planrun.Supervisor`. The limits are
+            kept with the run, where worker processes read them: a worker whose handler
+            spawns validates the addition with the core's rule and writes it with the
+            completion, in one fenced transaction.
 
     Resource locks hold in push mode, where the coordinator alone decides who starts
     what: a task is not assigned while another task naming one of its resources is
@@ -133,6 +141,7 @@ class Coordinator:
         store_patience: float = 120.0,
         effect_retry: RetryPolicy | None = None,
         clock: Clock | None = None,
+        spawn_limits: SpawnLimits | None = None,
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
@@ -158,7 +167,8 @@ class Coordinator:
             router=get_router(strategy), retry=policy, sink=self._decided,
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects,
-            effect_retry=effect_retry or EFFECT_RETRY,
+            effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
+            spawn_limits=spawn_limits, default_attempts=self.max_attempts,
         )
         self._changes: list[_Change] = []
         self._seq = -1
@@ -186,7 +196,8 @@ class Coordinator:
                     "need push mode (the coordinator assigns); peer-mode workers claim alone")
         added = self.core.add(batch, now, default_attempts=self.max_attempts)
         self._changes.clear()  # the created events go in with the rows
-        meta = {**self.meta, "mode": self.mode, "coordinated": True}
+        meta = {**self.meta, "mode": self.mode, "coordinated": True,
+                "spawn": {**self.core.spawn_limits.to_dict(), "max_attempts": self.max_attempts}}
         await self.store.create_run(RunInfo(self.run_id, now, "running", self.goal, meta))
         created = [Event(i, now, t.id, E.CREATED, None, 0, {}) for i, t in enumerate(added)]
         await self.store.add_tasks(self.run_id, added, created)
@@ -517,6 +528,7 @@ class WorkerProcess:
         spec = self.registry[task.kind]
         renewer = asyncio.ensure_future(self._renew(run_id, task))
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
+        addition: Addition | None = None
         try:
             extras = self.extras
             if self.extras_for is not None:  # the run's own model, limiter and budget
@@ -526,10 +538,13 @@ class WorkerProcess:
                               payload=task.payload, estimate_s=task.estimate_s,
                               inputs=await self._inputs(run_id, task), extras=extras)
             result = await run_attempt(spec, spec.handler, task, ctx, limit)
+            addition = await self._expansion(run_id, task, ctx.spawned)
         except asyncio.CancelledError:
             raise
         except (TimeoutError, asyncio.TimeoutError) as exc:
             outcome, name, detail = self._failure(task, timed_out(exc, limit))
+        except InvalidPlan as exc:
+            outcome, name, detail = self._refused(task, spawn_refused(exc))
         except Exception as exc:
             outcome, name, detail = self._failure(task, exc)
         else:
@@ -537,9 +552,30 @@ class WorkerProcess:
                                  finished_at=self._now(), attempts=task.attempts + 1,
                                  lease=None, error=None, error_class=None)
             name, detail = E.COMPLETED, {}
+            if addition is not None:
+                detail = {"spawned": len(addition.tasks)}
         finally:
             renewer.cancel()
-        await self._report(run_id, task, outcome, name, detail)
+        await self._report(run_id, task, outcome, name, detail, addition)
+
+    async def _expansion(self, run_id: str, task: Task,
+                         spawned: Sequence[SpawnRequest]) -> Addition | None:
+        """What the attempt's spawns add, by the core's rule, against the stored run."""
+        if not spawned:
+            return None
+        state = await self.store.load_tasks(run_id)
+        limits = dict(state.run.meta.get("spawn") or {})
+        attempts = limits.pop("max_attempts", None)
+        records = {t.id: t for t in state.tasks}
+        return expand(records.get(task.id, task), spawned, records, self.registry,
+                      SpawnLimits.from_dict(limits), self._now(),
+                      default_attempts=None if attempts is None else int(attempts))
+
+    def _refused(self, task: Task, failure: Failure) -> tuple[Task, str, dict[str, Any]]:
+        failed = transition(task, Status.FAILED, error=failure.error,
+                            error_class=failure.error_class, attempts=task.attempts + 1,
+                            lease=None)
+        return failed, E.FAILED, {"error": failure.error}
 
     async def _inputs(self, run_id: str, task: Task) -> dict[str, Any]:
         if not task.depends_on:
@@ -564,15 +600,35 @@ class WorkerProcess:
         return failed, E.FAILED, detail
 
     async def _report(self, run_id: str, task: Task, outcome: Task, name: str,
-                      detail: Mapping[str, Any]) -> None:
-        """Write the outcome fenced by the token; never write one that cannot be fenced."""
+                      detail: Mapping[str, Any], addition: Addition | None = None) -> None:
+        """Write the outcome fenced by the token; never write one that cannot be fenced.
+
+        What the attempt spawned goes in the same transaction: a refused (reclaimed)
+        outcome adds nothing.
+        """
         tracing.attempt_outcome(outcome, name)
-        event = _event(outcome, name, self._now(), self.name, detail)
+        now = self._now()
+        event = _event(outcome, name, now, self.name, detail)
+        added: list[tuple[Task, Event]] = []
+        widened: list[tuple[Task, Event]] = []
+        if addition is not None:
+            widened = [(j, _event(j, E.JOINED, now, detail={"depends_on": len(j.depends_on)}))
+                       for j in addition.joiners]
+            added = [(t, _event(t, E.CREATED, now, detail={"parent": t.parent}))
+                     for t in addition.tasks]
         delay = 0.2
         while True:
             try:
-                ok = await self.store.write_fenced(run_id, outcome, event, task.token)
+                ok = await self.store.write_fenced(run_id, outcome, event, task.token,
+                                                   added, widened)
                 break
+            except WidenConflict:  # another spawn widened a joiner first: read it again
+                assert addition is not None
+                addition = await self._expansion(run_id, task, addition.requests)
+                assert addition is not None
+                widened = [(j, _event(j, E.JOINED, now,
+                                      detail={"depends_on": len(j.depends_on)}))
+                           for j in addition.joiners]
             except StoreError as exc:
                 if self._now() > (task.lease or 0) + self.lease_s:
                     log.warning("worker %s: dropping the result of %s: %s", self.name,

@@ -48,6 +48,13 @@ class EventName:
     REJECTED = "rejected"
     EFFECT = "effect"
     EFFECT_FAILED = "effect_failed"
+    REPLANNED = "replanned"
+    """A dead task's part of the goal was re-planned: its replacement tasks were added."""
+    REPLAN_FAILED = "replan_failed"
+    """Re-planning a dead task failed (model error, invalid fragment): its dependents stay
+    cancelled."""
+    JOINED = "joined"
+    """A pending task waits for more: tasks spawned by a task it joins."""
 
 
 @dataclass(frozen=True, slots=True)

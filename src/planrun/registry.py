@@ -32,6 +32,7 @@ __all__ = [
     "Handler",
     "KindSpec",
     "Registry",
+    "SpawnRequest",
     "TaskContext",
     "WorkerSpec",
     "idempotency_key",
@@ -56,6 +57,27 @@ def idempotency_key(run_id: str, task_id: str, payload: Mapping[str, Any]) -> st
 
 
 @dataclass(frozen=True)
+class SpawnRequest:
+    """One task a handler asked to add to its run (see :meth:`TaskContext.spawn`).
+
+    ``depends_on`` names task ids: tasks of the run, or tasks spawned earlier by the same
+    attempt (the ids :meth:`TaskContext.spawn` returned). ``joins`` names tasks whose spawned
+    tasks (all of them, at any depth) the new task also waits for.
+    """
+
+    kind: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    depends_on: tuple[str, ...] = ()
+    joins: tuple[str, ...] = ()
+    estimate_s: float = 1.0
+
+
+def spawn_id(spawner: str, n: int) -> str:
+    """The id of the ``n``-th task spawned by task ``spawner`` (stable across processes)."""
+    return f"{spawner}/{n}"
+
+
+@dataclass(frozen=True)
 class TaskContext:
     """What a handler may know about the task it is doing, and its one way to talk back."""
 
@@ -74,6 +96,31 @@ class TaskContext:
     """Renew this task's lease; long-running handlers call it now and then."""
     extras: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """Run-wide objects a runner hands to handlers (the model, the usage meter, ...)."""
+
+    spawned: list[SpawnRequest] = field(default_factory=list, repr=False, compare=False)
+    """What this attempt asked to add (:meth:`spawn`); recorded only if it completes."""
+
+    def spawn(self, kind: str, payload: Mapping[str, Any] | BaseModel | None = None, *,
+              depends_on: Iterable[str] = (), joins: Iterable[str] = (),
+              estimate_s: float = 1.0) -> str:
+        """Ask for a new task in this run; return its id.
+
+        Nothing is added until this attempt completes: the addition is then validated like
+        a plan (kinds, payload models, dependencies on tasks that exist or were spawned
+        before by this attempt, the run's spawn limits) and recorded with the completion, in
+        one write. If it is invalid, this task fails permanently with every problem listed;
+        if the attempt fails, what it asked for is dropped.
+
+        ``depends_on``: ids of tasks the new one waits for. ``joins``: ids of tasks whose
+        spawned tasks, all of them at any depth, it also waits for (a reduce after a map).
+        """
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="json")
+        if isinstance(depends_on, str) or isinstance(joins, str):
+            raise UsageError("depends_on and joins take a list of task ids, not one string")
+        self.spawned.append(SpawnRequest(kind, dict(payload or {}), tuple(depends_on),
+                                         tuple(joins), float(estimate_s)))
+        return spawn_id(self.task_id, len(self.spawned) - 1)
 
     @functools.cached_property
     def idempotency_key(self) -> str:

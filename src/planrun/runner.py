@@ -317,6 +317,9 @@ async def aplan_and_run(
                     max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts,
                     meter=meter,
                 )
+            _with_replanner(supervisor_options, plan.goal, app.registry, model, meter,
+                            repair_attempts=repair_attempts, prompts=prompts,
+                            max_tasks=max_tasks)
             sup = Supervisor(
                 app.registry,
                 app.worker_specs(),
@@ -386,6 +389,9 @@ async def aresume_run(
         meter = UsageMeter(prices, budget, shared=shared)
         stored = (await opened.load_tasks(run_id)).run.meta if tracing.enabled() else {}
         with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
+            if supervisor_options.get("on_dead") == "replan":
+                goal = (await opened.load_tasks(run_id)).run.goal
+                _with_replanner(supervisor_options, goal, app.registry, model, meter)
             sup = Supervisor(
                 app.registry, app.worker_specs(), clock=clock, run_id=run_id,
                 effects=app.effects, on_event=traced.on_event if traced else progress,
@@ -465,6 +471,17 @@ def _default_model() -> Model:
     from planrun.model import Model
 
     return Model()
+
+
+def _with_replanner(options: dict[str, Any], goal: str, registry: Registry,
+                    model: Model | None, meter: Usage, **decompose_options: Any) -> None:
+    """With ``on_dead="replan"`` and a model, re-plan through the decomposer (metered by
+    the run's meter, so charged to its budget) unless a replanner was given."""
+    if options.get("on_dead") != "replan" or "replanner" in options or model is None:
+        return
+    from planrun.decompose import replanner
+
+    options["replanner"] = replanner(goal, registry, model, meter=meter, **decompose_options)
 
 
 def _report(plan: Plan, result: RunResult, meter: Usage) -> RunReport:

@@ -29,6 +29,8 @@ __all__ = ["SCENARIOS", "TICKETS", "Scenario", "get_scenario", "run_scenario"]
 
 TICKETS = 200
 """Tickets in the ``tickets`` scenario (two requests each)."""
+TRIAGE_TICKETS = 20
+"""Tickets the ``triage`` scenario's first task fetches (two spawned requests each)."""
 
 RETRY_AFTER_S = 2
 """The ``Retry-After`` the ``rate_limited`` scenario's 429 replies carry, in seconds."""
@@ -80,6 +82,25 @@ async def _tickets(model: Model, clock: Clock | None) -> RunReport:
     return await aplan_and_run(plan, app, model=model, clock=clock)
 
 
+async def _brief_replan(model: Model, clock: Clock | None) -> RunReport:
+    from planrun.examples import brief
+    from planrun.runner import aplan_and_run
+    from planrun.scheduling import RetryPolicy
+
+    app = brief.make_app(unavailable=("Wallets",))
+    return await aplan_and_run(brief.GOAL, app, model=model, clock=clock, on_dead="replan",
+                               retry=RetryPolicy(attempts=3, base=0.5, cap=2.0, jitter=0.0))
+
+
+async def _triage(model: Model, clock: Clock | None) -> RunReport:
+    from planrun.examples import tickets
+    from planrun.runner import aplan_and_run
+
+    app, _, _ = tickets.make_app()
+    plan = tickets.triage_plan(TRIAGE_TICKETS, app.registry, seed=0)
+    return await aplan_and_run(plan, app, model=model, clock=clock)
+
+
 async def _release(model: Model, clock: Clock | None) -> RunReport:
     from planrun.examples import release
     from planrun.runner import aplan_and_run
@@ -121,6 +142,23 @@ SCENARIOS: dict[str, Scenario] = {
             _tickets,
             counts={"completed": 2 * TICKETS},
             requests=2 * TICKETS,
+        ),
+        Scenario(
+            "brief_replan",
+            "The competitive brief with the wallets research failing on every attempt: it "
+            "dies after three, and the model re-plans it and the steps it cancelled (the "
+            "wallets analysis, the brief); the replacement runs.",
+            _brief_replan,
+            counts={"completed": 6, "dead": 1, "cancelled": 2},
+            requests=9,
+        ),
+        Scenario(
+            "triage",
+            f"The triage grown at run time: one task fetches {TRIAGE_TICKETS} tickets and "
+            "spawns a classify and a draft task per ticket, and a summary after every draft.",
+            _triage,
+            counts={"completed": 2 + 2 * TRIAGE_TICKETS},
+            requests=2 * TRIAGE_TICKETS,
         ),
         Scenario(
             "release",

@@ -17,6 +17,12 @@ Scenario JSON::
 ``fail`` / ``fail_permanent`` / ``hang``: per worker, how many times that worker fails the
 task transiently, permanently, or goes silent on it (never answers, never heartbeats).
 ``depends_on`` holds task ids or indices of earlier tasks.
+
+A plan that grows at run time says so per task: ``"spawn": [{"kind": "classify", "count":
+200, "estimate": 3}]`` adds that many tasks when the task completes (each entry may hold its
+own ``spawn``, for a deeper fan-out), and ``"joins": ["fetch"]`` makes a task wait for
+everything a task spawned, at any depth. The spawned tasks run under the same rules
+(validation, spawn limits, routing), so the makespan estimates a real run of that shape.
 """
 
 from __future__ import annotations
@@ -147,9 +153,11 @@ class SimResult:
 class _SimWorker:
     """Handler of one simulated worker: waits its duration, then follows the failure plans."""
 
-    def __init__(self, name: str, plans: Mapping[str, Mapping[str, dict[str, int]]]) -> None:
+    def __init__(self, name: str, plans: Mapping[str, Mapping[str, dict[str, int]]],
+                 spawns: Mapping[str, list[Mapping[str, Any]]] | None = None) -> None:
         self.name = name
         self.left = {tid: {k: v.get(name, 0) for k, v in p.items()} for tid, p in plans.items()}
+        self.spawns = dict(spawns or {})
 
     async def __call__(self, payload: Any, ctx: TaskContext) -> dict[str, Any]:
         await asyncio.sleep(ctx.estimate_s / ctx.skill)
@@ -162,7 +170,39 @@ class _SimWorker:
                 if what == "fail_permanent":
                     raise PermanentError(f"{self.name} failed {ctx.task_id} (permanent)")
                 raise TransientError(f"{self.name} failed {ctx.task_id}")
+        plan = self.spawns.get(ctx.task_id) or (payload or {}).get("spawn") or []
+        for entry in plan:
+            nested = {"spawn": list(entry["spawn"])} if entry.get("spawn") else {}
+            for _ in range(int(entry.get("count", 1))):
+                ctx.spawn(str(entry["kind"]), nested,
+                          estimate_s=float(entry.get("estimate", 1.0)))
         return {"worker": self.name}
+
+
+def _spawn_kinds(plan: object) -> set[str]:
+    kinds: set[str] = set()
+    for entry in plan if isinstance(plan, list) else []:
+        kinds.add(str(entry["kind"]))
+        kinds |= _spawn_kinds(entry.get("spawn"))
+    return kinds
+
+
+def _check_spawn(i: int, plan: object) -> None:
+    if not isinstance(plan, list):
+        raise UsageError(f"scenario: task {i}: 'spawn' must be a list of "
+                         "{\"kind\", \"count\", \"estimate\"} objects")
+    for entry in plan:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("kind"), str):
+            raise UsageError(f"scenario: task {i}: each 'spawn' entry needs a 'kind'")
+        count, estimate = entry.get("count", 1), entry.get("estimate", 1.0)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UsageError(f"scenario: task {i}: spawn 'count' must be an integer >= 0, "
+                             f"got {count!r}")
+        if not _is_number(estimate) or estimate < 0:
+            raise UsageError(f"scenario: task {i}: spawn 'estimate' must be a finite number "
+                             f">= 0, got {estimate!r}")
+        if entry.get("spawn") is not None:
+            _check_spawn(i, entry["spawn"])
 
 
 def _task_id(spec: Mapping[str, Any], index: int) -> str:
@@ -238,6 +278,14 @@ def _check_task(i: int, t: object, ids: Sequence[str]) -> None:
         if not known or (isinstance(d, int) and d == i) or d == ids[i]:
             raise UsageError(f"scenario: task {i} depends on {d!r}, which is no other task "
                              "(use task ids or indices)")
+    joins = t.get("joins", [])
+    if not isinstance(joins, list) or not all(
+            (isinstance(d, str) and d in ids) or (isinstance(d, int) and not isinstance(d, bool)
+                                                 and 0 <= d < len(ids) and d != i)
+            for d in joins):
+        raise UsageError(f"scenario: task {i}: 'joins' must list other tasks (ids or indices)")
+    if t.get("spawn") is not None:
+        _check_spawn(i, t["spawn"])
     for key in ("resources",):
         value = t.get(key) or []
         if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
@@ -259,12 +307,14 @@ def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Sup
         ids[i]: {k: dict(t.get(k) or {}) for k in ("fail", "fail_permanent", "hang")}
         for i, t in enumerate(scenario.tasks)
     }
-    kinds = sorted({str(t["kind"]) for t in scenario.tasks})
+    spawns = {ids[i]: list(t["spawn"]) for i, t in enumerate(scenario.tasks) if t.get("spawn")}
+    kinds = sorted({str(t["kind"]) for t in scenario.tasks}
+                   | {k for p in spawns.values() for k in _spawn_kinds(p)})
     registry = Registry(KindSpec(k) for k in kinds)
     workers = []
     for w in scenario.workers:
         skills = w.get("skills") or {k: 1.0 for k in (w.get("kinds") or kinds)}
-        handler = _SimWorker(w["name"], plans)
+        handler = _SimWorker(w["name"], plans, spawns)
         workers.append(
             WorkerSpec(
                 w["name"],
@@ -285,6 +335,7 @@ def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Sup
     tasks = []
     for i, t in enumerate(scenario.tasks):
         deps = tuple(ids[d] if isinstance(d, int) else str(d) for d in t.get("depends_on", []))
+        joins = tuple(ids[d] if isinstance(d, int) else str(d) for d in t.get("joins", []))
         tasks.append(
             Task(
                 id=ids[i],
@@ -293,6 +344,7 @@ def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Sup
                 depends_on=deps,
                 estimate_s=float(t.get("estimate", 1.0)),
                 resources=tuple(t.get("resources") or ()),
+                joins=joins,
             )
         )
     sup.add_tasks(tasks)
@@ -342,5 +394,15 @@ BUILTIN_SCENARIOS: dict[str, dict[str, Any]] = {
         ],
         "tasks": [{"kind": "summarise", "estimate": 4} for _ in range(8)],
     },
+    "fanout": {
+        "strategy": "balanced",
+        "workers": [{"name": f"w{i}", "capacity": 4} for i in (1, 2)],
+        "tasks": [
+            {"id": "fetch", "kind": "fetch", "estimate": 5,
+             "spawn": [{"kind": "classify", "count": 40, "estimate": 2}]},
+            {"id": "summary", "kind": "summarize", "estimate": 3, "joins": ["fetch"]},
+        ],
+    },
 }
-"""Scenarios from the supervisor-worker article, usable by name: ``article``, ``capability``."""
+"""Scenarios usable by name: ``article`` and ``capability`` (from the supervisor-worker
+article), ``fanout`` (one fetch spawning 40 tasks, joined by a summary)."""

@@ -23,18 +23,21 @@ from planrun.errors import DispatchError, RunAborted, StallError, StoreError, Us
 from planrun.ledger import Audit, Event, Ledger, analyze
 from planrun.ledger import EventName as E
 from planrun.redact import redact
-from planrun.registry import Registry, TaskContext, WorkerSpec
+from planrun.registry import Registry, SpawnRequest, TaskContext, WorkerSpec
 from planrun.routing import Router, WorkerState, get_router
 from planrun.scheduling import (
     EFFECT_RETRY,
     SCHEDULER_RETRY,
     Backoff,
     OnDead,
+    ReplanRequest,
     RetryPolicy,
     Scheduler,
+    SpawnLimits,
     as_policy,
     check_policies,
     failure_of,
+    replans_spent,
     retries_spent,
     timed_out,
 )
@@ -43,7 +46,7 @@ from planrun.task import Status, Task
 if TYPE_CHECKING:
     from planrun.stores.base import Store
 
-__all__ = ["Backoff", "EffectFn", "RunResult", "Supervisor"]
+__all__ = ["Backoff", "EffectFn", "Replanner", "RunResult", "Supervisor"]
 
 EffectFn = Callable[[Task, str], Any | Awaitable[Any]]
 """``effect(task, key)``: apply a side effect of a completed task, once, keyed by ``key``."""
@@ -51,8 +54,13 @@ EffectFn = Callable[[Task, str], Any | Awaitable[Any]]
 
 _CTX_COMPLETE = {f.name for f in dataclasses.fields(TaskContext)} == {
     "run_id", "task_id", "kind", "attempt", "worker", "skill", "payload", "estimate_s",
-    "inputs", "heartbeat", "extras"}
+    "inputs", "heartbeat", "extras", "spawned"}
 """The supervisor gives every field of :class:`TaskContext` (checked once, here)."""
+
+Replanner = Callable[[ReplanRequest], Awaitable[Sequence[SpawnRequest]]]
+"""``await replanner(request)``: the tasks that replace a dead task and its cancelled
+dependents (depending on tasks of the run or on earlier tasks of the fragment, by the ids
+``"<dead id>/<n>"`` they will get)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -149,6 +157,13 @@ class Supervisor:
             run stops with :class:`StoreError`; no new attempt starts meanwhile.
         effect_retry: how a failing effect is tried again (default 6 tries, 1 s doubling
             to 30 s); one that fails every try makes the run not ok.
+        spawn_limits: how far the run may grow while it runs (tasks handlers add with
+            :meth:`TaskContext.spawn`): tasks per run, per spawning task, depth of spawning.
+        replanner: with ``on_dead="replan"``, asked for a fragment that replaces a dead task
+            and the dependents its death cancelled (``await replanner(request)`` returns
+            :class:`SpawnRequest` items); the fragment is validated like a spawn. None: a
+            death cancels its dependents.
+        max_replans: replans allowed over the whole run; past it a death cancels.
     """
 
     def __init__(
@@ -178,6 +193,9 @@ class Supervisor:
         meta: Mapping[str, Any] | None = None,
         store_patience: float = 120.0,
         effect_retry: RetryPolicy | None = None,
+        spawn_limits: SpawnLimits | None = None,
+        replanner: Replanner | None = None,
+        max_replans: int = 2,
     ) -> None:
         policy = as_policy(retry if retry is not None else backoff, SCHEDULER_RETRY)
         attempts = policy.attempts if retry is not None else SCHEDULER_RETRY.attempts
@@ -205,8 +223,12 @@ class Supervisor:
             router=get_router(strategy), retry=policy, sink=self._record,
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects, seed=seed,
-            effect_retry=effect_retry or EFFECT_RETRY,
+            effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
+            spawn_limits=spawn_limits, default_attempts=self.max_attempts,
+            max_replans=max_replans,
         )
+        self.replanner = replanner
+        self.core.can_replan = replanner is not None
         for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
             self.register(spec)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -321,6 +343,7 @@ class Supervisor:
         self.ledger = Ledger(state.events)
         self._effect_records = dict(state.effects)
         self.core.retries_used = retries_spent(state.events)
+        self.core.replans_used, self.core.replanned = replans_spent(state.events)
         self.core.restore(list(state.tasks))
         self._resumed = True
         return await self.arun()
@@ -369,6 +392,7 @@ class Supervisor:
         self._launch(core.dispatch(now))
         for task in core.effects_due(now):
             self._spawn(self._apply_effect(task))
+        self._ask_replans()
 
     def _check_workers(self) -> None:
         for task in self.core.tasks.values():
@@ -408,7 +432,7 @@ class Supervisor:
             worker=worker.name, skill=worker.spec.skill(task.kind), payload=task.payload,
             estimate_s=task.estimate_s, inputs={d: tasks[d].result for d in task.depends_on},
             heartbeat=lambda: self.core.heartbeat(task.id, token, self.clock.now()),
-            extras=self.extras,
+            extras=self.extras, spawned=[],
         )
         if _CTX_COMPLETE:  # every field given: skip the frozen __init__'s setattr per field
             ctx = object.__new__(TaskContext)
@@ -425,16 +449,17 @@ class Supervisor:
             return self._outcome(worker, task, token, None, timed_out(exc, limit))
         except Exception as exc:
             return self._outcome(worker, task, token, None, exc)
-        return self._outcome(worker, task, token, result, None)
+        return self._outcome(worker, task, token, result, None, ctx.spawned)
 
     def _outcome(self, worker: WorkerState, task: Task, token: int, result: Any,
-                 exc: BaseException | None) -> tuple[WorkerState, Task] | None:
+                 exc: BaseException | None, spawned: Sequence[SpawnRequest] = (),
+                 ) -> tuple[WorkerState, Task] | None:
         """Hand the outcome to the core and carry out what it decided; return the start
         the calling asyncio task carries on with, if any."""
         now = self.clock.now()
         core = self.core
         if exc is None:
-            ok = core.complete(task.id, token, result, now, worker.name)
+            ok = core.complete(task.id, token, result, now, worker.name, spawned)
         else:
             ok = core.fail(task.id, token, failure_of(exc), now, worker.name)
         if not ok:
@@ -450,9 +475,29 @@ class Supervisor:
             self._launch(starts)
         for due in core.effects_due(now):
             self._spawn(self._apply_effect(due))
+        self._ask_replans()
         if core.done or core.stopping or core.next_wakeup(now) < self._timer_at:
             self._wake_up()  # the loop sleeps until a time that is no longer the next one
         return carried
+
+    # ---- replans -----------------------------------------------------------------------------
+
+    def _ask_replans(self) -> None:
+        for request in self.core.replans_due():
+            self._spawn(self._replan(request))
+
+    async def _replan(self, request: ReplanRequest) -> None:
+        """Ask the replanner; the core validates and adds what it answers."""
+        assert self.replanner is not None
+        fragment: Sequence[SpawnRequest] | None = None
+        error: str | None = None
+        try:
+            fragment = list(await self.replanner(request))
+        except Exception as exc:
+            error = redact(f"{type(exc).__name__}: {exc}")
+        now = self.clock.now()
+        self.core.replan_done(request, fragment, error, now)
+        self._launch(self.core.dispatch(now))
 
     # ---- effects -----------------------------------------------------------------------------
 

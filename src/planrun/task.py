@@ -123,6 +123,10 @@ class Task:
     created_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    parent: str | None = None
+    """The task that spawned this one at run time (None: given with the plan)."""
+    joins: tuple[str, ...] = ()
+    """Tasks whose spawned tasks (at any depth) this one waits for, besides ``depends_on``."""
 
     @property
     def finished(self) -> bool:
@@ -142,6 +146,7 @@ class Task:
         data["payload"] = dict(self.payload)
         data["depends_on"] = list(self.depends_on)
         data["resources"] = list(self.resources)
+        data["joins"] = list(self.joins)
         return data
 
     @classmethod
@@ -152,6 +157,7 @@ class Task:
         values["status"] = Status(values.get("status", Status.PENDING))
         values["depends_on"] = tuple(values.get("depends_on") or ())
         values["resources"] = tuple(values.get("resources") or ())
+        values["joins"] = tuple(values.get("joins") or ())
         values["payload"] = dict(values.get("payload") or {})
         return cls(**values)
 

@@ -195,7 +195,7 @@ async def test_a_resumed_run_keeps_what_was_spent_and_drops_dead_reservations(
     "store_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
     indirect=True)
 async def test_a_schema_2_store_is_migrated_to_the_shared_limits(store_url: str) -> None:
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     store = open_store(store_url)
     await store.open()
     await store.close()

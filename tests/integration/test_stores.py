@@ -712,6 +712,8 @@ UNDO_3_POSTGRES = [
 ]
 
 
+UNDO_5 = ["ALTER TABLE planrun_tasks DROP COLUMN parent",
+          "ALTER TABLE planrun_tasks DROP COLUMN joins"]
 UNDO_4 = ["DROP TABLE planrun_limits", "DROP TABLE planrun_spend"]
 
 
@@ -720,14 +722,14 @@ def as_version_2(store_url: str) -> None:
     in PostgreSQL)."""
     if store_url.startswith("sqlite"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
-            for sql in [*UNDO_4, *UNDO_3_SQLITE]:
+            for sql in [*UNDO_5, *UNDO_4, *UNDO_3_SQLITE]:
                 conn.execute(sql)
             conn.execute("UPDATE planrun_schema SET version = 2")
         return
     import psycopg
 
     with psycopg.connect(store_url, autocommit=True) as conn:
-        for sql in [*UNDO_4, *UNDO_3_POSTGRES]:
+        for sql in [*UNDO_5, *UNDO_4, *UNDO_3_POSTGRES]:
             conn.execute(sql)
         conn.execute("UPDATE planrun_schema SET version = 2")
 
@@ -806,7 +808,7 @@ async def test_schema_2_is_migrated_to_owner_leases_and_lock_free_numbering(
     again = open_store(store_url)
     await again.open()
     try:
-        assert schema_version(store_url) == SCHEMA_VERSION == 4
+        assert schema_version(store_url) == SCHEMA_VERSION == 5
         before = await again.load(run_id)
         assert [e.event for e in before.events] == ["created"] * 3 + ["started"]
         assert before.run.owner is None and await again.run_owner(run_id) is None

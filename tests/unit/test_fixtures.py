@@ -105,6 +105,23 @@ def test_tickets_replay_sends_each_reply_once() -> None:
     assert len(outbox.sent) + len(desk.flagged) == 200 and outbox.attempts == len(outbox.sent)
 
 
+def test_triage_replay_grows_from_its_fetch_and_sends_each_reply_once() -> None:
+    app, outbox, desk = tickets.make_app()
+    plan = tickets.triage_plan(20, app.registry, seed=0)
+    assert [t.kind for t in plan.tasks] == ["fetch_tickets"]
+    with replay(FIXTURES / "triage.json") as cassette:
+        report = plan_and_run(plan, app, model=cassette.model(), clock=VirtualClock())
+    assert report.counts["completed"] == 42 and not cassette.unused()
+    by_id = {t.id: t for t in report.tasks}
+    assert {t.kind for t in report.tasks if t.id != "t0"} == {
+        "classify_ticket", "draft_reply", "summarize_triage"}
+    assert all(t.id.startswith("t0/") for t in report.tasks if t.id != "t0")
+    summary = by_id["t0/40"].result
+    assert summary["drafts"] == 20 and sum(summary["by_category"].values()) == 20
+    assert summary["needs_human"] == len(desk.flagged)
+    assert len(outbox.sent) + len(desk.flagged) == 20 and outbox.attempts == len(outbox.sent)
+
+
 def _per_task(report: RunReport, *, workers: bool) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = defaultdict(list)
     for event in report.events:
@@ -475,3 +492,24 @@ def test_replay_model_needs_no_key_and_follows_the_cassette() -> None:
         report = plan_and_run(release.RELEASE_PLAN, release.make_app(), model=model,
                               clock=VirtualClock())
     assert report.ok and isinstance(cassette, Cassette) and not cassette.unused()
+
+
+def test_brief_replan_replay_replaces_the_dead_research_and_its_steps() -> None:
+    report, cassette = run_cassette("brief_replan")
+    by_id = {t.id: t for t in report.tasks}
+    dead = [t for t in report.tasks if t.status == "dead"]
+    assert [t.kind for t in dead] == ["research"] and dead[0].attempts == 3
+    assert "timed out" in (dead[0].error or "")
+    replanned = [e for e in report.events if e.event == "replanned"]
+    assert [e.task for e in replanned] == [dead[0].id]
+    assert len(replanned[0].detail["replaces"]) == 2  # the wallets analysis and the brief
+    fragment = replanned[0].detail["tasks"]
+    assert [by_id[i].kind for i in fragment] == ["research", "analyse", "write_brief"]
+    assert all(by_id[i].status == "completed" for i in fragment)
+    # the replacement brief sees the surviving analysis too
+    kept = [t.id for t in report.tasks if t.kind == "analyse" and t.status == "completed"
+            and t.id not in fragment]
+    brief = report.result.tasks[fragment[2]]
+    assert set(kept) < set(brief.depends_on)
+    plans = [i for i in cassette.interactions if i.request.schema_name == "plan"]
+    assert len(plans) == 3 and "timed out" in json.dumps(plans[-1].request.messages)

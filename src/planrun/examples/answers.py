@@ -17,7 +17,7 @@ from planrun.examples.brief import GOAL
 from planrun.examples.ticket_data import ground_truth
 from planrun.testing import ChatRequest
 
-__all__ = ["BRIEF_PLAN", "INVALID_BRIEF_PLAN", "answers"]
+__all__ = ["BRIEF_PLAN", "BRIEF_REPLAN", "INVALID_BRIEF_PLAN", "answers"]
 
 BRIEF_PLAN: dict[str, Any] = {
     "goal": GOAL,
@@ -51,6 +51,20 @@ INVALID_BRIEF_PLAN: dict[str, Any] = {
     ],
 }
 """A first plan with the two classic mistakes: an invented kind and a forward dependency."""
+
+BRIEF_REPLAN: dict[str, Any] = {
+    "goal": GOAL,
+    "tasks": [
+        {"kind": "research", "depends_on": [], "payload": {
+            "topic": "Digital wallets and BNPL in Europe from public filings (PayPal, Klarna)",
+            "questions": ["usage by country", "merchant fees"]}},
+        {"kind": "analyse", "depends_on": [0], "payload": {
+            "question": "Which competitors are best placed in wallets and BNPL, and why?"}},
+        {"kind": "write_brief", "depends_on": [1], "payload": {
+            "audience": "the executive team"}},
+    ],
+}
+"""The fragment the synthetic planner gives to re-plan the wallets research that died."""
 
 _REPLIES = {
     "en": ("Re: {subject}", "Hello {name},\n\nthank you for writing to us. We are looking into "
@@ -105,7 +119,10 @@ def draft(req: ChatRequest) -> dict[str, Any]:
 
 
 def plan(req: ChatRequest) -> dict[str, Any]:
-    """First an invalid plan, then, asked to repair it, the good one."""
+    """First an invalid plan, then, asked to repair it, the good one (a re-plan of the
+    brief gets its replacement fragment)."""
+    if "Re-plan part of this goal" in req.prompt:
+        return BRIEF_REPLAN
     return INVALID_BRIEF_PLAN if req.repairs == 0 else BRIEF_PLAN
 
 

@@ -1,5 +1,10 @@
 """Competitive brief: a prose goal decomposed by the model into research, analysis, writing.
 
+With ``make_app(unavailable=(...))`` research on a topic that starts with one of those
+words keeps failing (its source times out on every attempt); run with
+``on_dead="replan"``, the dead research and the steps it cancelled are re-planned by the
+model (told the failure and the results so far) and the replacement runs.
+
     python -m planrun.examples.brief          # live: needs OPENAI_API_KEY
     planrun demo                              # offline, from the fixture
 """
@@ -13,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planrun.errors import InvalidPlan, PlanrunError
-from planrun.registry import Registry, WorkerSpec
+from planrun.errors import InvalidPlan, PlanrunError, TransientError
+from planrun.registry import Registry, TaskContext, WorkerSpec
 from planrun.runner import App
 from planrun.workers import ModelWorker
 
@@ -84,11 +89,32 @@ class Brief(BaseModel):
     next_steps: list[str]
 
 
-def make_app(researchers: int = 3) -> App:
-    """Research workers in parallel, one analyst, one writer."""
+class _Research:
+    """The research worker; a topic whose source is unavailable fails every attempt."""
+
+    def __init__(self, unavailable: Sequence[str]) -> None:
+        self.worker = ModelWorker("research", result=Findings)
+        self.result_model = Findings
+        self.unavailable = tuple(unavailable)
+
+    async def __call__(self, payload: ResearchRequest, ctx: TaskContext) -> Findings:
+        if payload.topic.startswith(self.unavailable) if self.unavailable else False:
+            raise TransientError(f"the source for {payload.topic!r} timed out")
+        result = await self.worker(payload, ctx)
+        assert isinstance(result, Findings)
+        return result
+
+
+def make_app(researchers: int = 3, unavailable: Sequence[str] = ()) -> App:
+    """Research workers in parallel, one analyst, one writer.
+
+    ``unavailable``: topic prefixes whose research always times out (to show replanning).
+    """
     registry = Registry()
+    research: ModelWorker | _Research = (
+        _Research(unavailable) if unavailable else ModelWorker("research", result=Findings))
     registry.register(
-        "research", ModelWorker("research", result=Findings), payload=ResearchRequest,
+        "research", research, payload=ResearchRequest,
         description="Collect findings with sources on one topic (a competitor, a segment, "
         "regulation). Independent research tasks run in parallel.",
     )

@@ -1,7 +1,12 @@
 """Nightly ticket triage: classify each ticket, draft a reply, flag what needs a human.
 
-Each ticket becomes two tasks: ``classify_ticket`` and ``draft_reply`` (which depends on
-it). The draft is computed by a worker and is safe to repeat; *sending* it is an effect the
+The plan is one task (:func:`triage_plan`): ``fetch_tickets`` reads the night's tickets
+and, when it completes, spawns two tasks per ticket (:meth:`TaskContext.spawn`):
+``classify_ticket`` and ``draft_reply`` (which depends on it), and a ``summarize_triage``
+that depends on every draft and counts them. :func:`ticket_plan` gives the same per-ticket
+tasks up front instead.
+
+The draft is computed by a worker and is safe to repeat; *sending* it is an effect the
 supervisor applies once per completed draft, keyed by the task, never by the worker, so a
 reclaimed-but-alive task cannot send twice. Tickets labelled ``needs_human`` are flagged
 for the human desk instead of answered.
@@ -35,6 +40,7 @@ __all__ = [
     "Triage",
     "make_app",
     "ticket_plan",
+    "triage_plan",
 ]
 
 Category = Literal[
@@ -127,6 +133,50 @@ class Desk:
         self.flagged.setdefault(key, str(task.result["ticket_id"]))
 
 
+class FetchPayload(BaseModel):
+    """Which night's tickets: how many, and the generator's seed (a ticket API stand-in)."""
+
+    count: int = Field(ge=0, le=10_000)
+    seed: int = 0
+
+
+class Fetched(BaseModel):
+    """What ``fetch_tickets`` returns (the tickets themselves go to the spawned tasks)."""
+
+    tickets: int
+
+
+class TriageSummary(BaseModel):
+    """What ``summarize_triage`` returns: drafts by category, and how many need a human."""
+
+    drafts: int
+    by_category: dict[str, int]
+    needs_human: int
+
+
+def fetch_tickets(payload: FetchPayload, ctx: TaskContext) -> Fetched:
+    """Read the tickets, then ask for a classify and a draft task per ticket, and a summary
+    after every draft."""
+    tickets = generate_tickets(payload.count, payload.seed)
+    drafts = []
+    for ticket in tickets:
+        data = {"ticket": ticket.model_dump()}
+        label = ctx.spawn("classify_ticket", data)
+        drafts.append(ctx.spawn("draft_reply", data, depends_on=[label]))
+    ctx.spawn("summarize_triage", {}, depends_on=drafts)
+    return Fetched(tickets=len(tickets))
+
+
+def summarize_triage(payload: dict[str, Any], ctx: TaskContext) -> TriageSummary:
+    """Count the drafts of the night (the inputs: every ``draft_reply``)."""
+    drafts = [r for r in ctx.inputs.values() if isinstance(r, dict) and "subject" in r]
+    by_category: dict[str, int] = {}
+    for draft in drafts:
+        by_category[draft["category"]] = by_category.get(draft["category"], 0) + 1
+    return TriageSummary(drafts=len(drafts), by_category=dict(sorted(by_category.items())),
+                         needs_human=sum(1 for d in drafts if d["needs_human"]))
+
+
 def make_app(workers: int = 8, capacity: int = 4) -> tuple[App, Outbox, Desk]:
     """The triage app with a fresh outbox and desk."""
     registry = Registry()
@@ -142,6 +192,11 @@ def make_app(workers: int = 8, capacity: int = 4) -> tuple[App, Outbox, Desk]:
         payload=TicketPayload,
         description="Draft the reply to one classified ticket.",
     )
+    registry.register("fetch_tickets", fetch_tickets, payload=FetchPayload, result=Fetched,
+                      description="Read the night's tickets; spawns their classify and "
+                      "draft tasks.")
+    registry.register("summarize_triage", summarize_triage, result=TriageSummary,
+                      description="Count the night's drafts (spawned by fetch_tickets).")
     outbox, desk = Outbox(), Desk()
 
     def deliver(task: Task, key: str) -> None:
@@ -168,6 +223,13 @@ def ticket_plan(tickets: Sequence[Ticket], registry: Registry) -> Plan:
         tasks.append({"kind": "draft_reply", "payload": payload, "depends_on": [len(tasks) - 1]})
     document = {"goal": f"triage {len(tickets)} support tickets", "tasks": tasks}
     return Plan.parse(document, registry, min_tasks=1, max_tasks=max(2, len(tasks)))
+
+
+def triage_plan(count: int, registry: Registry, seed: int = 0) -> Plan:
+    """One task that fetches the tickets; the rest of the plan grows from its result."""
+    document = {"goal": f"triage the night's {count} support tickets", "tasks": [
+        {"kind": "fetch_tickets", "payload": {"count": count, "seed": seed}, "depends_on": []}]}
+    return Plan.parse(document, registry, min_tasks=1, max_tasks=1)
 
 
 app, outbox, desk = make_app()

@@ -11,30 +11,40 @@ it: they feed it what happened and carry out what it decided.
 from planrun.scheduling._core import (
     EFFECT_RETRY,
     OnDead,
+    ReplanRequest,
     RunFacts,
     Scheduler,
     Sink,
     check_policies,
     dependency_order,
+    replans_spent,
     retries_spent,
+    spawn_refused,
 )
 from planrun.scheduling._outcome import Failure, failure_of, timed_out
 from planrun.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_policy
+from planrun.scheduling._spawn import Addition, SpawnLimits, expand
 
 __all__ = [
     "EFFECT_RETRY",
     "SCHEDULER_RETRY",
+    "Addition",
     "Backoff",
     "Failure",
     "OnDead",
+    "ReplanRequest",
     "RetryPolicy",
     "RunFacts",
     "Scheduler",
     "Sink",
+    "SpawnLimits",
     "as_policy",
     "check_policies",
     "dependency_order",
+    "expand",
     "failure_of",
+    "replans_spent",
     "retries_spent",
+    "spawn_refused",
     "timed_out",
 ]

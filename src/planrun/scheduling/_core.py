@@ -33,16 +33,31 @@ from typing import Any, Literal
 
 from planrun.errors import ErrorClass, InvalidPlan, UsageError
 from planrun.ledger import EventName as E
-from planrun.registry import WorkerSpec
+from planrun.registry import SpawnRequest, WorkerSpec
 from planrun.routing import Balanced, Capability, LeastLoaded, Router, WorkerState
 from planrun.scheduling._outcome import Failure
 from planrun.scheduling._retry import RetryPolicy
+from planrun.scheduling._spawn import Addition, SpawnLimits, expand
 from planrun.task import FINAL, Status, Task, moved
 
-__all__ = ["OnDead", "RunFacts", "Scheduler", "Sink", "dependency_order", "retries_spent"]
+__all__ = ["OnDead", "ReplanRequest", "RunFacts", "Scheduler", "Sink", "dependency_order",
+           "replans_spent", "retries_spent"]
 
-OnDead = Literal["cancel_dependents", "abort_run"]
-ON_DEAD: tuple[str, ...] = ("cancel_dependents", "abort_run")
+OnDead = Literal["cancel_dependents", "abort_run", "replan"]
+ON_DEAD: tuple[str, ...] = ("cancel_dependents", "abort_run", "replan")
+
+
+@dataclass(frozen=True)
+class ReplanRequest:
+    """A death to re-plan: the dead task, the dependents its death cancelled, and the
+    results of the tasks completed so far (by id). The replacement fragment takes the dead
+    task's place: its first tasks may depend on what the dead task depended on."""
+
+    dead: Task
+    cancelled: tuple[Task, ...]
+    results: Mapping[str, Any]
+    number: int
+    """1 for the run's first replan."""
 
 Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None]
 """``sink(record, event, worker, detail, token)``: one decided change and its ledger event;
@@ -103,6 +118,13 @@ def dependency_order(batch: Sequence[Task]) -> list[Task]:
     return [by_id[i] for i in smallest_order(sorter, position.__getitem__)]
 
 
+def replans_spent(events: Iterable[Any]) -> tuple[int, set[str]]:
+    """Replans of the run's ``max_replans`` spent by a stored run, and the dead tasks they
+    were for (each asked once)."""
+    asked = [e.task for e in events if e.event in (E.REPLANNED, E.REPLAN_FAILED)]
+    return len(asked), set(asked)
+
+
 def retries_spent(events: Iterable[Any]) -> int:
     """Retries of the run's budget spent by a stored run: one per ``retry`` event."""
     return sum(1 for e in events if e.event == E.RETRY)
@@ -117,13 +139,20 @@ class Scheduler:
             come from each record's ``max_attempts``).
         retry_budget: retries allowed over the whole run (None: no limit).
         max_reclaims: reclaims of an expired lease after which a task is dead.
-        on_dead: ``cancel_dependents`` or ``abort_run``.
+        on_dead: ``cancel_dependents``, ``abort_run`` or ``replan`` (cancel the dependents,
+            then ask the driver's replanner for a fragment that replaces the dead task and
+            them; without a replanner, or past ``max_replans``, as ``cancel_dependents``).
+        max_replans: replans allowed over the whole run.
         stale_after: lease length, from assignment (push) or start.
         stall_after: seconds without any change before :meth:`stalled` says so.
         effects: kinds whose completion has an effect to apply once.
         sink: receives every decided change.
         seed: seed of the jitter.
         deadline: time after which nothing new starts (None: no deadline).
+        kinds: the registry additions at run time are validated against (None: a run that
+            cannot grow; a spawn is then refused).
+        spawn_limits: how far the run may grow while it runs.
+        default_attempts: ``max_attempts`` of a task added at run time.
     """
 
     def __init__(
@@ -141,9 +170,15 @@ class Scheduler:
         seed: int | None = None,
         deadline: float | None = None,
         effect_retry: RetryPolicy = EFFECT_RETRY,
+        kinds: Any = None,
+        spawn_limits: SpawnLimits | None = None,
+        default_attempts: int | None = None,
+        max_replans: int = 2,
     ) -> None:
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
                        stall_after=stall_after, max_reclaims=max_reclaims)
+        if max_replans < 0:
+            raise UsageError(f"max_replans must be >= 0, got {max_replans}")
         self.router = router
         self.retry = retry
         self.retry_budget = retry_budget
@@ -155,6 +190,17 @@ class Scheduler:
         self.deadline = deadline
         self.effect_retry = effect_retry
         self.facts = RunFacts()
+        self.kinds = kinds
+        self.spawn_limits = spawn_limits or SpawnLimits()
+        self.default_attempts = default_attempts
+        self.max_replans = max_replans
+        self.can_replan = False
+        """Set by a driver that has a replanner."""
+        self.replans_used = 0
+        self.replanned: set[str] = set()
+        """Dead tasks a replan was asked for (once each)."""
+        self._replans_due: list[ReplanRequest] = []
+        self._replans_open: set[str] = set()
         self._sink = sink
         self._rng = random.Random(seed)
         self.tasks: dict[str, Task] = {}
@@ -199,7 +245,7 @@ class Scheduler:
             InvalidPlan: a dependency cycle in the batch.
             UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
         """
-        ordered = dependency_order(tasks)
+        ordered = dependency_order([_with_joins(t) for t in tasks])
         new: list[Task] = []
         seen: set[str] = set()
         have = self.tasks
@@ -445,16 +491,76 @@ class Scheduler:
         return False
 
     def complete(self, task_id: str, token: int, result: Any, now: float,
-                 worker: str | None) -> bool:
-        """An attempt returned ``result``; False when it was fenced off."""
+                 worker: str | None, spawned: Sequence[SpawnRequest] = ()) -> bool:
+        """An attempt returned ``result``; False when it was fenced off.
+
+        ``spawned``: the tasks the attempt asked to add. They are validated first; an
+        invalid addition makes the task dead (permanent) with every problem listed, and
+        adds nothing. A valid one is handed to the sink right after the completion, so a
+        driver writes both together.
+        """
         if not self.current(task_id, token, worker):
             return False
         task = self.tasks[task_id]
-        self._change(task, Status.COMPLETED, E.COMPLETED, worker, result=result,
+        addition = None
+        if spawned:
+            try:
+                addition = self.expansion(task, spawned, now)
+            except InvalidPlan as exc:
+                return self.fail(task_id, token, spawn_refused(exc), now, worker)
+        detail = {"spawned": len(addition.tasks)} if addition is not None else None
+        self._change(task, Status.COMPLETED, E.COMPLETED, worker, detail, result=result,
                      finished_at=now, attempts=task.attempts + 1, lease=None, error=None,
                      error_class=None)
+        if addition is not None:
+            self.grow(addition, now)
         self.touch(now)
         return True
+
+    # ---- growing at run time ---------------------------------------------------------------
+
+    def expansion(self, spawner: Task, spawned: Sequence[SpawnRequest], now: float) -> Addition:
+        """What ``spawned`` adds to this run (see :func:`planrun.scheduling.expand`).
+
+        Raises:
+            InvalidPlan: the addition's problems.
+        """
+        if self.kinds is None:
+            raise InvalidPlan([_problem("unknown_kind", None,
+                                        "this run has no registry to validate additions")])
+        return expand(spawner, spawned, self.tasks, self.kinds, self.spawn_limits, now,
+                      default_attempts=self.default_attempts)
+
+    def grow(self, addition: Addition, now: float) -> None:
+        """Add what a completion spawned: joiners wait longer, the new tasks join the run."""
+        for joiner in addition.joiners:
+            old = self.tasks.get(joiner.id)
+            if old is None or old.status in FINAL:
+                continue
+            new = old.evolve(depends_on=joiner.depends_on)
+            self._rewire(old, new)
+            self._sink(new, E.JOINED, None, {"depends_on": len(new.depends_on)}, new.token)
+        for task in addition.tasks:
+            self._insert(task)
+            self._sink(task, E.CREATED, None, {"parent": task.parent}, task.token)
+        self._prioritise(list(addition.tasks))
+        if self.started:
+            for task in addition.tasks:
+                self._offer(task.id)
+
+    def _rewire(self, old: Task, new: Task) -> None:
+        """``new`` is ``old`` with more dependencies (a join widened)."""
+        tid = new.id
+        before = set(old.depends_on)
+        for dep in new.depends_on:
+            if dep not in before:
+                self._dependents.setdefault(dep, []).append(tid)
+        self.tasks[tid] = new
+        self._waiting[tid] = sum(
+            1 for d in new.depends_on
+            if (t := self.tasks.get(d)) is None or t.status is not Status.COMPLETED)
+        if self.started:
+            self._offer(tid)
 
     def fail(self, task_id: str, token: int, failure: Failure, now: float,
              worker: str | None) -> bool:
@@ -601,9 +707,9 @@ class Scheduler:
         A task waiting for a known retry time, or an effect waiting for its next try, is not
         a stall: the run knows when it goes on.
         """
-        if not self.unfinished and not self.effects_pending:
+        if not self.unfinished and not self.effects_pending and not self._replans_open:
             return False
-        if self._delayed or self._effects_due:
+        if self._delayed or self._effects_due or self._replans_open:
             return False
         return now - self.last_change >= self.stall_after
 
@@ -617,8 +723,8 @@ class Scheduler:
 
     @property
     def done(self) -> bool:
-        """Every task final and every effect applied or given up on."""
-        return not self.unfinished and not self.effects_pending
+        """Every task final, every effect applied or given up on, every replan answered."""
+        return not self.unfinished and not self.effects_pending and not self._replans_open
 
     # ---- records changed elsewhere ---------------------------------------------------------
 
@@ -634,8 +740,14 @@ class Scheduler:
         if old is new or (old.status is new.status and old.token == new.token
                           and old.attempts == new.attempts):
             if old is not new:
-                self.tasks[new.id] = new
+                if old.depends_on != new.depends_on:
+                    self._rewire(old, new)  # a join widened by a spawn
+                    self.touch(now)
+                else:
+                    self.tasks[new.id] = new
             return
+        if old.depends_on != new.depends_on:
+            self._rewire(old, old.evolve(depends_on=new.depends_on))
         self._replace(old, new)
         self.touch(now)
         if new.status is Status.FAILED:
@@ -666,6 +778,59 @@ class Scheduler:
             dep = self.tasks.get(dep_id)
             if dep is not None and dep.status in _CANCELLABLE:
                 self._cancel(dep, task.id, now)
+        if self.on_dead == "replan":
+            self._ask_replan(task, seen)
+
+    # ---- replanning ------------------------------------------------------------------------
+
+    def _ask_replan(self, dead: Task, downstream: Collection[str]) -> None:
+        """Queue a replan of ``dead`` unless the run cannot (no replanner, bound reached,
+        asked before, stopping): then the dependents stay cancelled."""
+        if (not self.can_replan or dead.id in self.replanned or self.stopping
+                or self.replans_used >= self.max_replans):
+            return
+        self.replanned.add(dead.id)
+        self.replans_used += 1
+        cancelled = tuple(self.tasks[d] for d in sorted(downstream, key=self._order.__getitem__)
+                          if self.tasks[d].status is Status.CANCELLED
+                          and self.tasks[d].cause == dead.id)
+        results = {t.id: t.result for t in self.tasks.values() if t.status is Status.COMPLETED}
+        self._replans_due.append(ReplanRequest(dead, cancelled, results, self.replans_used))
+        self._replans_open.add(dead.id)
+
+    def replans_due(self) -> list[ReplanRequest]:
+        """Replans the driver should ask its replanner for now (each handed out once)."""
+        due, self._replans_due = self._replans_due, []
+        return due
+
+    def replan_done(self, request: ReplanRequest, fragment: Sequence[SpawnRequest] | None,
+                    error: str | None, now: float) -> bool:
+        """The replanner answered ``fragment`` (or failed with ``error``).
+
+        The fragment is validated as an addition spawned by the dead task (the plan's
+        checks and the spawn limits); valid, it joins the run with a ``replanned`` event
+        on the dead task; otherwise ``replan_failed`` is recorded with the problems and the
+        dependents stay cancelled. Returns whether the fragment was added.
+        """
+        dead = self.tasks[request.dead.id]
+        self._replans_open.discard(dead.id)
+        self.touch(now)
+        if error is None and fragment is not None and not self.stopping:
+            try:
+                addition = self.expansion(dead, fragment, now)
+            except InvalidPlan as exc:
+                error = spawn_refused(exc).error
+            else:
+                self._sink(dead, E.REPLANNED, None,
+                           {"cause": dead.error, "replan": request.number,
+                            "tasks": [t.id for t in addition.tasks],
+                            "replaces": [t.id for t in request.cancelled]}, dead.token)
+                self.grow(addition, now)
+                return True
+        self._sink(dead, E.REPLAN_FAILED, None,
+                   {"cause": dead.error, "replan": request.number,
+                    "error": error or "stopping"}, dead.token)
+        return False
 
     def _cancel(self, task: Task, cause: str, now: float) -> None:
         self._change(task, Status.CANCELLED, E.CANCELLED, None, {"cause": cause}, cause=cause,
@@ -809,13 +974,32 @@ class Scheduler:
         return starts
 
 
+def _with_joins(task: Task) -> Task:
+    """A task that joins X waits for X itself too."""
+    missing = tuple(j for j in task.joins if j not in task.depends_on)
+    return task.evolve(depends_on=task.depends_on + missing) if missing else task
+
+
+def spawn_refused(exc: InvalidPlan) -> Failure:
+    """A refused addition as the permanent failure of the task that asked for it."""
+    listed = "; ".join(str(p) for p in exc.problems)
+    return Failure(f"InvalidPlan: spawn refused: {listed}", ErrorClass.PERMANENT)
+
+
+def _problem(code: str, task: int | None, message: str) -> Any:
+    from planrun.plan import Problem
+
+    return Problem(code, task, message)
+
+
 def check_policies(*, on_dead: str = "cancel_dependents", retry_budget: int | None = None,
                    timeout: float | None = None, stale_after: float = 1.0,
                    stall_after: float = 1.0, max_reclaims: int = 0,
                    max_attempts: int = 1) -> None:
     """Refuse settings no run can honour, with one clear message each."""
     if on_dead not in ON_DEAD:
-        raise UsageError(f"on_dead must be 'cancel_dependents' or 'abort_run', not {on_dead!r}")
+        raise UsageError(f"on_dead must be 'cancel_dependents', 'abort_run' or 'replan', "
+                         f"not {on_dead!r}")
     if max_attempts < 1:
         raise UsageError("max_attempts must be >= 1")
     if not (stale_after > 0 and stall_after > 0):

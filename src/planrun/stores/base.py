@@ -45,7 +45,7 @@ __all__ = [
     "strict_json",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema version this code creates and understands; ``open()`` refuses a newer one.
 
 1: runs, tasks, events, effects, workers. 2: one event per ``(run, seq)``, so writing a
@@ -276,10 +276,18 @@ class Store(Protocol):
         ...
 
     async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int
+        self, run_id: str, task: Task, event: Event, expect_token: int,
+        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
         """Apply one change only if the stored token is ``expect_token`` and the row is not
-        finished; return whether it was applied. The event gets the run's next ``seq``."""
+        finished; return whether it was applied. The event gets the run's next ``seq``.
+
+        With it, in the same transaction: ``added`` rows are inserted (tasks spawned by the
+        attempt) and each ``widened`` row (a joiner that waits for them) is written over
+        the token it was read with (one less than its own) unless it is finished; each
+        with its event, numbered after ``event``. A joiner changed meanwhile and not
+        finished rolls everything back with :class:`WidenConflict`.
+        """
         ...
 
     async def append_event(self, run_id: str, event: Event) -> None:
@@ -589,12 +597,23 @@ def keep_json(value: Any) -> Any:
     return value
 
 
+class WidenConflict(StoreError):
+    """A joiner to widen changed since it was read (another spawn widened it first): the
+    whole fenced write was rolled back; read the joiner again and retry."""
+
+
+def widened_rows(run_id: str, widened: Sequence[tuple[Task, Event]]) -> list[dict[str, Any]]:
+    """Rows of widened joiners, each fenced by the token it was read with (one less)."""
+    return [task_row(run_id, t) | {"expect_token": t.token - 1} for t, _ in widened]
+
+
 # --- row mapping ----------------------------------------------------------------------------
 
 TASK_COLUMNS: tuple[str, ...] = (
     "id", "kind", "payload", "status", "assigned_to", "attempts", "max_attempts", "result",
     "error", "error_class", "cause", "depends_on", "estimate_s", "resources", "lease",
-    "token", "reclaims", "not_before", "created_at", "started_at", "finished_at",
+    "token", "reclaims", "not_before", "created_at", "started_at", "finished_at", "parent",
+    "joins",
 )
 """The task columns, one per field of :class:`Task`, in declaration order."""
 
@@ -630,6 +649,8 @@ def task_row(run_id: str, task: Task) -> dict[str, Any]:
         "created_at": task.created_at,
         "started_at": task.started_at,
         "finished_at": task.finished_at,
+        "parent": task.parent,
+        "joins": dump_json(list(task.joins), f"{what} joins"),
     }
 
 
@@ -657,6 +678,8 @@ def task_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Task:
         created_at=row["created_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        parent=row["parent"],
+        joins=tuple(decode(row["joins"]) or ()),
     )
 
 

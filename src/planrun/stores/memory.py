@@ -28,6 +28,7 @@ from planrun.stores.base import (
     RunSummary,
     SpendState,
     Waiters,
+    WidenConflict,
     check_lease,
     dump_json,
     effect_from_row,
@@ -263,22 +264,42 @@ class InMemoryStore:
         self._changed(run_id)
 
     async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int
+        self, run_id: str, task: Task, event: Event, expect_token: int,
+        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
-        """Apply one change only over ``expect_token`` and an unfinished row."""
+        """Apply one change only over ``expect_token`` and an unfinished row (with what it
+        added and widened, all or nothing)."""
         self._record(
             "write_fenced", run_id=run_id, task=task, event=event, expect_token=expect_token
         )
         row = _checked(task_row(run_id, task))
+        new_rows = [_checked(task_row(run_id, t)) for t, _ in added]
         run = self._runs.get(run_id)
         stored = run.tasks.get(task.id) if run is not None else None
         if run is None or stored is None:
             return False
         if stored["token"] != expect_token or stored["status"] in _FINAL:
             return False
-        new_event = event_row(run_id, event, run.next_seq)
+        duplicate = next((r["id"] for r in new_rows if r["id"] in run.tasks), None)
+        if duplicate is not None:
+            raise StoreError(f"task {duplicate!r} already exists in run {run_id!r}")
+        events = [event_row(run_id, event, run.next_seq)]
+        wide: list[Row] = []
+        for other, other_event in widened:
+            held = run.tasks.get(other.id)
+            if held is None or held["status"] in _FINAL:
+                continue
+            if held["token"] != other.token - 1:
+                raise WidenConflict(f"task {other.id!r} changed since it was read")
+            wide.append(_checked(task_row(run_id, other)))
+            events.append(event_row(run_id, other_event, run.next_seq + len(events)))
         run.tasks[task.id] = row
-        self._append(run, [new_event])
+        for wide_row in wide:
+            run.tasks[wide_row["id"]] = wide_row
+        for new_row, (_, new_event) in zip(new_rows, added, strict=True):
+            run.tasks[new_row["id"]] = new_row
+            events.append(event_row(run_id, new_event, run.next_seq + len(events)))
+        self._append(run, events)
         self._changed(run_id)
         return True
 

@@ -84,6 +84,7 @@ from planrun.stores.base import (
     RunSummary,
     SpendState,
     Waiters,
+    WidenConflict,
     check_lease,
     dump_json,
     effect_from_row,
@@ -106,6 +107,7 @@ from planrun.stores.base import (
     task_from_row,
     task_row,
     unknown_run,
+    widened_rows,
     worker_from_row,
 )
 from planrun.task import Task
@@ -630,17 +632,35 @@ class PostgresStore:
         await self._tx(go, writing=run_id)
 
     async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int
+        self, run_id: str, task: Task, event: Event, expect_token: int,
+        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
-        """Apply one change only over ``expect_token`` and an unfinished row."""
+        """Apply one change only over ``expect_token`` and an unfinished row (with what it
+        added and widened, all or nothing)."""
         row = task_row(run_id, task) | {"expect_token": expect_token}
+        wide = list(zip(widened_rows(run_id, widened), [e for _, e in widened], strict=True))
+        tasks_in = _arrays(run_id, [task_row(run_id, t) for t, _ in added], TASK_COLUMNS)
 
         async def go(cur: Cursor) -> bool:
             await cur.execute(Q["fenced_update"], row)
             if await cur.fetchone() is None:
                 return False
-            [seq] = await self._take_seqs(cur, run_id, 1)
-            rows = [event_row(run_id, event, seq)]
+            events = [event]
+            for wide_row, wide_event in wide:
+                await cur.execute(Q["fenced_update"], wide_row)
+                if await cur.fetchone() is not None:
+                    events.append(wide_event)
+                    continue
+                await cur.execute(Q["get_tasks_by_ids"], {"run_id": run_id,
+                                                          "ids": [wide_row["id"]]})
+                held = await cur.fetchall()
+                if held and held[0]["status"] not in ("completed", "dead", "cancelled"):
+                    raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
+            if added:
+                await cur.execute(Q["insert_tasks"], tasks_in)
+                events.extend(e for _, e in added)
+            seqs = await self._take_seqs(cur, run_id, len(events))
+            rows = [event_row(run_id, e, seq) for e, seq in zip(events, seqs, strict=True)]
             await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
             await cur.execute(Q["notify"], {"run_id": run_id})
             return True

@@ -42,6 +42,7 @@ from planrun.stores.base import (
     RunSummary,
     SpendState,
     Waiters,
+    WidenConflict,
     check_lease,
     dump_json,
     effect_from_row,
@@ -62,6 +63,7 @@ from planrun.stores.base import (
     task_from_row,
     task_row,
     unknown_run,
+    widened_rows,
     worker_from_row,
 )
 from planrun.task import Task
@@ -88,6 +90,9 @@ def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> It
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+_FINAL_TEXT = frozenset({"completed", "dead", "cancelled"})
 
 
 def _locked(exc: BaseException) -> bool:
@@ -427,17 +432,34 @@ class SQLiteStore:
         self._waiters.notify(run_id)
 
     async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int
+        self, run_id: str, task: Task, event: Event, expect_token: int,
+        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
-        """Apply one change only over ``expect_token`` and an unfinished row."""
+        """Apply one change only over ``expect_token`` and an unfinished row (with what it
+        added and widened, all or nothing)."""
         row = task_row(run_id, task) | {"expect_token": expect_token}
+        wide = list(zip(widened_rows(run_id, widened), [e for _, e in widened], strict=True))
+        new_rows = [task_row(run_id, t) for t, _ in added]
 
         def go(conn: sqlite3.Connection) -> bool:
             with _transaction(conn):
                 if conn.execute(Q["fenced_update"], row).rowcount == 0:
                     return False
-                seq = _take_seqs(conn, run_id, 1)
-                conn.execute(Q["insert_event"], event_row(run_id, event, seq))
+                events = [event]
+                for wide_row, wide_event in wide:
+                    if conn.execute(Q["fenced_update"], wide_row).rowcount:
+                        events.append(wide_event)
+                        continue
+                    held = conn.execute(Q["get_tasks_by_ids"], {
+                        "run_id": run_id, "ids": json.dumps([wide_row["id"]])}).fetchall()
+                    if held and held[0]["status"] not in _FINAL_TEXT:
+                        raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
+                if new_rows:
+                    conn.executemany(Q["insert_task"], new_rows)
+                    events.extend(e for _, e in added)
+                seq = _take_seqs(conn, run_id, len(events))
+                conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
+                                                     for i, e in enumerate(events)])
                 return True
 
         applied = await self._with_conn(go)

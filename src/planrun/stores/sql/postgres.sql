@@ -158,6 +158,12 @@ CREATE TABLE planrun_spend (
     reserved_cost     double precision NOT NULL DEFAULT 0
 );
 
+-- name: migrate_5
+-- Tasks created at run time: the task that spawned each one, and the tasks whose spawned
+-- tasks it waits for (a join).
+ALTER TABLE planrun_tasks ADD COLUMN parent text;
+ALTER TABLE planrun_tasks ADD COLUMN joins jsonb NOT NULL DEFAULT '[]'::jsonb;
+
 -- name: limiter_configure
 INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst)
 VALUES (%(key)s, %(rpm)s, %(tpm)s, %(request_burst)s, %(token_burst)s)
@@ -320,12 +326,12 @@ SELECT run_id, status, count(*) AS n FROM planrun_tasks GROUP BY run_id, status;
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
-    not_before, created_at, started_at, finished_at
+    not_before, created_at, started_at, finished_at, parent, joins
 )
 SELECT %(run_id)s, r.id, r.kind, r.payload::jsonb, r.status, r.assigned_to, r.attempts,
        r.max_attempts, r.result::jsonb, r.error, r.error_class, r.cause, r.depends_on::jsonb,
        r.estimate_s, r.resources::jsonb, r.lease, r.token, r.reclaims, r.not_before,
-       r.created_at, r.started_at, r.finished_at
+       r.created_at, r.started_at, r.finished_at, r.parent, r.joins::jsonb
 FROM unnest(
     %(id)s::text[], %(kind)s::text[], %(payload)s::text[], %(status)s::text[],
     %(assigned_to)s::text[], %(attempts)s::integer[], %(max_attempts)s::integer[],
@@ -333,11 +339,11 @@ FROM unnest(
     %(depends_on)s::text[], %(estimate_s)s::float8[], %(resources)s::text[],
     %(lease)s::float8[], %(token)s::bigint[], %(reclaims)s::integer[],
     %(not_before)s::float8[], %(created_at)s::float8[], %(started_at)s::float8[],
-    %(finished_at)s::float8[]
+    %(finished_at)s::float8[], %(parent)s::text[], %(joins)s::text[]
 ) WITH ORDINALITY AS r (
     id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
-    not_before, created_at, started_at, finished_at, n
+    not_before, created_at, started_at, finished_at, parent, joins, n
 )
 ORDER BY r.n;
 
@@ -348,12 +354,12 @@ ORDER BY r.n;
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
-    not_before, created_at, started_at, finished_at
+    not_before, created_at, started_at, finished_at, parent, joins
 )
 SELECT %(run_id)s, r.id, r.kind, r.payload::jsonb, r.status, r.assigned_to, r.attempts,
        r.max_attempts, r.result::jsonb, r.error, r.error_class, r.cause, r.depends_on::jsonb,
        r.estimate_s, r.resources::jsonb, r.lease, r.token, r.reclaims, r.not_before,
-       r.created_at, r.started_at, r.finished_at
+       r.created_at, r.started_at, r.finished_at, r.parent, r.joins::jsonb
 FROM unnest(
     %(id)s::text[], %(kind)s::text[], %(payload)s::text[], %(status)s::text[],
     %(assigned_to)s::text[], %(attempts)s::integer[], %(max_attempts)s::integer[],
@@ -361,11 +367,11 @@ FROM unnest(
     %(depends_on)s::text[], %(estimate_s)s::float8[], %(resources)s::text[],
     %(lease)s::float8[], %(token)s::bigint[], %(reclaims)s::integer[],
     %(not_before)s::float8[], %(created_at)s::float8[], %(started_at)s::float8[],
-    %(finished_at)s::float8[]
+    %(finished_at)s::float8[], %(parent)s::text[], %(joins)s::text[]
 ) WITH ORDINALITY AS r (
     id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
-    not_before, created_at, started_at, finished_at, n
+    not_before, created_at, started_at, finished_at, parent, joins, n
 )
 ORDER BY r.n
 ON CONFLICT (run_id, id) DO UPDATE SET
@@ -377,7 +383,7 @@ ON CONFLICT (run_id, id) DO UPDATE SET
     resources = EXCLUDED.resources, lease = EXCLUDED.lease, token = EXCLUDED.token,
     reclaims = EXCLUDED.reclaims, not_before = EXCLUDED.not_before,
     created_at = EXCLUDED.created_at, started_at = EXCLUDED.started_at,
-    finished_at = EXCLUDED.finished_at;
+    finished_at = EXCLUDED.finished_at, parent = EXCLUDED.parent, joins = EXCLUDED.joins;
 
 -- name: fenced_update
 -- The write of a result from another process: only over the token it was given, and
@@ -389,7 +395,8 @@ UPDATE planrun_tasks SET
     cause = %(cause)s, depends_on = %(depends_on)s::jsonb, estimate_s = %(estimate_s)s,
     resources = %(resources)s::jsonb, lease = %(lease)s, token = %(token)s,
     reclaims = %(reclaims)s, not_before = %(not_before)s, created_at = %(created_at)s,
-    started_at = %(started_at)s, finished_at = %(finished_at)s
+    started_at = %(started_at)s, finished_at = %(finished_at)s, parent = %(parent)s,
+    joins = %(joins)s::jsonb
 WHERE run_id = %(run_id)s AND id = %(id)s AND token = %(expect_token)s
   AND status NOT IN ('completed', 'dead', 'cancelled')
 RETURNING id;

@@ -125,6 +125,12 @@ CREATE TABLE planrun_spend (
     reserved_cost     REAL NOT NULL DEFAULT 0
 );
 
+-- name: migrate_5
+-- Tasks created at run time: the task that spawned each one, and the tasks whose spawned
+-- tasks it waits for (a join).
+ALTER TABLE planrun_tasks ADD COLUMN parent TEXT;
+ALTER TABLE planrun_tasks ADD COLUMN joins TEXT NOT NULL DEFAULT '[]';
+
 -- name: limiter_configure
 INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst)
 VALUES (:key, :rpm, :tpm, :request_burst, :token_burst)
@@ -251,11 +257,11 @@ SELECT run_id, status, count(*) AS n FROM planrun_tasks GROUP BY run_id, status;
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
-    not_before, created_at, started_at, finished_at
+    not_before, created_at, started_at, finished_at, parent, joins
 ) VALUES (
     :run_id, :id, :kind, :payload, :status, :assigned_to, :attempts, :max_attempts, :result,
     :error, :error_class, :cause, :depends_on, :estimate_s, :resources, :lease, :token,
-    :reclaims, :not_before, :created_at, :started_at, :finished_at
+    :reclaims, :not_before, :created_at, :started_at, :finished_at, :parent, :joins
 );
 
 -- name: upsert_task
@@ -263,11 +269,11 @@ INSERT INTO planrun_tasks (
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
-    not_before, created_at, started_at, finished_at
+    not_before, created_at, started_at, finished_at, parent, joins
 ) VALUES (
     :run_id, :id, :kind, :payload, :status, :assigned_to, :attempts, :max_attempts, :result,
     :error, :error_class, :cause, :depends_on, :estimate_s, :resources, :lease, :token,
-    :reclaims, :not_before, :created_at, :started_at, :finished_at
+    :reclaims, :not_before, :created_at, :started_at, :finished_at, :parent, :joins
 )
 ON CONFLICT (run_id, id) DO UPDATE SET
     kind = excluded.kind, payload = excluded.payload, status = excluded.status,
@@ -278,7 +284,7 @@ ON CONFLICT (run_id, id) DO UPDATE SET
     resources = excluded.resources, lease = excluded.lease, token = excluded.token,
     reclaims = excluded.reclaims, not_before = excluded.not_before,
     created_at = excluded.created_at, started_at = excluded.started_at,
-    finished_at = excluded.finished_at;
+    finished_at = excluded.finished_at, parent = excluded.parent, joins = excluded.joins;
 
 -- name: fenced_update
 -- The write of a result from another process: only over the token it was given, and
@@ -289,7 +295,7 @@ UPDATE planrun_tasks SET
     error_class = :error_class, cause = :cause, depends_on = :depends_on,
     estimate_s = :estimate_s, resources = :resources, lease = :lease, token = :token,
     reclaims = :reclaims, not_before = :not_before, created_at = :created_at,
-    started_at = :started_at, finished_at = :finished_at
+    started_at = :started_at, finished_at = :finished_at, parent = :parent, joins = :joins
 WHERE run_id = :run_id AND id = :id AND token = :expect_token
   AND status NOT IN ('completed', 'dead', 'cancelled');
 

@@ -1,0 +1,447 @@
+"""Plans that grow at run time, run against every driver of the core.
+
+A handler spawns tasks with :meth:`TaskContext.spawn`; the addition is validated like a
+plan, bounded, recorded with the spawner's completion in one write, and a join waits for
+everything a task spawned. The drivers are those of ``test_drivers`` (in process with each
+store, external workers in push and peer mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+import test_drivers
+from pgtest import fresh_schema
+from test_drivers import DRIVERS, Driver
+
+from planrun.errors import PermanentError, StoreError, TransientError
+from planrun.ledger import Event
+from planrun.registry import SpawnRequest, TaskContext
+from planrun.scheduling import SpawnLimits
+from planrun.stores import InMemoryStore, open_store
+from planrun.stores.base import RunInfo
+from planrun.supervisor import RunResult
+from planrun.task import Status, Task, transition
+
+
+async def fetch(payload: Any, ctx: TaskContext) -> dict[str, int]:
+    for i in range(int(payload["n"])):
+        ctx.spawn("classify", {"i": i})
+    return {"fetched": int(payload["n"])}
+
+
+async def classify(payload: Any, ctx: TaskContext) -> dict[str, int]:
+    await asyncio.sleep(0.001)
+    return {"label": int(payload["i"]) % 3}
+
+
+async def summary(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+    labels = [r["label"] for r in ctx.inputs.values() if isinstance(r, dict) and "label" in r]
+    return {"n": len(labels), "labels": sorted(labels)}
+
+
+driver = test_drivers.driver  # the fixture of every driver
+
+
+@pytest.fixture(params=[d for d in DRIVERS if d[2] is None], ids=[d[0] for d in DRIVERS
+                                                                  if d[2] is None])
+def in_process(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """The in-process drivers: their supervisor reclaims a silent attempt itself (worker
+    processes renew their own leases; their fencing is tested on the stores below)."""
+    name, store, mode, virtual = request.param
+    d = Driver(name, store, mode, virtual)
+    if store == "sqlite":
+        d.url = f"sqlite:///{tmp_path / 'run.db'}"
+    if store == "postgres":
+        for url in fresh_schema("planrun_drv"):
+            d.url = url
+            yield d
+        return
+    yield d
+
+
+HANDLERS = {"fetch": fetch, "classify": classify, "summary": summary}
+
+
+def completions(result: RunResult) -> Counter[str]:
+    return Counter(e.task for e in result.events if e.event == "completed")
+
+
+def test_a_fan_out_is_joined_by_a_reduce(driver: Driver) -> None:
+    tasks = [Task("fetch", "fetch", {"n": 7}),
+             Task("sum", "summary", depends_on=("fetch",), joins=("fetch",))]
+    result = driver.run(tasks, HANDLERS)
+    assert result.ok, result.counts
+    spawned = [t for t in result.tasks.values() if t.parent == "fetch"]
+    assert sorted(t.id for t in spawned) == [f"fetch/{i}" for i in range(7)]
+    assert result.tasks["sum"].result == {"n": 7, "labels": sorted(i % 3 for i in range(7))}
+    assert set(result.tasks["sum"].depends_on) == {"fetch", *(t.id for t in spawned)}
+    assert result.audit.clean, result.audit  # the reduce completed after every classify
+    assert set(completions(result).values()) == {1}
+    seq = {e.task: e.seq for e in result.events if e.event == "completed"}
+    assert all(seq[t.id] < seq["sum"] for t in spawned)
+
+
+async def nested(payload: Any, ctx: TaskContext) -> str:
+    depth = int(payload["depth"])
+    if depth:
+        for _ in range(2):
+            ctx.spawn("nested", {"depth": depth - 1})
+    return ctx.task_id
+
+
+async def count(payload: Any, ctx: TaskContext) -> int:
+    return len(ctx.inputs)
+
+
+def test_a_join_waits_for_what_the_spawned_tasks_spawn(driver: Driver) -> None:
+    tasks = [Task("root", "nested", {"depth": 2}),
+             Task("after", "count", joins=("root",))]
+    result = driver.run(tasks, {"nested": nested, "count": count})
+    assert result.ok, result.counts
+    assert len(result.tasks) == 2 + 2 + 4  # root, after, two children, four grandchildren
+    assert result.tasks["after"].result == 7  # root and its six descendants
+    assert result.tasks["root/1/0"].parent == "root/1"
+    assert result.audit.clean
+
+
+async def bad_spawner(payload: Any, ctx: TaskContext) -> str:
+    first = ctx.spawn("classify", {"i": 1})
+    ctx.spawn("no_such_kind", {})
+    ctx.spawn("classify", {"i": 2}, depends_on=[f"{ctx.task_id}/3"])  # a later sibling
+    ctx.spawn("classify", {"i": 3}, depends_on=[first])
+    return "asked"
+
+
+def test_an_invalid_spawn_kills_the_spawner_with_every_problem_and_adds_nothing(
+        driver: Driver) -> None:
+    tasks = [Task("bad", "bad"), Task("next", "summary", depends_on=("bad",))]
+    result = driver.run(tasks, {"bad": bad_spawner, **HANDLERS})
+    bad = result.tasks["bad"]
+    assert bad.status is Status.DEAD
+    assert bad.error is not None and "unknown_kind" in bad.error
+    assert "forward_dependency" in bad.error
+    assert bad.error_class == "permanent" and bad.attempts == 1  # not retried
+    assert set(result.tasks) == {"bad", "next"}  # nothing half-added
+    assert result.tasks["next"].status is Status.CANCELLED
+
+
+def test_spawning_is_bounded_per_task_and_in_depth(driver: Driver) -> None:
+    tasks = [Task("wide", "fetch", {"n": 3}), Task("deep", "nested", {"depth": 2})]
+    limits = SpawnLimits(max_per_task=2, max_depth=1)
+    result = driver.run(tasks, {**HANDLERS, "nested": nested}, spawn_limits=limits)
+    wide = result.tasks["wide"]
+    assert wide.status is Status.DEAD and "too_many_tasks" in (wide.error or "")
+    assert result.tasks["deep"].status is Status.COMPLETED  # depth 1 is allowed
+    children = [t for t in result.tasks.values() if t.parent == "deep"]
+    assert len(children) == 2
+    assert all(t.status is Status.DEAD and "too_many_tasks" in (t.error or "")
+               and "depth 2 of spawning" in (t.error or "") for t in children)
+    assert not any(t.parent == "wide" or (t.parent or "").startswith("deep/")
+                   for t in result.tasks.values())
+
+
+def test_the_run_wide_task_bound_counts_the_plan(driver: Driver) -> None:
+    tasks = [Task("a", "fetch", {"n": 2}), Task("b", "summary")]
+    result = driver.run(tasks, HANDLERS, spawn_limits=SpawnLimits(max_tasks=3))
+    assert result.tasks["a"].status is Status.DEAD
+    assert "at most 3" in (result.tasks["a"].error or "")
+    assert len(result.tasks) == 2
+
+
+async def flaky_spawner(payload: Any, ctx: TaskContext) -> str:
+    for i in range(3):
+        ctx.spawn("classify", {"i": i})
+    if ctx.attempt == 1:
+        raise TransientError("the ticket API timed out")
+    return "ok"
+
+
+def test_a_failed_attempt_spawns_nothing_and_the_retry_spawns_once(driver: Driver) -> None:
+    tasks = [Task("f", "flaky"), Task("sum", "summary", joins=("f",))]
+    result = driver.run(tasks, {"flaky": flaky_spawner, **HANDLERS})
+    assert result.ok, result.counts
+    assert result.tasks["f"].attempts == 2
+    assert sorted(t.id for t in result.tasks.values() if t.parent) == ["f/0", "f/1", "f/2"]
+    assert result.tasks["sum"].result["n"] == 3
+    assert sum(e.event == "created" for e in result.events) == 5
+    assert result.audit.clean
+
+
+async def slow_first_spawner(payload: Any, ctx: TaskContext) -> str:
+    for i in range(2):
+        ctx.spawn("classify", {"i": i})
+    if ctx.attempt == 1:
+        await asyncio.sleep(1.0)  # no heartbeat: the lease runs out, the task is reclaimed
+    return f"attempt {ctx.attempt}"
+
+
+async def slow_summary(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+    for _ in range(15):  # the reclaimed attempt returns meanwhile, and is refused
+        ctx.heartbeat()
+        await asyncio.sleep(0.1)
+    return await summary(payload, ctx)
+
+
+def test_a_reclaimed_spawner_adds_nothing_twice(in_process: Driver) -> None:
+    driver = in_process
+    tasks = [Task("s", "slow"), Task("sum", "summary", joins=("s",))]
+    handlers = {**HANDLERS, "slow": slow_first_spawner, "summary": slow_summary}
+    result = driver.run(tasks, handlers, stale_after=0.3)
+    assert result.ok, result.counts
+    assert any(e.event == "reclaimed" and e.task == "s" for e in result.events)
+    assert any(e.event == "rejected" and e.task == "s" for e in result.events)
+    assert sorted(t.id for t in result.tasks.values() if t.parent) == ["s/0", "s/1"]
+    assert sum(e.event == "created" and e.task.startswith("s/") for e in result.events) == 2
+    assert set(completions(result).values()) == {1}
+    assert result.audit.clean
+
+
+# ---- the store's one transaction, for worker processes ------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    if request.param == "memory":
+        yield "memory"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'spawn.db'}"
+    else:
+        yield from fresh_schema("planrun_spawn")
+
+
+async def _opened(url: str) -> Any:
+    store = InMemoryStore() if url == "memory" else open_store(url)
+    await store.open()
+    return store
+
+
+def _ev(task: Task, name: str) -> Event:
+    return Event(-1, 1.0, task.id, name, "w", task.token, {})
+
+
+async def _spawning_run(store: Any) -> tuple[Task, Task]:
+    spawner = transition(Task("x", "fetch"), Status.RUNNING, token=1, assigned_to="w")
+    joiner = Task("j", "summary", depends_on=("x",), joins=("x",))
+    await store.create_run(RunInfo("r", 0.0, "running"))
+    await store.add_tasks("r", [spawner, joiner], [])
+    return spawner, joiner
+
+
+def _addition(spawner: Task, joiner: Task, n: int) -> tuple[Task, list[Any], list[Any]]:
+    done = transition(spawner, Status.COMPLETED, result=1, attempts=1, lease=None)
+    new = [Task(f"x/{i}", "classify", parent="x") for i in range(n)]
+    wide = joiner.evolve(depends_on=joiner.depends_on + tuple(t.id for t in new),
+                         token=joiner.token + 1)
+    return done, [(t, _ev(t, "created")) for t in new], [(wide, _ev(wide, "joined"))]
+
+
+async def test_a_spawn_is_written_with_its_completion_or_not_at_all(store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        done, added, widened = _addition(spawner, joiner, 3)
+        # a fault inside the transaction (an added row that clashes) leaves nothing written
+        clash = [*added, (Task("j", "classify", parent="x"), _ev(joiner, "created"))]
+        with pytest.raises(StoreError):
+            await store.write_fenced("r", done, _ev(done, "completed"), 1, clash, widened)
+        state = await store.load("r")
+        assert {t.id: t.status for t in state.tasks} == {"x": Status.RUNNING,
+                                                         "j": Status.PENDING}
+        assert state.events == [] and state.tasks[1].depends_on == ("x",)
+        # the stale attempt of a reclaimed spawner adds nothing
+        assert not await store.write_fenced("r", done, _ev(done, "completed"), 0, added,
+                                            widened)
+        assert len((await store.load("r")).tasks) == 2
+        # the current one adds everything, once
+        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
+        assert not await store.write_fenced("r", done, _ev(done, "completed"), 1, added,
+                                            widened)
+        state = await store.load("r")
+        by_id = {t.id: t for t in state.tasks}
+        assert sorted(by_id) == ["j", "x", "x/0", "x/1", "x/2"]
+        assert by_id["x/1"].parent == "x" and by_id["j"].joins == ("x",)
+        assert by_id["j"].depends_on == ("x", "x/0", "x/1", "x/2")
+        assert [e.event for e in state.events] == ["completed", "joined", *["created"] * 3]
+    finally:
+        await store.close()
+
+
+async def test_a_finished_joiner_is_not_widened(store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        cancelled = transition(joiner, Status.CANCELLED, cause="abort")
+        await store.write("r", [(cancelled, Event(0, 0.5, "j", "cancelled"))])
+        done, added, widened = _addition(spawner, joiner, 1)
+        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
+        by_id = {t.id: t for t in (await store.load("r")).tasks}
+        assert by_id["j"].status is Status.CANCELLED and by_id["j"].depends_on == ("x",)
+        assert "x/0" in by_id
+    finally:
+        await store.close()
+
+
+def test_spawn_requests_keep_their_order_and_ids() -> None:
+    ctx = TaskContext(run_id="r", task_id="t", kind="k", attempt=1, worker="w", skill=1.0)
+    assert ctx.spawn("a") == "t/0"
+    assert ctx.spawn("b", {"x": 1}, depends_on=["t/0"], joins=["t0"]) == "t/1"
+    assert ctx.spawned[1] == SpawnRequest("b", {"x": 1}, ("t/0",), ("t0",), 1.0)
+
+
+async def test_two_spawns_widening_one_joiner_at_once_do_not_lose_each_other(
+        store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        other = transition(Task("y", "fetch"), Status.RUNNING, token=1, assigned_to="w")
+        await store.add_tasks("r", [other], [])
+        done, added, widened = _addition(spawner, joiner, 1)
+        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
+        # a second spawner that read the joiner before the first write is refused whole
+        done_y = transition(other, Status.COMPLETED, result=1, attempts=1, lease=None)
+        late = [(Task("y/0", "classify", parent="y"), _ev(other, "created"))]
+        with pytest.raises(StoreError, match="changed since it was read"):
+            await store.write_fenced("r", done_y, _ev(done_y, "completed"), 1, late, widened)
+        by_id = {t.id: t for t in (await store.load("r")).tasks}
+        assert by_id["y"].status is Status.RUNNING and "y/0" not in by_id
+        assert by_id["j"].depends_on == ("x", "x/0")
+    finally:
+        await store.close()
+
+
+# ---- replanning ----------------------------------------------------------------------------
+
+
+async def doomed(payload: Any, ctx: TaskContext) -> str:
+    raise PermanentError(f"source {payload.get('source', '?')} is gone")
+
+
+async def research(payload: Any, ctx: TaskContext) -> str:
+    return f"findings from {payload['source']}"
+
+
+async def report(payload: Any, ctx: TaskContext) -> list[str]:
+    return sorted(str(v) for v in ctx.inputs.values())
+
+
+REPLAN_HANDLERS = {"doomed": doomed, "research": research, "report": report}
+
+
+def research_plan() -> list[Task]:
+    return [Task("scope", "research", {"source": "notes"}),
+            Task("dig", "doomed", {"source": "archive"}, depends_on=("scope",)),
+            Task("report", "report", depends_on=("dig",))]
+
+
+def alternative(requests: list[Any]) -> Any:
+    async def replanner(request: Any) -> list[SpawnRequest]:
+        requests.append(request)
+        dead = request.dead.id
+        return [SpawnRequest("research", {"source": "mirror"}, request.dead.depends_on),
+                SpawnRequest("report", {}, (f"{dead}/0",))]
+    return replanner
+
+
+def test_a_dead_task_is_replanned_and_the_replacement_runs(in_process: Driver) -> None:
+    asked: list[Any] = []
+    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                            replanner=alternative(asked))
+    tasks = result.tasks
+    assert tasks["dig"].status is Status.DEAD and tasks["report"].status is Status.CANCELLED
+    assert [r.dead.id for r in asked] == ["dig"]
+    assert [t.id for t in asked[0].cancelled] == ["report"]
+    assert asked[0].results == {"scope": "findings from notes"}
+    assert tasks["dig/0"].status is Status.COMPLETED
+    assert tasks["dig/0"].depends_on == ("scope",) and tasks["dig/0"].parent == "dig"
+    assert tasks["dig/1"].result == ["findings from mirror"]
+    [event] = [e for e in result.events if e.event == "replanned"]
+    assert event.task == "dig" and "archive is gone" in event.detail["cause"]
+    assert event.detail["tasks"] == ["dig/0", "dig/1"] and event.detail["replaces"] == ["report"]
+    assert result.audit.order_violations == 0 and result.audit.duplicates == 0
+
+
+def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
+    asked: list[Any] = []
+
+    async def still_doomed(request: Any) -> list[SpawnRequest]:
+        asked.append(request)
+        return [SpawnRequest("doomed", {"source": f"try {request.number}"},
+                             request.dead.depends_on),
+                SpawnRequest("report", {}, (f"{request.dead.id}/0",))]
+
+    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                            replanner=still_doomed, max_replans=2)
+    assert [r.number for r in asked] == [1, 2]
+    assert [r.dead.id for r in asked] == ["dig", "dig/0"]
+    assert sum(e.event == "replanned" for e in result.events) == 2
+    last = result.tasks["dig/0/0"]  # the second replacement died too: no third replan
+    assert last.status is Status.DEAD
+    assert result.tasks["dig/0/1"].status is Status.CANCELLED
+    assert not any(t.parent == "dig/0/0" for t in result.tasks.values())
+
+
+def test_an_invalid_fragment_is_refused_and_the_dependents_stay_cancelled(
+        in_process: Driver) -> None:
+    async def nonsense(request: Any) -> list[SpawnRequest]:
+        return [SpawnRequest("no_such_kind", {}), SpawnRequest("report", {}, ("ghost",))]
+
+    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                            replanner=nonsense)
+    [event] = [e for e in result.events if e.event == "replan_failed"]
+    assert "unknown_kind" in event.detail["error"] and "unknown_dependency" in event.detail["error"]
+    assert set(result.tasks) == {"scope", "dig", "report"}
+    assert result.tasks["report"].status is Status.CANCELLED
+
+
+def test_without_a_replanner_replan_cancels_the_dependents(driver: Driver) -> None:
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan")
+    assert result.tasks["dig"].status is Status.DEAD
+    assert result.tasks["report"].status is Status.CANCELLED
+    assert result.tasks["report"].cause == "dig"
+    assert not any(e.event.startswith("replan") for e in result.events)
+
+
+@pytest.mark.parametrize("url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_replan_cut_off_by_a_stop_is_asked_again_on_resume_once(url: str,
+                                                                   tmp_path: Any) -> None:
+    from planrun.registry import KindSpec, Registry
+    from planrun.supervisor import Supervisor
+
+    registry = Registry(KindSpec(k, handler=h) for k, h in REPLAN_HANDLERS.items())
+
+    async def never(request: Any) -> list[SpawnRequest]:
+        await asyncio.Event().wait()  # the process stops while the model is asked
+        return []
+
+    async def go(store_url: str) -> RunResult:
+        store = open_store(store_url)
+        await store.open()
+        try:
+            first = Supervisor(registry, store=store, run_id="rp", on_dead="replan",
+                               replanner=never)
+            first.add_tasks(research_plan())
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(first.arun(), 2.0)
+            asked: list[Any] = []
+            again = Supervisor(registry, store=store, run_id="rp", on_dead="replan",
+                               replanner=alternative(asked))
+            result = await again.aresume()
+            assert [r.dead.id for r in asked] == ["dig"]
+            return result
+        finally:
+            await store.close()
+
+    def run(store_url: str) -> RunResult:
+        return asyncio.run(go(store_url))
+
+    if url == "sqlite":
+        result = run(f"sqlite:///{tmp_path / 'replan.db'}")
+    else:
+        [result] = [run(u) for u in fresh_schema("planrun_replan")]
+    assert result.tasks["dig/1"].status is Status.COMPLETED
+    assert sum(e.event == "replanned" for e in result.events) == 1
+    assert set(completions(result).values()) == {1}
