@@ -10,11 +10,12 @@ mode) asserts that the mode refuses it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import itertools
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,13 @@ from pgtest import fresh_schema
 
 from planrun.clock import VirtualClock
 from planrun.distributed import Coordinator, WorkerProcess
-from planrun.errors import BudgetExceeded, PermanentError, TransientError, UsageError
+from planrun.errors import (
+    BudgetExceeded,
+    PermanentError,
+    StallError,
+    TransientError,
+    UsageError,
+)
 from planrun.registry import Handler, KindSpec, Registry, TaskContext, WorkerSpec
 from planrun.scheduling import RetryPolicy
 from planrun.stores import InMemoryStore, open_store
@@ -31,6 +38,35 @@ from planrun.supervisor import RunResult, Supervisor
 from planrun.task import Status, Task
 
 FAST = RetryPolicy(attempts=3, base=0.02, cap=0.1, jitter=0.0, max_retry_after=0.2)
+
+
+class Quiet:
+    """A worker's store connection that goes silent while its worker is silenced: no
+    heartbeat, no lease renewal, nothing taken or claimed (a stopped process). Its reports
+    still go through, as a process woken up again would send them."""
+
+    def __init__(self, store: Any, name: str, silenced: set[str]) -> None:
+        self._store, self._name, self._silenced = store, name, silenced
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._store, attr)
+
+    @property
+    def silent(self) -> bool:
+        return self._name in self._silenced
+
+    async def heartbeat_worker(self, *args: Any) -> None:
+        if not self.silent:
+            await self._store.heartbeat_worker(*args)
+
+    async def renew(self, *args: Any) -> bool:
+        return True if self.silent else bool(await self._store.renew(*args))
+
+    async def take_assigned(self, *args: Any) -> list[Task]:
+        return [] if self.silent else list(await self._store.take_assigned(*args))
+
+    async def claim(self, *args: Any) -> list[Task]:
+        return [] if self.silent else list(await self._store.claim(*args))
 
 
 @dataclass
@@ -42,20 +78,51 @@ class Driver:
     mode: str | None  # None (in process), "push", "peer"
     virtual: bool
     url: str = ""
+    silenced: set[str] = field(default_factory=set)
+    """Workers that say nothing (see :class:`Quiet`); in process a handler that does not
+    heartbeat is silent by itself."""
+    procs: list[WorkerProcess] = field(default_factory=list)
+    over: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the run returned or raised (handlers that hang wait for it)."""
+    resumed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when an interrupted run is resumed."""
 
     @property
     def external(self) -> bool:
         return self.mode is not None
 
+    @property
+    def lease(self) -> float:
+        """A short lease for reclaim tests: virtual seconds cost nothing."""
+        return 2.0 if self.virtual else 1.0
+
+    def silence(self, worker: str) -> None:
+        self.silenced.add(worker)
+
+    def wake(self, worker: str) -> None:
+        self.silenced.discard(worker)
+
+    def refused(self, result: RunResult) -> int:
+        """Late results refused by their fencing token (in process: ``rejected`` events;
+        worker processes: results the database refused)."""
+        return (sum(1 for e in result.events if e.event == "rejected")
+                + sum(p.rejected for p in self.procs))
+
     def run(self, tasks: Sequence[Task], handlers: dict[str, Handler],
-            **options: Any) -> RunResult:
-        """Run ``tasks`` to the end and return the result."""
+            interrupt: Callable[[], bool] | None = None, **options: Any) -> RunResult:
+        """Run ``tasks`` to the end and return the result.
+
+        With ``interrupt``: stop the driver as soon as it is true (an in-process supervisor
+        is cancelled with its attempts; a coordinator is cancelled while its workers go
+        on), then resume the stored run with a new driver of the same kind.
+        """
         registry = Registry(KindSpec(k, handler=h) for k, h in handlers.items())
         options.setdefault("retry", FAST)
         if self.virtual:
             clock = VirtualClock()
-            return clock.run(self._go(registry, list(tasks), options, clock))
-        return asyncio.run(asyncio.wait_for(self._go(registry, list(tasks), options, None), 60))
+            return clock.run(self._go(registry, list(tasks), options, interrupt, clock))
+        return asyncio.run(asyncio.wait_for(
+            self._go(registry, list(tasks), options, interrupt, None), 60))
 
     async def _open(self) -> Any:
         if self.store == "memory":
@@ -67,40 +134,83 @@ class Driver:
         await store.open()
         return store
 
+    async def _close(self, store: Any) -> None:
+        if store is not None and self.store != "memory":
+            with contextlib.suppress(Exception):  # a connection cancelled mid-query
+                await store.close()
+
+    @staticmethod
+    async def _until(run: Awaitable[RunResult], interrupt: Callable[[], bool]) -> None:
+        handle = asyncio.ensure_future(run)
+        while not interrupt():
+            if handle.done():
+                raise AssertionError(f"the run ended before its interruption: {handle.result()}")
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # what was just decided reaches the store
+        handle.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await handle
+
     async def _go(self, registry: Registry, tasks: list[Task], options: dict[str, Any],
-                  clock: VirtualClock | None) -> RunResult:
+                  interrupt: Callable[[], bool] | None, clock: VirtualClock | None
+                  ) -> RunResult:
+        self.over, self.resumed = asyncio.Event(), asyncio.Event()
+        workers = options.pop("workers", None) or [WorkerSpec("w1", None, 4),
+                                                   WorkerSpec("w2", None, 4)]
         if not self.external:
             store = await self._open() if self.store else None
-            workers = options.pop("workers", None) or [WorkerSpec("w1", None, 4),
-                                                       WorkerSpec("w2", None, 4)]
-            sup = Supervisor(registry, workers, store=store, clock=clock, seed=0, **options)
-            sup.add_tasks(tasks)
+            opened = [store]
+
+            def supervisor(run_id: str | None = None) -> Supervisor:
+                return Supervisor(registry, workers, store=opened[-1], clock=clock, seed=0,
+                                  run_id=run_id, **options)
+
             try:
-                return await sup.arun()
+                sup = supervisor()
+                sup.add_tasks(tasks)
+                if interrupt is None:
+                    return await sup.arun()
+                await self._until(sup.arun(), interrupt)
+                opened.append(await self._open())
+                self.resumed.set()
+                return await supervisor(sup.run_id).aresume()
             finally:
-                if store is not None and self.store != "memory":
-                    await store.close()
-        options.pop("workers", None)
-        options.pop("stale_after", None)
-        lease = options.pop("lease_s", 5.0)
-        coordinator_store = await self._open()
-        worker_stores = [await self._open() for _ in range(2)]
+                self.over.set()
+                for s in opened:
+                    await self._close(s)
+        lease = options.pop("stale_after", 5.0)
+        stores = [await self._open()]
         assert self.mode in ("push", "peer")
-        procs = [WorkerProcess(registry, s, name=f"w{i}", capacity=4, mode=self.mode,
-                               poll=0.01, lease_s=lease, clock=clock)
-                 for i, s in enumerate(worker_stores, 1)]
-        serving = [asyncio.ensure_future(p.arun()) for p in procs]
+        self.procs = []
+        for spec in workers:
+            own = await self._open()
+            stores.append(own)
+            self.procs.append(WorkerProcess(
+                registry, Quiet(own, spec.name, self.silenced), name=spec.name,
+                kinds=list(spec.skills) if spec.skills is not None else None,
+                capacity=spec.capacity, mode=self.mode, poll=0.01, lease_s=lease,
+                clock=clock))
+        serving = [asyncio.ensure_future(p.arun()) for p in self.procs]
+
+        def coordinator(run_id: str | None = None) -> Coordinator:
+            return Coordinator(registry, stores[0], mode=self.mode, poll=0.01,
+                               stale_after=lease, clock=clock, run_id=run_id, **options)
+
         try:
-            coordinator = Coordinator(registry, coordinator_store, mode=self.mode,
-                                      poll=0.01, stale_after=lease, clock=clock, **options)
-            return await coordinator.arun(tasks)
+            first = coordinator()
+            if interrupt is None:
+                return await first.arun(tasks)
+            await self._until(first.arun(tasks), interrupt)
+            stores.insert(0, await self._open())  # the cancelled one's connection is not reused
+            self.resumed.set()
+            return await coordinator(first.run_id).aresume()
         finally:
-            for p in procs:
+            self.over.set()
+            for p in self.procs:
                 p.stop()
             await asyncio.gather(*serving, return_exceptions=True)
-            if self.store != "memory":
-                for s in [coordinator_store, *worker_stores]:
-                    await s.close()
+            for s in stores:
+                await self._close(s)
 
 
 DRIVERS = [
@@ -115,9 +225,20 @@ DRIVERS = [
 ]
 
 
-@pytest.fixture(params=DRIVERS, ids=[d[0] for d in DRIVERS])
-def driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
-    name, store, mode, virtual = request.param
+NOT_ROUTED = {d[0]: "peer-mode workers claim ready tasks themselves: no strategy picks a worker"
+              for d in DRIVERS if d[2] == "peer"}
+"""Drivers the routing rules do not apply to, and why."""
+NOT_RESUMABLE = {d[0]: "no store: nothing outlives the run to resume it from"
+                 for d in DRIVERS if d[1] is None}
+"""Drivers the resume rule does not apply to, and why."""
+ROUTED = [d for d in DRIVERS if d[0] not in NOT_ROUTED]
+RESUMABLE = [d for d in DRIVERS if d[0] not in NOT_RESUMABLE]
+PEER = [d for d in DRIVERS if d[0] in NOT_ROUTED]
+
+
+def make_driver(param: tuple[str, str | None, str | None, bool],
+                tmp_path: Path) -> Iterator[Driver]:
+    name, store, mode, virtual = param
     d = Driver(name, store, mode, virtual)
     if store == "sqlite":
         d.url = f"sqlite:///{tmp_path / 'run.db'}"
@@ -127,6 +248,28 @@ def driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
             yield d
         return
     yield d
+
+
+@pytest.fixture(params=DRIVERS, ids=[d[0] for d in DRIVERS])
+def driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+    yield from make_driver(request.param, tmp_path)
+
+
+@pytest.fixture(params=ROUTED, ids=[d[0] for d in ROUTED])
+def routing_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+    """Every driver where a strategy picks the worker (not peer mode: see NOT_ROUTED)."""
+    yield from make_driver(request.param, tmp_path)
+
+
+@pytest.fixture(params=PEER, ids=[d[0] for d in PEER])
+def peer_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+    yield from make_driver(request.param, tmp_path)
+
+
+@pytest.fixture(params=RESUMABLE, ids=[d[0] for d in RESUMABLE])
+def durable_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+    """Every driver with a store (see NOT_RESUMABLE)."""
+    yield from make_driver(request.param, tmp_path)
 
 
 def chain(n: int, kind: str = "k", prefix: str = "t") -> list[Task]:
@@ -144,6 +287,16 @@ def completion_order(result: RunResult) -> list[str]:
             if e.event == "completed"]
 
 
+def assignments(result: RunResult) -> list[tuple[str, str | None]]:
+    """(task, worker) of every ``assigned`` event, in ledger order."""
+    return [(e.task, e.worker) for e in sorted(result.events, key=lambda e: e.seq)
+            if e.event == "assigned"]
+
+
+def events_of(result: RunResult, task: str, name: str) -> list[Any]:
+    return [e for e in result.events if e.task == task and e.event == name]
+
+
 # ---- readiness ---------------------------------------------------------------------------
 
 
@@ -159,6 +312,89 @@ def test_nothing_starts_before_its_dependencies(driver: Driver) -> None:
     order = completion_order(result)
     assert order[0] == "a" and order[-1] == "d"
     assert result.tasks["d"].result == "done d"
+
+
+# ---- routing: the four strategies, where the driver routes ---------------------------------
+
+
+def gated(driver: Driver) -> Handler:
+    """A handler whose task ``gate`` takes half a second with worker processes: the tasks
+    after it become ready at once, when every worker process has long registered (the
+    supervisor knows its workers from the start)."""
+    gate_s = 0.5 if driver.external else 0.001
+
+    async def work(payload: Any, ctx: TaskContext) -> str:
+        await asyncio.sleep(gate_s if ctx.task_id == "gate" else 0.001)
+        return f"done {ctx.task_id}"
+
+    return work
+
+
+def after_gate(tasks: Sequence[Task]) -> list[Task]:
+    return [Task(id="gate", kind=tasks[0].kind),
+            *(t.evolve(depends_on=("gate", *t.depends_on)) for t in tasks)]
+
+
+def test_round_robin_gives_each_capable_worker_its_turn(routing_driver: Driver) -> None:
+    # Estimates that grow: a strategy ordering by critical path would start t5 first.
+    fan = [Task(id=f"t{i}", kind="k", estimate_s=float(i + 1)) for i in range(6)]
+    d = routing_driver
+    result = d.run(after_gate(fan), {"k": gated(d)}, strategy="round_robin")
+    assert result.ok and result.audit.clean
+    got = [(t, w) for t, w in assignments(result) if t != "gate"]
+    assert [t for t, _ in got] == [f"t{i}" for i in range(6)]  # the order they were added
+    workers = [w for _, w in got]
+    assert Counter(workers) == {"w1": 3, "w2": 3}
+    assert all(a != b for a, b in itertools.pairwise(workers)), workers
+
+
+def test_least_loaded_sends_work_to_the_worker_with_the_least_queued(
+        routing_driver: Driver) -> None:
+    fan = [Task(id="big", kind="k", estimate_s=10.0),
+           *(Task(id=f"s{i}", kind="k", estimate_s=1.0) for i in range(4))]
+    d = routing_driver
+    result = d.run(after_gate(fan), {"k": gated(d)}, strategy="least_loaded")
+    assert result.ok and result.audit.clean
+    got = dict(a for a in assignments(result) if a[0] != "gate")
+    # 10 s queued on one worker: the four 1 s tasks (4 s in all) all go to the other
+    assert {got[f"s{i}"] for i in range(4)} == {"w1", "w2"} - {got["big"]}
+
+
+def test_capability_routes_a_kind_only_to_workers_that_do_it(routing_driver: Driver) -> None:
+    workers = [WorkerSpec("w1", {"plain": 1.0}, 4),
+               WorkerSpec("w2", {"plain": 3.0, "special": 1.0}, 4)]
+    fan = [*(Task(id=f"x{i}", kind="special") for i in range(2)),
+           *(Task(id=f"p{i}", kind="plain") for i in range(4))]
+    d = routing_driver
+    result = d.run(after_gate(fan), {"plain": gated(d), "special": gated(d)},
+                   strategy="capability", workers=workers)
+    assert result.ok and result.audit.clean
+    got = dict(a for a in assignments(result) if a[0] != "gate")
+    assert got["x0"] == got["x1"] == "w2"  # the only worker doing "special"
+    if not routing_driver.external:
+        # the most skilled worker takes the kind (worker processes report kinds, not speeds)
+        assert {got[f"p{i}"] for i in range(4)} == {"w2"}
+
+
+def test_balanced_starts_the_longest_critical_path_first(routing_driver: Driver) -> None:
+    # "s" is added first, but "l0" heads a chain three times as long
+    tasks = [Task(id="s", kind="k"), *chain(3, prefix="l")]
+    d = routing_driver
+    result = d.run(after_gate(tasks), {"k": gated(d)}, strategy="balanced")
+    assert result.ok and result.audit.clean
+    order = [t for t, _ in assignments(result)]
+    assert order.index("l0") < order.index("s"), order
+    # with nothing else queued, the earliest finish for "s" is on the idle worker
+    got = dict(assignments(result))
+    assert got["s"] != got["l0"]
+
+
+def test_peer_workers_claim_so_no_strategy_routes(peer_driver: Driver) -> None:
+    result = peer_driver.run([*chain(3), Task(id="free", kind="k")], {"k": ok},
+                             strategy="round_robin")
+    assert result.ok and result.audit.clean
+    assert assignments(result) == []  # nobody assigned anything: each task was claimed
+    assert all(events_of(result, t, "started")[0].worker in ("w1", "w2") for t in result.tasks)
 
 
 # ---- retries, backoff, budget of retries, permanent errors -------------------------------
@@ -239,6 +475,109 @@ def test_a_long_retry_after_is_clamped_and_the_run_goes_on(driver: Driver) -> No
     result = driver.run([Task(id="r", kind="k")], {"k": limited}, stall_after=30.0)
     assert result.tasks["r"].status is Status.COMPLETED and result.tasks["r"].attempts == 2
     assert result.makespan < 10.0  # clamped to max_retry_after (0.2 s), not an hour
+
+
+# ---- reclaim and fencing -------------------------------------------------------------------
+
+
+def test_a_silent_attempt_is_reclaimed_and_its_late_result_refused(driver: Driver) -> None:
+    lease = driver.lease
+    calls: Counter[str] = Counter()
+    second = asyncio.Event()
+
+    async def work(payload: Any, ctx: TaskContext) -> str:
+        calls[ctx.task_id] += 1
+        if ctx.task_id != "h":
+            return "ok"
+        if calls["h"] == 1:  # goes silent (no heartbeat) until another attempt has started
+            driver.silence(ctx.worker)
+            try:
+                await asyncio.wait_for(second.wait(), 30 * lease)
+            finally:
+                driver.wake(ctx.worker)
+            return "late"
+        second.set()
+        await asyncio.sleep(lease / 2)  # still running when the late result comes in
+        return "fresh"
+
+    result = driver.run([Task(id="h", kind="k"), Task(id="x", kind="k", depends_on=("h",))],
+                        {"k": work}, stale_after=lease)
+    assert result.ok and result.audit.clean
+    h = result.tasks["h"]
+    assert h.result == "fresh" and h.reclaims == 1 and calls["h"] == 2
+    [reclaimed] = events_of(result, "h", "reclaimed")
+    assert reclaimed.detail.get("reason") == "lease expired"
+    [completed] = events_of(result, "h", "completed")
+    assert completed.attempt > reclaimed.attempt  # under the token the reclaim moved on
+    assert driver.refused(result) == 1  # the silent attempt's "late" was fenced off
+    assert result.tasks["x"].status is Status.COMPLETED
+
+
+def test_max_reclaims_makes_a_task_that_keeps_going_silent_dead(driver: Driver) -> None:
+    async def work(payload: Any, ctx: TaskContext) -> str:
+        if ctx.task_id == "h":
+            driver.silence(ctx.worker)
+            await driver.over.wait()
+        return "ok"
+
+    tasks = [Task(id="h", kind="k"), Task(id="x", kind="k", depends_on=("h",)),
+             Task(id="free", kind="k")]
+    result = driver.run(tasks, {"k": work}, stale_after=driver.lease, max_reclaims=1)
+    h = result.tasks["h"]
+    assert h.status is Status.DEAD and h.reclaims == 1
+    assert "reclaimed 1 times" in (h.error or "")
+    assert len(events_of(result, "h", "reclaimed")) == 1
+    assert result.tasks["x"].status is Status.CANCELLED and result.tasks["x"].cause == "h"
+    assert result.tasks["free"].status is Status.COMPLETED
+
+
+# ---- stall ---------------------------------------------------------------------------------
+
+
+def test_a_run_that_cannot_move_stalls(driver: Driver) -> None:
+    stall = driver.lease
+
+    async def hang(payload: Any, ctx: TaskContext) -> str:
+        while not driver.over.is_set():  # alive (its lease renewed) but never done
+            ctx.heartbeat()
+            await asyncio.sleep(stall / 4)
+        return "late"
+
+    with pytest.raises(StallError, match=r"stalled: .* h \(running\)"):
+        driver.run([Task(id="h", kind="k"), Task(id="x", kind="k", depends_on=("h",))],
+                   {"k": hang}, stall_after=stall)
+
+
+def test_a_kind_no_worker_does_is_refused_up_front_or_stalls(driver: Driver) -> None:
+    workers = [WorkerSpec("w1", {"k": 1.0}, 4), WorkerSpec("w2", {"k": 1.0}, 4)]
+    tasks = [Task(id="a", kind="k"), Task(id="o", kind="orphan")]
+    handlers = {"k": ok, "orphan": ok}
+    if not driver.external:  # the supervisor knows its workers before it starts
+        with pytest.raises(UsageError, match="no registered worker does kind 'orphan'"):
+            driver.run(tasks, handlers, workers=workers)
+        return
+    # worker processes come and go: a kind nobody serves waits, then stalls
+    with pytest.raises(StallError, match=r"o \(pending\)"):
+        driver.run(tasks, handlers, workers=workers, stall_after=driver.lease)
+
+
+def test_a_task_waiting_for_a_known_retry_time_is_not_a_stall(driver: Driver) -> None:
+    stall = driver.lease
+    seen: Counter[str] = Counter()
+
+    async def limited(payload: Any, ctx: TaskContext) -> str:
+        seen[ctx.task_id] += 1
+        if seen[ctx.task_id] == 1:
+            raise TransientError("429", retry_after=1.5 * stall)
+        return "ok"
+
+    retry = RetryPolicy(attempts=3, base=0.02, cap=0.1, jitter=0.0, max_retry_after=3 * stall)
+    result = driver.run([Task(id="r", kind="k")], {"k": limited}, stall_after=stall,
+                        retry=retry)
+    assert result.ok and result.tasks["r"].attempts == 2
+    [failed] = events_of(result, "r", "failed")
+    [retried] = events_of(result, "r", "retry")
+    assert retried.at - failed.at >= 1.5 * stall - 0.05  # waited past stall_after, no stall
 
 
 # ---- the budget stop ---------------------------------------------------------------------
@@ -342,9 +681,54 @@ def test_a_result_that_is_not_json_fails_its_task_at_once(driver: Driver) -> Non
     assert "datetime" in (task.error or "")
 
 
+# ---- resume --------------------------------------------------------------------------------
+
+
+def test_an_interrupted_run_resumes_each_task_once_keeping_retries_spent(
+        durable_driver: Driver) -> None:
+    d = durable_driver
+    calls: Counter[str] = Counter()
+
+    async def work(payload: Any, ctx: TaskContext) -> str:
+        calls[ctx.task_id] += 1
+        if ctx.task_id == "f" and calls["f"] == 1:
+            raise TransientError("503")  # spends the run's one retry before the stop
+        if ctx.task_id == "g":
+            raise TransientError("503 again")  # after the resume: no retry is left
+        if ctx.task_id in ("h1", "h2"):
+            await d.resumed.wait()  # in flight when the driver stops
+        return f"done {ctx.task_id}"
+
+    tasks = [Task(id="f", kind="k"), Task(id="h1", kind="k"), Task(id="h2", kind="k"),
+             Task(id="g", kind="k", depends_on=("h1",)),
+             Task(id="after", kind="k", depends_on=("f", "h2"))]
+    result = d.run(tasks, {"k": work}, retry_budget=1, max_reclaims=0,
+                   interrupt=lambda: calls["f"] >= 2 and calls["h1"] > 0 and calls["h2"] > 0)
+    for tid in ("f", "h1", "h2", "after"):
+        assert result.tasks[tid].status is Status.COMPLETED, result.tasks[tid]
+        assert len(events_of(result, tid, "completed")) == 1
+        assert result.tasks[tid].reclaims == 0  # a restart is no reclaim (max_reclaims=0)
+    assert result.tasks["after"].result == "done after"
+    g = result.tasks["g"]
+    assert g.status is Status.DEAD and g.attempts == 1
+    assert (g.error or "").endswith("(retry budget exhausted)")
+    assert len([e for e in result.events if e.event == "retry"]) == 1
+    assert result.audit.duplicates == 0 and result.audit.order_violations == 0
+    assert result.audit.missing == ["g"]
+    if not d.external:  # the dead supervisor's attempts were put back and run again
+        assert {e.task for e in result.events if e.event == "reclaimed"} == {"h1", "h2"}
+        assert calls["h1"] == calls["h2"] == 2
+    else:  # the workers outlived their coordinator and finished what they held
+        assert calls["h1"] == calls["h2"] == 1
+
+
 def test_every_driver_is_listed() -> None:
     names = [d[0] for d in DRIVERS]
     assert len(names) == len(set(names)) == 8
     assert {d[2] for d in DRIVERS} == {None, "push", "peer"}
     assert {d[1] for d in DRIVERS} == {None, "memory", "sqlite", "postgres"}
+    # each exclusion is a mode without the feature, with its reason; everything else runs
+    assert set(NOT_ROUTED) == {d[0] for d in DRIVERS if d[2] == "peer"}
+    assert set(NOT_RESUMABLE) == {"supervisor"}
+    assert len(ROUTED) + len(NOT_ROUTED) == len(RESUMABLE) + len(NOT_RESUMABLE) == 8
 

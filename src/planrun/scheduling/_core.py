@@ -463,6 +463,7 @@ class Scheduler:
 
     def _assign(self, task: Task, worker: WorkerState, now: float,
                 lease: float | None = None) -> Task:
+        self.touch(now)
         return self._change(task, Status.ASSIGNED, E.ASSIGNED, worker.name,
                             assigned_to=worker.name, token=task.token + 1, lease=lease)
 
@@ -478,6 +479,7 @@ class Scheduler:
                                 started_at=now, lease=lease)
             heapq.heappush(self._leases, (lease, task.id, task.token))
             starts.append((worker, task))
+            self.touch(now)
 
     # ---- outcomes seen by the driver -------------------------------------------------------
 
@@ -641,6 +643,7 @@ class Scheduler:
         if self.deadline is not None and now >= self.deadline and not self.facts.deadline_reached:
             self.facts.deadline_reached = True
             self._cancel_all("deadline", now)
+            self.touch(now)
         while self._leases and self._leases[0][0] <= now:
             _, tid, token = heapq.heappop(self._leases)
             task = self.tasks[tid]
@@ -659,6 +662,7 @@ class Scheduler:
                 self._change(task, Status.PENDING, E.RETRY, None, None, assigned_to=None,
                              not_before=None)
                 self._offer(tid)
+                self.touch(now)  # a record changed: the stall clock starts again
             elif task.status is Status.PENDING:
                 self._offer(tid)
 
@@ -669,6 +673,7 @@ class Scheduler:
         if task.status not in _IN_FLIGHT:
             return
         worker = task.assigned_to
+        self.touch(now)
         if task.reclaims >= self.max_reclaims:
             error = f"reclaimed {task.reclaims} times without a result; giving up"
             dead = self._change(task, Status.DEAD, E.DEAD, worker, error=error,
@@ -685,14 +690,22 @@ class Scheduler:
         self._offer(task.id)
 
     def next_wakeup(self, now: float) -> float:
-        """The next time something is due: a lease, a retry, an effect, the deadline, a stall."""
-        at = self.last_change + self.stall_after
+        """The next time something is due: a lease, a retry, an effect, the deadline, a stall.
+
+        While a retry or an effect waits for its time the stall time is not one of them: it
+        may have passed already, and a time in the past would make the driver spin."""
+        delayed, effects = self._delayed, self._effects_due
+        if delayed or effects:
+            # a run that waits for a known time is no stall (see stalled): no stall time due
+            at = float("inf")
+            if delayed:
+                at = delayed[0][0]
+            if effects and effects[0][0] < at:
+                at = effects[0][0]
+        else:
+            at = self.last_change + self.stall_after
         if self._leases and self._leases[0][0] < at:
             at = self._leases[0][0]
-        if self._delayed and self._delayed[0][0] < at:
-            at = self._delayed[0][0]
-        if self._effects_due and self._effects_due[0][0] < at:
-            at = self._effects_due[0][0]
         if self.deadline is not None and not self.facts.deadline_reached and self.deadline < at:
             at = self.deadline
         return at
@@ -711,7 +724,8 @@ class Scheduler:
             return False
         if self._delayed or self._effects_due or self._replans_open:
             return False
-        return now - self.last_change >= self.stall_after
+        # the same sum as next_wakeup's: a wakeup at that time sees the stall (no float gap)
+        return now >= self.last_change + self.stall_after
 
     def stall_message(self, run_id: str, now: float) -> str:
         """Why :meth:`stalled` is true, naming a few stuck tasks."""
