@@ -174,6 +174,7 @@ class Scheduler:
         self.started = False
         self.paused = False
         """While true nothing starts (the driver cannot record what would happen)."""
+        self._held_back = False  # a worker's queue waited for the pause to end
 
     # ---- the graph -------------------------------------------------------------------------
 
@@ -324,6 +325,10 @@ class Scheduler:
     def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
         """In-process: give every ready task to a worker's queue; return what starts now."""
         touched: list[WorkerState] = []
+        if self._held_back and not self.paused:  # the pause is over: start what it held
+            self._held_back = False
+            touched = [w for w in self.workers.values()
+                       if w.queue and w.active < w.spec.capacity]
         while self._ready and not self.stopping and not self.paused:
             task = self._pop_ready(now)
             if task is None:
@@ -404,6 +409,8 @@ class Scheduler:
                                 started_at=now, lease=lease)
             heapq.heappush(self._leases, (lease, task.id, task.token))
             starts.append((worker, task))
+        if self.paused and queue and worker.active < worker.spec.capacity:
+            self._held_back = True  # dispatch starts them once the pause ends
 
     # ---- outcomes seen by the driver -------------------------------------------------------
 
