@@ -4,8 +4,8 @@ that, for 12 s, cuts the open connections and turns new ones away.
 The external coordinator (with worker processes) and the in-process supervisor ride it out
 with the same ``store_patience`` (default 120 s): the run finishes afterwards, every task
 completed once, every effect recorded once (its target, deduplicating by the effect key,
-may see a key twice when the outage cut the recording of a delivery), the audit clean. The supervisor starts no new
-attempt while its writes fail.
+may see a key twice when the outage cut the recording of a delivery), the audit clean.
+The supervisor starts no new attempt while its writes fail.
 """
 
 from __future__ import annotations
