@@ -11,6 +11,8 @@ The supervisor starts no new attempt while its writes fail.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
 import subprocess
 import sys
@@ -83,9 +85,16 @@ def check_run(result: Any, n: int, sent: Counter[str], marks: dict[str, float],
     return done
 
 
+def no_lost_exceptions(caplog: pytest.LogCaptureFixture) -> None:
+    gc.collect()  # a task whose exception nobody retrieved is reported when collected
+    lost = [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert lost == [], lost[0].getMessage()
+
+
 def test_the_coordinator_and_its_workers_ride_out_a_12_s_outage(
-    pg_url: str, proxy: TcpProxy
+    pg_url: str, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.ERROR, logger="asyncio")
     url = proxy.url_for(pg_url)
     sent: Counter[str] = Counter()
     marks: dict[str, float] = {}
@@ -120,14 +129,17 @@ def test_the_coordinator_and_its_workers_ride_out_a_12_s_outage(
             w.terminate()
         outputs = [w.communicate(timeout=60) for w in workers]
     assert all(w.returncode == 0 for w in workers), [o[1][-1500:] for o in outputs]
+    assert not any("never retrieved" in err or "Traceback" in err for _, err in outputs)
     check_run(result, 300, sent, marks, proxy)
+    no_lost_exceptions(caplog)
     print(f"\ncoordinator: outage {marks['up'] - marks['down']:.1f} s, {proxy.cut} "
           f"connections cut, {proxy.refused} refused; 300 completed once each")
 
 
 def test_the_supervisor_rides_out_a_12_s_outage_and_starts_nothing_meanwhile(
-    pg_url: str, proxy: TcpProxy
+    pg_url: str, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.ERROR, logger="asyncio")
     url = proxy.url_for(pg_url)
     sent: Counter[str] = Counter()
     marks: dict[str, float] = {}
@@ -157,6 +169,7 @@ def test_the_supervisor_rides_out_a_12_s_outage_and_starts_nothing_meanwhile(
 
     result = asyncio.run(go())
     check_run(result, 300, sent, marks, proxy)
+    no_lost_exceptions(caplog)
     # Attempts started during the outage: only those started before the supervisor saw
     # its writes fail or stall (WRITE_STALL_S after a write began); none after that.
     early = [s for s in starts if marks["down"] <= s < marks["down"] + 2.0]
