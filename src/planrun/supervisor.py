@@ -119,6 +119,11 @@ class RunResult:
                 f"makespan={self.makespan:.3f}, events={len(self.events)})")
 
 
+WRITE_STALL_S = 0.5
+"""Seconds after which a store write still under way counts as failing: no new attempt
+starts until a write succeeds."""
+
+
 class Supervisor:
     """Owns a run's tasks and drives them to completion through registered workers.
 
@@ -588,7 +593,9 @@ class Supervisor:
         """Write what changed, batch by batch; ride out a store that is briefly down.
 
         While writes fail no new attempt starts (their results could not be recorded);
-        work resumes as soon as a write succeeds.
+        a write that has not returned after :data:`WRITE_STALL_S` counts as failing (a
+        server that is gone makes a call wait for a connection before it fails). Work
+        resumes as soon as a write succeeds.
         """
         if self.store is None or self._flush_lock is None:
             return
@@ -596,6 +603,7 @@ class Supervisor:
             delay, deadline = 0.2, self.clock.now() + self.store_patience
             while self._pending:
                 batch, self._pending = self._pending, []
+                stalled = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled)
                 try:
                     await self.store.write(self.run_id, batch)
                 except Exception as exc:  # an UnstorableValue is raised at once
@@ -609,6 +617,12 @@ class Supervisor:
                     if self._store_down:
                         self._store_down = self.core.paused = False
                         self._wake_up()
+                finally:
+                    stalled.cancel()
+
+    def _stalled(self) -> None:
+        """A write is taking too long to be a healthy store: start nothing until it ends."""
+        self._store_down = self.core.paused = True
 
     # ---- bookkeeping -------------------------------------------------------------------------
 

@@ -2,20 +2,25 @@
 
 Run as a script by ``test_crash.py``::
 
-    python crash_job.py DB_URL RUN_ID start|resume POINT:N OUTBOX
+    python crash_job.py DB_URL RUN_ID start|resume POINT:N TARGET_URL
 
 POINT is ``event:<name>`` (the N-th ledger event of that name, which exists in memory but
 is not yet committed), ``before_write`` / ``after_write`` (around the N-th store write),
 ``effect_applied`` (the N-th effect reached its target but is not recorded) or ``none``.
+
+Every task has an effect: a row keyed by the effect key in the table ``delivered`` of
+TARGET_URL (a SQLite file of its own, or the PostgreSQL schema of the run). The key is the
+table's primary key, so a repeated delivery changes nothing there; each delivery, repeated
+or not, is also logged in ``deliveries`` so the test sees how many repeats there were.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
+import sqlite3
 import sys
 from typing import Any
 
@@ -53,6 +58,40 @@ class CrashingStore:
         self._crash.hit("after_write")
 
 
+class Target:
+    """The effects' target: a table with a unique key, in SQLite or PostgreSQL."""
+
+    def __init__(self, url: str) -> None:
+        self.sqlite = url.startswith("sqlite:///")
+        if self.sqlite:
+            self.conn: Any = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+            self.conn.execute("PRAGMA busy_timeout = 10000")
+            mark, log_id = "?", "INTEGER PRIMARY KEY AUTOINCREMENT"
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(url, autocommit=True)
+            mark, log_id = "%s", "BIGSERIAL PRIMARY KEY"
+        self.conn.execute("CREATE TABLE IF NOT EXISTS delivered "
+                          "(key TEXT PRIMARY KEY, task TEXT NOT NULL)")
+        self.conn.execute(f"CREATE TABLE IF NOT EXISTS deliveries (id {log_id}, key TEXT NOT NULL)")
+        self.insert = (f"INSERT INTO delivered (key, task) VALUES ({mark}, {mark}) "
+                       "ON CONFLICT (key) DO NOTHING")
+        self.log = f"INSERT INTO deliveries (key) VALUES ({mark})"
+
+    def deliver(self, key: str, task_id: str) -> None:
+        """Insert the row of ``key`` (a no-op when it is there) and log the delivery."""
+        if self.sqlite:  # one transaction
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute(self.insert, (key, task_id))
+            self.conn.execute(self.log, (key,))
+            self.conn.execute("COMMIT")
+            return
+        with self.conn.transaction():
+            self.conn.execute(self.insert, (key, task_id))
+            self.conn.execute(self.log, (key,))
+
+
 def tasks() -> list[Task]:
     out = []
     for c in range(CHAINS):
@@ -65,8 +104,9 @@ def tasks() -> list[Task]:
     return out
 
 
-async def main(url: str, run_id: str, mode: str, spec: str, outbox: str) -> int:
+async def main(url: str, run_id: str, mode: str, spec: str, target_url: str) -> int:
     crash = Crash(spec)
+    target = Target(target_url)
 
     async def work(payload: Any, ctx: TaskContext) -> dict[str, int]:
         await asyncio.sleep(random.uniform(0.005, 0.02))
@@ -75,10 +115,7 @@ async def main(url: str, run_id: str, mode: str, spec: str, outbox: str) -> int:
         return {"value": int(payload["i"])}
 
     def send(task: Task, key: str) -> None:
-        with open(outbox, "a", encoding="utf-8") as fh:  # the target keeps every key it saw
-            fh.write(json.dumps({"key": key, "task": task.id}) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        target.deliver(key, task.id)
         crash.hit("effect_applied")
 
     registry = Registry([KindSpec("step", handler=work), KindSpec("send", handler=work)])
@@ -89,9 +126,9 @@ async def main(url: str, run_id: str, mode: str, spec: str, outbox: str) -> int:
         [WorkerSpec(f"w{i}", None, 8) for i in range(4)],
         store=CrashingStore(store, crash),  # type: ignore[arg-type]
         run_id=run_id,
-        effects={"send": send},
+        effects={"step": send, "send": send},
         backoff=RetryPolicy(base=0.01, cap=0.05),
-        max_reclaims=20,  # ten crashes may each catch the same task in flight
+        max_reclaims=0,  # a restart is no reclaim of an expired lease: none may count
         on_event=lambda event, task: crash.hit(f"event:{event.event}"),
         goal="crash test",
         seed=1,
@@ -104,9 +141,10 @@ async def main(url: str, run_id: str, mode: str, spec: str, outbox: str) -> int:
             result = await sup.aresume()
     finally:
         await store.close()
+        target.conn.close()
     return 0 if result.ok else 1
 
 
 if __name__ == "__main__":
-    url, run_id, mode, spec, outbox = sys.argv[1:6]
-    sys.exit(asyncio.run(main(url, run_id, mode, spec, outbox)))
+    url, run_id, mode, spec, target_url = sys.argv[1:6]
+    sys.exit(asyncio.run(main(url, run_id, mode, spec, target_url)))

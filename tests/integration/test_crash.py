@@ -1,16 +1,19 @@
 """Crash and resume for real: a 500-task run killed with SIGKILL at ten points.
 
 Each point kills a real process (SQLite file, PostgreSQL schema); the next process resumes
-the run from the store and is killed at the next point; a last one finishes it. The audit
-then reads the stored ledger: every task completed exactly once, nothing missing, no order
-violation, every effect recorded once, and the effect target saw each key (a repeated
-delivery, if any, carries the same key).
+the run from the store and is killed at the next point; a last one finishes it. Every task
+has an effect whose target is a table keyed by the effect key (a SQLite file of its own, or
+a table in the run's PostgreSQL schema). The audit then reads the stored ledger: every task
+completed exactly once, nothing missing, no order violation, every effect recorded once, no
+task dead or cancelled, no restart counted as a reclaim; and the target table holds exactly
+one row per task (a repeated delivery, if any, carries the same key and changes nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -41,9 +44,9 @@ POINTS = [
 ]
 
 
-def run_job(url: str, run_id: str, mode: str, point: str, outbox: Path) -> int:
+def run_job(url: str, run_id: str, mode: str, point: str, target: str) -> int:
     proc = subprocess.run(
-        [sys.executable, str(JOB), url, run_id, mode, point, str(outbox)],
+        [sys.executable, str(JOB), url, run_id, mode, point, target],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode in (0, -9), proc.stderr[-2000:]
@@ -67,37 +70,64 @@ async def load(url: str, run_id: str) -> object:
         await store.close()
 
 
+def target_rows(target: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """The target table's rows (key, task) and the log of every delivery's key."""
+    if target.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(target.removeprefix("sqlite:///"))) as conn:
+            rows = conn.execute("SELECT key, task FROM delivered").fetchall()
+            log = [k for (k,) in conn.execute("SELECT key FROM deliveries ORDER BY id")]
+        return rows, log
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        rows = conn.execute("SELECT key, task FROM delivered").fetchall()
+        log = [k for (k,) in conn.execute("SELECT key FROM deliveries ORDER BY id")]
+    return [(k, t) for k, t in rows], log
+
+
 def test_killed_at_ten_points_then_resumed_everything_exactly_once(
     store_url: str, tmp_path: Path
 ) -> None:
-    outbox = tmp_path / "outbox.jsonl"
+    # The target: a SQLite file apart from the store's, or a table in the PG test schema.
+    target = (f"sqlite:///{tmp_path / 'target.db'}" if store_url.startswith("sqlite")
+              else store_url)
     run_id = "crash-" + uuid.uuid4().hex[:8]
-    codes = [run_job(store_url, run_id, "start", POINTS[0], outbox)]
-    codes += [run_job(store_url, run_id, "resume", p, outbox) for p in POINTS[1:]]
+    codes = [run_job(store_url, run_id, "start", POINTS[0], target)]
+    codes += [run_job(store_url, run_id, "resume", p, target) for p in POINTS[1:]]
     assert codes.count(-9) >= 9, codes  # the points were really reached
     if codes[-1] != 0:
-        assert run_job(store_url, run_id, "resume", "none:0", outbox) == 0
+        assert run_job(store_url, run_id, "resume", "none:0", target) == 0
 
     state = asyncio.run(load(store_url, run_id))
     tasks, events = state.tasks, state.events  # type: ignore[attr-defined]
     assert len(tasks) == 500
     assert Counter(t.status for t in tasks) == {Status.COMPLETED: 500}
+    assert not any(e.event in ("dead", "cancelled") for e in events)
     audit = analyze(tasks, events)
     assert audit.order_violations == 0 and audit.duplicates == 0 and audit.missing == []
     completions = Counter(e.task for e in events if e.event == "completed")
-    assert set(completions.values()) == {1}
-    # Effects: one record per send task, applied; one 'effect' event each.
-    sends = {t.id for t in tasks if t.kind == "send"}
+    assert len(completions) == 500 and set(completions.values()) == {1}
+    # Restarts put in-flight work back without counting it: the job runs with
+    # max_reclaims=0, so one counted reclaim would have made a task dead.
+    assert any(e.event == "reclaimed" for e in events)  # the kills caught work in flight
+    assert all(t.reclaims == 0 for t in tasks)
+    # Effects: one record per task, applied; one 'effect' event each.
+    ids = {t.id for t in tasks}
     effects = state.effects  # type: ignore[attr-defined]
-    assert set(effects) == sends and {r.state for r in effects.values()} == {"applied"}
+    assert set(effects) == ids and {r.state for r in effects.values()} == {"applied"}
     assert audit.duplicate_effects == 0
-    assert Counter(e.task for e in events if e.event == "effect") == Counter(sends)
-    delivered = [json.loads(line) for line in outbox.read_text().splitlines()]
-    keys = {d["key"] for d in delivered}
-    assert keys == {f"{run_id}:{t}" for t in sends}
-    # Repeat deliveries carry the same key: only effects caught between applying and
-    # recording by a kill are delivered again, and the target dedups them by key.
-    repeats = Counter(d["key"] for d in delivered)
-    assert sum(n - 1 for n in repeats.values()) < len(keys)
-    # the crashed attempts were reclaimed, never counted as failures of the task
-    assert any(e.event == "reclaimed" for e in events)
+    effect_events = Counter(e.task for e in events if e.event == "effect")
+    assert len(effect_events) == 500 and set(effect_events.values()) == {1}
+    # The target table: exactly one row per task, keyed by the effect key.
+    rows, deliveries = target_rows(target)
+    assert len(rows) == 500
+    assert dict(rows) == {f"{run_id}:{t}": t for t in ids}
+    # Repeat deliveries carry the same key and hit the unique key: only effects caught
+    # between applying and recording by a kill are delivered again.
+    repeats = len(deliveries) - len(set(deliveries))
+    assert set(deliveries) == {k for k, _ in rows}
+    assert repeats < 50  # a few, caught by a kill between applying and recording
+    print(f"\n{store_url.split(':')[0]}: exit codes {codes}; 500 completions, "
+          f"{len(effect_events)} effects, {len(rows)} target rows, {repeats} repeated "
+          f"deliveries refused by the unique key, "
+          f"{sum(1 for e in events if e.event == 'reclaimed')} restarts' reclaims")

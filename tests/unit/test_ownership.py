@@ -63,3 +63,29 @@ def test_the_ttl_comes_from_the_environment_when_set(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PLANRUN_OWNER_TTL", "soon")
     with pytest.raises(UsageError, match="PLANRUN_OWNER_TTL must be a positive number"):
         default_ttl()
+
+
+async def test_resume_run_and_a_wrapped_supervisor_are_refused_while_the_owner_lives() -> None:
+    from planrun import KindSpec, Registry, Supervisor, Task, aresume_run
+
+    ran: list[str] = []
+
+    async def work(payload: object, ctx: object) -> int:
+        ran.append("ran")
+        return 1
+
+    registry = Registry([KindSpec("k", handler=work)])
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0, "running"))
+    await store.add_tasks("r", [Task(id="a", kind="k")], [])
+    async with hold_run(store, "r", owner="host:1:abc", ttl=5.0):
+        with pytest.raises(RunInUse, match="run r is owned by host:1:abc"):
+            await aresume_run("r", registry, store)
+        with pytest.raises(RunInUse, match="owned by host:1:abc"):
+            async with hold_run(store, "r"):
+                await Supervisor(registry, store=store, run_id="r").aresume()
+    assert ran == []  # neither second owner ran anything
+    state = await store.load("r")
+    assert [t.status.value for t in state.tasks] == ["pending"]
+    report = await aresume_run("r", registry, store)  # the owner is gone: it goes on
+    assert report.ok and ran == ["ran"]

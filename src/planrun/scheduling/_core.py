@@ -230,6 +230,7 @@ class Scheduler:
         self.started = False
         self.paused = False
         """While true nothing starts (the driver cannot record what would happen)."""
+        self._held_back = False  # a worker's queue waited for the pause to end
 
     # ---- the graph -------------------------------------------------------------------------
 
@@ -389,9 +390,15 @@ class Scheduler:
 
     def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
         """In-process: give every ready task to a worker's queue; return what starts now."""
-        if not self._ready or self.stopping:  # nothing in the loop below changes the facts
+        if self.stopping:
             return []
         touched: list[WorkerState] = []
+        if self._held_back and not self.paused:  # the pause is over: start what it held
+            self._held_back = False
+            touched = [w for w in self.workers.values()
+                       if w.queue and w.active < w.spec.capacity]
+        elif not self._ready:  # nothing in the loop below changes the facts
+            return []
         while self._ready and not self.paused:
             task = self._pop_ready(now)
             if task is None:
@@ -480,6 +487,8 @@ class Scheduler:
             heapq.heappush(self._leases, (lease, task.id, task.token))
             starts.append((worker, task))
             self.touch(now)
+        if self.paused and queue and worker.active < worker.spec.capacity:
+            self._held_back = True  # dispatch starts them once the pause ends
 
     # ---- outcomes seen by the driver -------------------------------------------------------
 
