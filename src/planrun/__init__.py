@@ -40,6 +40,7 @@ from planrun.errors import (
     UsageError,
     WorkerError,
 )
+from planrun.approval import approve_task, reject_task
 from planrun.eval import EvalReport, aevaluate, evaluate
 from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
@@ -60,6 +61,7 @@ from planrun.runner import (
     plan_and_run,
     resume_run,
 )
+from planrun.scheduling import Approval
 from planrun.sim import Scenario, SimResult, simulate
 from planrun.stores import open_store
 from planrun.supervisor import Backoff, RunResult, Supervisor
@@ -75,6 +77,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
 __all__ = [
     "PROBLEM_CODES",
     "App",
+    "Approval",
     "Audit",
     "Backoff",
     "Budget",
@@ -139,6 +142,7 @@ __all__ = [
     "adecompose",
     "aevaluate",
     "analyze",
+    "approve_task",
     "aplan_and_run",
     "aresume_run",
     "decompose",
@@ -151,6 +155,7 @@ __all__ = [
     "read_jsonl",
     "record",
     "redact",
+    "reject_task",
     "replay",
     "resume_run",
     "simulate",

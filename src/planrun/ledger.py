@@ -9,7 +9,10 @@ Event names:
 
 ``created``, ``assigned``, ``started``, ``completed``, ``failed`` (an attempt failed; its
 ``detail`` holds ``retry_at``), ``retry`` (the backoff is over; the task is pending again),
-``reclaimed`` (the lease expired; the task is pending again), ``dead``, ``cancelled``;
+``reclaimed`` (the lease expired; the task is pending again), ``dead`` (a rejection by a
+person is a ``dead`` whose ``detail`` holds ``cause: rejected``), ``cancelled``,
+``waiting`` (the task waits for a person's approval; ``detail`` says ``for`` what and
+``timeout_at``), ``approved`` (a person, or a timeout, approved it; ``detail`` holds ``note``);
 and three that change no status: ``rejected`` (a late result carrying a stale fencing
 token), ``effect`` (a side effect applied once, keyed by the task id) and
 ``effect_failed`` (one try of an effect failed; it is tried again). :class:`EventName`
@@ -45,6 +48,8 @@ class EventName:
     REJECTED = "rejected"
     EFFECT = "effect"
     EFFECT_FAILED = "effect_failed"
+    WAITING = "waiting"
+    APPROVED = "approved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +174,9 @@ def analyze(
     """Audit a run from its log alone.
 
     ``tasks`` gives the task ids and their dependencies: task records, or a mapping from id
-    to the ids it depends on. Only ``completed`` and ``effect`` events are read. With task
+    to the ids it depends on. Only ``completed`` and ``effect`` events are read (and
+    ``approved`` ones ``for`` an ``effect``: that approval completes its task; a task still
+    ``waiting`` is ``missing``). With task
     records and ``effect_kinds`` (the kinds whose completion has an effect), a completed task
     of such a kind with no ``effect`` event is listed in ``missing_effects``.
     """
@@ -187,7 +194,8 @@ def analyze(
     completions = 0
     effects: Counter[str] = Counter()
     for e in sorted(events, key=lambda ev: ev.seq):
-        if e.event == EventName.COMPLETED:
+        if e.event == EventName.COMPLETED or (
+                e.event == EventName.APPROVED and e.detail.get("for") == "effect"):
             completions += 1
             first.setdefault(e.task, e.seq)
         elif e.event == EventName.EFFECT:

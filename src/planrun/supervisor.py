@@ -27,6 +27,7 @@ from planrun.routing import Router, WorkerState, get_router
 from planrun.scheduling import (
     EFFECT_RETRY,
     SCHEDULER_RETRY,
+    Approval,
     Backoff,
     OnDead,
     RetryPolicy,
@@ -142,6 +143,12 @@ class Supervisor:
             run stops with :class:`StoreError`; no new attempt starts meanwhile.
         effect_retry: how a failing effect is tried again (default 6 tries, 1 s doubling
             to 30 s); one that fails every try makes the run not ok.
+        approvals: kind -> :class:`~planrun.scheduling.Approval` (or ``"start"`` /
+            ``"effect"``): its tasks wait in status ``waiting`` until :meth:`approve` or
+            :meth:`reject` (or ``planrun approve`` / ``planrun reject`` on the store).
+        task_approvals: task id -> approval, for single tasks.
+        approval_poll: seconds between reads of the store for decisions another process
+            wrote (only while a task waits, and only with a store).
     """
 
     def __init__(
@@ -171,7 +178,12 @@ class Supervisor:
         meta: Mapping[str, Any] | None = None,
         store_patience: float = 120.0,
         effect_retry: RetryPolicy | None = None,
+        approvals: Mapping[str, Approval | str] | None = None,
+        task_approvals: Mapping[str, Approval | str] | None = None,
+        approval_poll: float = 1.0,
     ) -> None:
+        if not approval_poll > 0:
+            raise UsageError(f"approval_poll must be > 0, got {approval_poll}")
         policy = as_policy(retry if retry is not None else backoff, SCHEDULER_RETRY)
         attempts = policy.attempts if retry is not None else SCHEDULER_RETRY.attempts
         self.max_attempts = attempts if max_attempts is None else max_attempts
@@ -198,8 +210,11 @@ class Supervisor:
             router=get_router(strategy), retry=policy, sink=self._record,
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects, seed=seed,
-            effect_retry=effect_retry or EFFECT_RETRY,
+            effect_retry=effect_retry or EFFECT_RETRY, approvals=approvals,
+            task_approvals=task_approvals,
         )
+        self.approval_poll = approval_poll
+        self._next_poll = 0.0
         for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
             self.register(spec)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -245,6 +260,51 @@ class Supervisor:
     def tasks(self) -> Mapping[str, Task]:
         """Current records by id (read-only view)."""
         return dict(self.core.tasks)
+
+    @property
+    def waiting(self) -> list[str]:
+        """Ids of the tasks waiting for a person's approval."""
+        return sorted(self.core.awaiting)
+
+    def approve(self, task_id: str, note: str | None = None) -> Task:
+        """Approve a waiting task (call it on the run's event loop, e.g. from ``on_event``).
+
+        Raises:
+            UsageError: the task is not waiting (approving twice included).
+        """
+        task = self.core.approve(task_id, self.clock.now(), note, by="api")
+        self._after_decision()
+        return task
+
+    def reject(self, task_id: str, reason: str) -> Task:
+        """Reject a waiting task: it is ``dead`` with cause ``rejected``.
+
+        Raises:
+            UsageError: the task is not waiting, or ``reason`` is empty.
+        """
+        task = self.core.reject(task_id, self.clock.now(), reason, by="api")
+        self._after_decision()
+        return task
+
+    def _after_decision(self) -> None:
+        if self._started and self._wake is not None:
+            self._advance(self.clock.now())
+            self._wake_up()
+
+    async def _poll_decisions(self, now: float) -> None:
+        """Read the waiting rows for decisions another process wrote (``planrun approve``)."""
+        if self.store is None or not self.core.awaiting or now < self._next_poll:
+            return
+        self._next_poll = now + self.approval_poll
+        try:
+            records = await self.store.load_some(self.run_id, sorted(self.core.awaiting))
+        except StoreError:
+            return  # read again at the next poll; the writes have their own patience
+        took = False
+        for record in records:
+            took = self.core.take_decision(record, self.clock.now()) or took
+        if took:
+            self._advance(self.clock.now())
 
     @property
     def stale_after(self) -> float:
@@ -342,12 +402,16 @@ class Supervisor:
             if self._flusher is not None and self._flusher.done():
                 self._flusher.result()  # a store that stayed down: raise its StoreError
             now = self.clock.now()
+            await self._poll_decisions(now)
+            now = self.clock.now()
             self._advance(now)
             if core.stalled(now) and not self._background:
                 raise StallError(core.stall_message(self.run_id, now))
             if core.done and not self._background:
                 break
             self._timer_at = core.next_wakeup(now)
+            if self.store is not None and core.awaiting:
+                self._timer_at = min(self._timer_at, max(now, self._next_poll))
             timer = loop.call_later(max(0.0, self._timer_at - now), self._wake.set)
             try:
                 await self._wake.wait()
@@ -549,6 +613,8 @@ class Supervisor:
                 self._zombies.add(zombie)
                 zombie.add_done_callback(self._zombies.discard)
         self._notify(entry, task)
+        if event == E.WAITING:
+            self._wake_up()  # the loop reads the store for decisions while a task waits
         if event == E.STARTED and self.on_event is not None:
             self._start_contexts[task.id] = contextvars.copy_context()
 

@@ -8,6 +8,7 @@ attempt's exception into the :class:`Failure` the scheduler decides on. The in-p
 it: they feed it what happened and carry out what it decided.
 """
 
+from planrun.scheduling._approval import Approval
 from planrun.scheduling._core import (
     EFFECT_RETRY,
     OnDead,
@@ -24,6 +25,7 @@ from planrun.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_
 __all__ = [
     "EFFECT_RETRY",
     "SCHEDULER_RETRY",
+    "Approval",
     "Backoff",
     "Failure",
     "OnDead",

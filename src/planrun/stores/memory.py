@@ -29,6 +29,7 @@ from planrun.stores.base import (
     SpendState,
     Waiters,
     check_lease,
+    decision_row,
     dump_json,
     effect_from_row,
     event_from_row,
@@ -281,6 +282,19 @@ class InMemoryStore:
         self._append(run, [new_event])
         self._changed(run_id)
         return True
+
+    async def record_decision(self, run_id: str, task_id: str, approve: bool,
+                              note: str | None) -> Task:
+        """Write a person's decision on a waiting row (see :meth:`Store.record_decision`)."""
+        self._record("record_decision", run_id=run_id, task_id=task_id, approve=approve,
+                     note=note)
+        run = self._run(run_id)
+        stored = run.tasks.get(task_id)
+        args = decision_row(run_id, None if stored is None else task_from_row(stored), task_id,
+                            approve, note)
+        run.tasks[task_id] = {**stored, "cause": args["cause"], "error": args["error"]} \
+            if stored is not None else stored  # type: ignore[assignment]
+        return task_from_row(run.tasks[task_id])
 
     async def append_event(self, run_id: str, event: Event) -> None:
         """Append one event that changes no row, numbered by the store."""
