@@ -16,6 +16,7 @@ Everything public is importable from here; submodules are implementation.
 
 from importlib import metadata as _metadata
 
+from planrun.approval import approve_task, reject_task
 from planrun.clock import Clock, RealClock, VirtualClock
 from planrun.decompose import adecompose, decompose
 from planrun.distributed import Coordinator, WorkerProcess
@@ -40,7 +41,6 @@ from planrun.errors import (
     UsageError,
     WorkerError,
 )
-from planrun.approval import approve_task, reject_task
 from planrun.eval import EvalReport, aevaluate, evaluate
 from planrun.fixtures import FixtureMiss, record, replay
 from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
@@ -142,8 +142,8 @@ __all__ = [
     "adecompose",
     "aevaluate",
     "analyze",
-    "approve_task",
     "aplan_and_run",
+    "approve_task",
     "aresume_run",
     "decompose",
     "evaluate",

@@ -412,6 +412,7 @@ class Supervisor:
             self._timer_at = core.next_wakeup(now)
             if self.store is not None and core.awaiting:
                 self._timer_at = min(self._timer_at, max(now, self._next_poll))
+            self._timer_at = min(self._timer_at, now + 3600.0)  # waiting for a person only
             timer = loop.call_later(max(0.0, self._timer_at - now), self._wake.set)
             try:
                 await self._wake.wait()

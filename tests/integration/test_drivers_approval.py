@@ -141,7 +141,8 @@ def test_an_effect_waits_for_approval_and_is_applied_once(driver: Driver) -> Non
     sent: list[str] = []
     tasks = [Task(id="reply", kind="reply"), Task(id="next", kind="k", depends_on=("reply",))]
     result = run(driver, tasks, {"k": ok, "reply": ok}, [("reply", True, None)],
-                 via_store=driver.store is not None, effects={"reply": lambda t, k: sent.append(t.id)},
+                 via_store=driver.store is not None,
+                 effects={"reply": lambda t, k: sent.append(t.id)},
                  task_approvals={"reply": Approval("effect")})
     assert result.ok and result.audit.clean
     assert sent == ["reply"]
@@ -215,10 +216,13 @@ def test_approving_twice_or_a_task_that_does_not_wait_is_an_error(driver: Driver
 def test_a_waiting_task_is_not_a_stall(driver: Driver) -> None:
     # stall_after is far shorter than the wait: the run waits for the person, not a stall.
     tasks = [Task(id="pay", kind="pay")]
-    result = run(driver, tasks, {"pay": ok}, [("pay", True, None)],
+    result = run(driver, tasks, {"pay": ok},
                  approvals={"pay": Approval("start", timeout_s=1.0, on_timeout="approve")},
                  stall_after=0.2)
     assert result.tasks["pay"].status is Status.COMPLETED
+    approved = next(e for e in result.events if e.event == "approved")
+    waiting = next(e for e in result.events if e.event == "waiting")
+    assert approved.worker == "timeout" and approved.at - waiting.at >= 0.9
 
 
 def test_approving_an_unknown_or_running_task_through_the_api_is_an_error() -> None:
@@ -227,7 +231,7 @@ def test_approving_an_unknown_or_running_task_through_the_api_is_an_error() -> N
     sup.add_tasks([Task(id="a", kind="k")])
     with pytest.raises(UsageError, match="no task 'zz'"):
         sup.approve("zz")
-    with pytest.raises(UsageError, match="not waiting for approval .it is pending"):
+    with pytest.raises(UsageError, match=r"not waiting for approval \(it is pending"):
         sup.approve("a")
     with pytest.raises(UsageError, match="needs a reason"):
         sup.reject("a", "")

@@ -589,7 +589,8 @@ class Scheduler:
 
     def next_wakeup(self, now: float) -> float:
         """The next time something is due: a lease, a retry, an effect, the deadline, a stall."""
-        times = [self.last_change + self.stall_after]
+        # No stall while a task waits for a person: no wake-up for one either.
+        times = [] if self.awaiting else [self.last_change + self.stall_after]
         if self._leases:
             times.append(self._leases[0][0])
         if self._delayed:
@@ -602,7 +603,7 @@ class Scheduler:
             times.append(now)
         if self.deadline is not None and not self.facts.deadline_reached:
             times.append(self.deadline)
-        return min(times)
+        return min(times, default=float("inf"))
 
     def touch(self, now: float) -> None:
         """Something changed at ``now`` (the stall clock starts again)."""
