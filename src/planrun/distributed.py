@@ -48,6 +48,7 @@ from planrun.routing import Router, get_router
 from planrun.scheduling import (
     EFFECT_RETRY,
     SCHEDULER_RETRY,
+    Approval,
     Backoff,
     OnDead,
     RetryPolicy,
@@ -58,6 +59,7 @@ from planrun.scheduling import (
     retries_spent,
     timed_out,
 )
+from planrun.scheduling._approval import as_approval
 from planrun.stores.base import RunInfo, Store
 from planrun.supervisor import EffectFn, RunResult
 from planrun.task import Status, Task, transition
@@ -103,6 +105,10 @@ class Coordinator:
             (the same patience as the supervisor's).
         clock: :class:`RealClock` (default) or :class:`VirtualClock`.
         effect_retry: as for :class:`~planrun.Supervisor`.
+        approvals, task_approvals: as for :class:`~planrun.Supervisor`, before the start only
+            and in push mode only (the coordinator alone decides who starts what; a worker
+            process completes a task itself, so an approval before the effect needs the
+            in-process supervisor). Decisions are read from the store (``planrun approve``).
 
     Resource locks hold in push mode, where the coordinator alone decides who starts
     what: a task is not assigned while another task naming one of its resources is
@@ -133,9 +139,18 @@ class Coordinator:
         store_patience: float = 120.0,
         effect_retry: RetryPolicy | None = None,
         clock: Clock | None = None,
+        approvals: Mapping[str, Approval | str] | None = None,
+        task_approvals: Mapping[str, Approval | str] | None = None,
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
+        rules = {**(approvals or {}), **(task_approvals or {})}
+        if rules and mode == "peer":
+            raise UsageError("approval gates need push mode (the coordinator assigns); "
+                             "peer-mode workers claim alone")
+        if any(as_approval(r).before == "effect" for r in rules.values()):
+            raise UsageError("an approval before the effect needs the in-process supervisor "
+                             "(a worker process completes its task itself)")
         policy = as_policy(retry, SCHEDULER_RETRY)
         self.max_attempts = policy.attempts if max_attempts is None else max_attempts
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
@@ -158,7 +173,8 @@ class Coordinator:
             router=get_router(strategy), retry=policy, sink=self._decided,
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects,
-            effect_retry=effect_retry or EFFECT_RETRY,
+            effect_retry=effect_retry or EFFECT_RETRY, approvals=approvals,
+            task_approvals=task_approvals,
         )
         self._changes: list[_Change] = []
         self._seq = -1
@@ -269,6 +285,9 @@ class Coordinator:
         now = self.clock.now()
         for task in await self.store.expired(self.run_id, now):  # fresh rows, not the mirror
             core.expire(task, now)
+        if core.awaiting:  # a decision on a waiting row comes with no event: read the rows
+            for task in await self.store.load_some(self.run_id, sorted(core.awaiting)):
+                core.take_decision(task, now)
         core.tick(now)
         if self.mode == "push" and not core.stopping:
             free = await self._free_workers(now)

@@ -344,3 +344,104 @@ def test_cli_approve_and_reject_refuse_bad_input(tmp_path: Path) -> None:
     assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
     empty = _cli("reject", "r1", "a", "--reason", " ", "--db", url)
     assert empty.returncode == 2 and "needs a reason" in empty.stderr
+
+
+# ---- external workers: the coordinator gates starts in push mode ---------------------------
+
+EXTERNAL = [d for d in DRIVERS if d[2] is not None]
+
+
+@pytest.fixture(params=EXTERNAL, ids=[d[0] for d in EXTERNAL])
+def external(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+    name, store, mode, virtual = request.param
+    d = Driver(name, store, mode, virtual)
+    if store == "sqlite":
+        d.url = f"sqlite:///{tmp_path / 'run.db'}"
+    if store == "postgres":
+        for url in fresh_schema("planrun_appr_ext"):
+            d.url = url
+            yield d
+        return
+    yield d
+
+
+def run_external(driver: Driver, tasks: Sequence[Task], handlers: dict[str, Handler],
+                 decisions: Sequence[Decision] = (), **options: Any) -> RunResult:
+    """A coordinator and two worker processes; each decision is written through the store."""
+    from planrun.distributed import Coordinator, WorkerProcess
+
+    registry = Registry(KindSpec(k, handler=h) for k, h in handlers.items())
+    clock = VirtualClock() if driver.virtual else None
+    assert driver.mode is not None
+
+    async def decide(store: Any) -> None:
+        for task_id, approve, text in decisions:
+            while not any(t.status is Status.WAITING
+                          for t in await _some(store, "rx", task_id)):
+                await asyncio.sleep(0.02)
+            if approve:
+                await approve_task(store, "rx", task_id, text)
+            else:
+                await reject_task(store, "rx", task_id, text or "no")
+
+    async def go() -> RunResult:
+        coordinator_store = await driver._open()
+        others = [await driver._open() for _ in range(3)]
+        procs = [WorkerProcess(registry, s, name=f"w{i}", capacity=4, mode=driver.mode,
+                               poll=0.01, lease_s=5.0, clock=clock)
+                 for i, s in enumerate(others[:2], 1)]
+        serving = [asyncio.ensure_future(p.arun()) for p in procs]
+        deciding = asyncio.ensure_future(decide(others[2]))
+        try:
+            coordinator = Coordinator(registry, coordinator_store, run_id="rx",
+                                      mode=driver.mode, poll=0.01, stale_after=5.0,
+                                      clock=clock, retry=FAST, **options)
+            result = await coordinator.arun(list(tasks))
+            await deciding
+            return result
+        finally:
+            deciding.cancel()
+            for p in procs:
+                p.stop()
+            await asyncio.gather(*serving, deciding, return_exceptions=True)
+            if driver.store != "memory":
+                for s in [coordinator_store, *others]:
+                    await s.close()
+
+    if clock is not None:
+        return clock.run(go())
+    return asyncio.run(asyncio.wait_for(go(), 60))
+
+
+async def _some(store: Any, run_id: str, task_id: str) -> list[Task]:
+    try:
+        found: list[Task] = await store.load_some(run_id, [task_id])
+    except Exception:  # the run is not created yet
+        return []
+    return found
+
+
+def test_external_workers_start_a_task_only_once_approved(external: Driver) -> None:
+    tasks = [Task(id="a", kind="k"), Task(id="pay", kind="pay", depends_on=("a",)),
+             Task(id="after", kind="k", depends_on=("pay",)),
+             Task(id="no", kind="pay"), Task(id="never", kind="k", depends_on=("no",))]
+    if external.mode == "peer":  # peer workers claim alone: the gate is refused up front
+        with pytest.raises(UsageError, match="approval gates need push mode"):
+            run_external(external, tasks, {"k": ok, "pay": ok}, approvals={"pay": "start"})
+        return
+    result = run_external(external, tasks, {"k": ok, "pay": ok},
+                          [("pay", True, "fine"), ("no", False, "too much")],
+                          approvals={"pay": "start"})
+    assert result.tasks["pay"].status is Status.COMPLETED
+    assert result.tasks["after"].status is Status.COMPLETED
+    ev = events_of(result, "pay")
+    assert ev.index("waiting") < ev.index("approved") < ev.index("started")
+    assert result.tasks["no"].status is Status.DEAD and result.tasks["no"].cause == "rejected"
+    assert result.tasks["never"].status is Status.CANCELLED
+    assert "started" not in events_of(result, "no")
+
+
+def test_external_workers_refuse_an_approval_before_the_effect(external: Driver) -> None:
+    with pytest.raises(UsageError, match="approval gates need push mode|before the effect"):
+        run_external(external, [Task(id="r", kind="k")], {"k": ok},
+                     approvals={"k": Approval("effect")})
