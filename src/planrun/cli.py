@@ -652,6 +652,7 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any) -> i
     async def go(store: Any) -> Any:
         coordinator = Coordinator(app.registry, store, mode=mode, on_dead=args.on_dead,
                                   effects=app.effects, stale_after=stale_after,
+                                  approvals=app.approvals,
                                   retry_budget=args.retry_budget, goal=plan.goal, meta=meta,
                                   deadline_s=args.deadline)
         # The run's budget is in the database before any worker can see the run.
@@ -772,7 +773,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
                                       on_dead=meta.get("on_dead", "cancel_dependents"),
                                       stale_after=float(meta.get("stale_after", 30.0)),
                                       retry_budget=meta.get("retry_budget"),
-                                      effects=app.effects)
+                                      effects=app.effects, approvals=app.approvals)
             async with hold_run(store, args.run_id):
                 return await coordinator.aresume()
 

@@ -442,6 +442,6 @@ def test_external_workers_start_a_task_only_once_approved(external: Driver) -> N
 
 
 def test_external_workers_refuse_an_approval_before_the_effect(external: Driver) -> None:
-    with pytest.raises(UsageError, match="approval gates need push mode|before the effect"):
+    with pytest.raises(UsageError, match=r"approval gates need push mode|before the effect"):
         run_external(external, [Task(id="r", kind="k")], {"k": ok},
                      approvals={"k": Approval("effect")})

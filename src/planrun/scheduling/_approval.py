@@ -11,6 +11,7 @@ ledger event, and a decision written while no driver runs is carried out at resu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,11 +43,19 @@ class Approval:
             applied and its dependents start, only once approved).
         timeout_s: seconds after which ``on_timeout`` decides (None: wait for ever).
         on_timeout: ``"reject"`` (default) or ``"approve"``.
+        when: the approval applies only to tasks for which ``when(task)`` is true (None:
+            every task it names). Before the effect it sees the record with its result, so
+            a result can decide (a reply to a security incident).
     """
 
     before: Stage = "start"
     timeout_s: float | None = None
     on_timeout: Literal["approve", "reject"] = "reject"
+    when: Callable[[Task], bool] | None = None
+
+    def applies(self, task: Task) -> bool:
+        """Whether ``task`` needs this approval."""
+        return self.when is None or bool(self.when(task))
 
     def __post_init__(self) -> None:
         if self.before not in STAGES:

@@ -449,7 +449,8 @@ class Scheduler:
             return False
         task = self.tasks[task_id]
         rule = self.approval_for(task)
-        if rule is not None and rule.before == "effect" and task.cause != APPROVED:
+        if rule is not None and rule.before == "effect" and task.cause != APPROVED \
+                and rule.applies(task.evolve(result=result)):
             self._wait(task, "effect", now, worker, result=result, attempts=task.attempts + 1,
                        lease=None, error=None, error_class=None)
         else:
@@ -677,7 +678,8 @@ class Scheduler:
 
     def _needs_start_approval(self, task: Task) -> bool:
         rule = self.approval_for(task)
-        return rule is not None and rule.before == "start" and task.cause != APPROVED
+        return (rule is not None and rule.before == "start" and task.cause != APPROVED
+                and rule.applies(task))
 
     def _ask(self, now: float) -> None:
         """Ready tasks that need approval before they start go to ``waiting``."""
