@@ -445,3 +445,56 @@ def test_external_workers_refuse_an_approval_before_the_effect(external: Driver)
     with pytest.raises(UsageError, match=r"approval gates need push mode|before the effect"):
         run_external(external, [Task(id="r", kind="k")], {"k": ok},
                      approvals={"k": Approval("effect")})
+
+
+def test_a_condition_that_cannot_decide_asks_for_approval(driver: Driver) -> None:
+    def broken(task: Task) -> bool:
+        raise KeyError("category")
+
+    tasks = [Task(id="r", kind="reply")]
+    result = run(driver, tasks, {"reply": ok}, [("r", True, None)],
+                 approvals={"reply": Approval("effect", when=broken)})
+    assert result.ok and "waiting" in events_of(result, "r")
+
+
+STORED = [d for d in IN_PROCESS if d[1] is not None]
+
+
+@pytest.fixture(params=STORED, ids=[d[1] for d in STORED])
+def stored(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+    name, store, mode, virtual = request.param
+    d = Driver(name, store, mode, virtual)
+    if store == "sqlite":
+        d.url = f"sqlite:///{tmp_path / 'run.db'}"
+    if store == "postgres":
+        for url in fresh_schema("planrun_appr_race"):
+            d.url = url
+            yield d
+        return
+    yield d
+
+
+def test_two_decisions_at_once_on_a_store_only_one_is_taken(stored: Driver) -> None:
+    driver = stored
+    from planrun.stores.base import RunInfo
+    from planrun.task import transition
+
+    async def go() -> list[object]:
+        stores = [await driver._open() for _ in range(2)]
+        waiting = transition(Task(id="pay", kind="pay"), Status.WAITING, cause="approval:start")
+        await stores[0].create_run(RunInfo("race", 0.0))
+        await stores[0].add_tasks("race", [waiting], [])
+        outcomes = await asyncio.gather(
+            approve_task(stores[0], "race", "pay", "first"),
+            reject_task(stores[1], "race", "pay", "second"), return_exceptions=True)
+        (row,) = await stores[0].load_some("race", ["pay"])
+        if driver.store != "memory":
+            for s in stores:
+                await s.close()
+        return [*outcomes, row]
+
+    first, second, row = asyncio.run(go())
+    refused = [o for o in (first, second) if isinstance(o, UsageError)]
+    assert len(refused) == 1 and "already" in str(refused[0])
+    assert isinstance(row, Task) and row.status is Status.WAITING
+    assert row.cause in ("approve:start", "reject:start")

@@ -54,8 +54,13 @@ class Approval:
     when: Callable[[Task], bool] | None = None
 
     def applies(self, task: Task) -> bool:
-        """Whether ``task`` needs this approval."""
-        return self.when is None or bool(self.when(task))
+        """Whether ``task`` needs this approval (a ``when`` that raises: it does)."""
+        if self.when is None:
+            return True
+        try:
+            return bool(self.when(task))
+        except Exception:  # cannot tell: a person decides rather than nobody
+            return True
 
     def __post_init__(self) -> None:
         if self.before not in STAGES:

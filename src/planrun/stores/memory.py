@@ -292,8 +292,8 @@ class InMemoryStore:
         stored = run.tasks.get(task_id)
         args = decision_row(run_id, None if stored is None else task_from_row(stored), task_id,
                             approve, note)
-        run.tasks[task_id] = {**stored, "cause": args["cause"], "error": args["error"]} \
-            if stored is not None else stored  # type: ignore[assignment]
+        assert stored is not None  # decision_row refused an unknown task
+        run.tasks[task_id] = {**stored, "cause": args["cause"], "error": args["error"]}
         return task_from_row(run.tasks[task_id])
 
     async def append_event(self, run_id: str, event: Event) -> None:
