@@ -516,7 +516,10 @@ class PostgresStore:
             found = [task_from_row(r, keep_json) for r in await cur.fetchall()]
             update = decision_row(run_id, found[0] if found else None, task_id, approve, note)
             await cur.execute(Q["record_decision"], update)
-            if cur.rowcount == 0:
+            if cur.rowcount == 0:  # decided meanwhile: say how, as a later call would
+                await cur.execute(Q["get_tasks_by_ids"], args)
+                again = [task_from_row(r, keep_json) for r in await cur.fetchall()]
+                decision_row(run_id, again[0] if again else None, task_id, approve, note)
                 raise decision_lost(task_id)
             await cur.execute(Q["get_tasks_by_ids"], args)
             return next(task_from_row(r, keep_json) for r in await cur.fetchall())
