@@ -32,12 +32,17 @@ async def run_attempt(spec: KindSpec, handler: Handler | None, task: Task, ctx: 
     """
     if handler is None:
         raise PermanentError(f"kind {task.kind!r} has no handler")
-    work = call_handler(handler, payload_for(spec, task), ctx)
-    outcome = await (asyncio.wait_for(work, limit) if limit is not None else work)
+    payload = payload_for(spec, task)
+    if limit is None and _is_async(handler):
+        outcome = await handler(payload, ctx)  # call_handler's first case, one frame less
+    else:
+        work = call_handler(handler, payload, ctx)
+        outcome = await (asyncio.wait_for(work, limit) if limit is not None else work)
     result = result_for(spec, outcome)
     # A result every store, ledger and report can carry; else the task fails at once
     # (UnstorableValue is permanent) naming the type, rather than a write failing later.
-    strict_json(result, f"task {task.id!r} result")
+    if result is not None:  # null is JSON; anything else is checked
+        strict_json(result, f"task {task.id!r} result")
     return result
 
 
@@ -63,6 +68,8 @@ def payload_for(spec: KindSpec, task: Task) -> Any:
 
 def result_for(spec: KindSpec, result: Any) -> Any:
     """The result checked by the kind's result model, as JSON-ready data."""
+    if spec.result_model is None and (result is None or type(result) in _PLAIN):
+        return result  # nothing to check or to dump
     if spec.result_model is not None and not isinstance(result, spec.result_model):
         try:
             result = spec.result_model.model_validate(result)
@@ -71,6 +78,10 @@ def result_for(spec: KindSpec, result: Any) -> Any:
     if isinstance(result, BaseModel):
         return result.model_dump(mode="json")
     return result
+
+
+_PLAIN = frozenset({str, int, float, bool, dict, list})
+"""Result types that are no model to dump (their JSON check comes after)."""
 
 
 def jsonable(value: Any) -> Any:

@@ -32,6 +32,9 @@ from planrun.task import Task
 
 __all__ = ["Audit", "Event", "EventName", "Ledger", "analyze", "read_jsonl"]
 
+_Raw = tuple[int, float, str, str, "str | None", int, "Mapping[str, Any] | None"]
+"""An event noted but not yet built: the fields of :class:`Event` in order."""
+
 
 class EventName:
     """The ledger's event names, as constants (plain strings, stored as they are)."""
@@ -89,11 +92,19 @@ class Event:
 
 
 class Ledger:
-    """An append-only list of events with a running sequence number."""
+    """An append-only list of events with a running sequence number.
+
+    :meth:`note` appends an event without building its :class:`Event` object: the entry is
+    kept as a plain tuple and made an object only when someone reads the events (most runs
+    without a store or a listener never do, beyond the audit, which reads the tuples).
+    """
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
-        self._events: list[Event] = sorted(events, key=lambda e: e.seq)
-        self._next = self._events[-1].seq + 1 if self._events else 0
+        built = sorted(events, key=lambda e: e.seq)
+        self._next = built[-1].seq + 1 if built else 0
+        self._events: list[Event | _Raw] = list(built)
+        self._raw = False
+        """Some entries are still tuples."""
 
     def append(
         self,
@@ -111,16 +122,44 @@ class Ledger:
         self._events.append(entry)
         return entry
 
+    def note(self, at: float, task: str, event: str, worker: str | None = None,
+             attempt: int = 0, detail: Mapping[str, Any] | None = None) -> None:
+        """Append one event like :meth:`append`, building its object only when it is read."""
+        self._events.append((self._next, at, task, event, worker, attempt, detail))
+        self._next += 1
+        self._raw = True
+
+    def _built(self) -> list[Event | _Raw]:
+        if self._raw:
+            self._events = [
+                Event(e[0], e[1], e[2], e[3], e[4], e[5], e[6] or {}) if type(e) is tuple else e
+                for e in self._events
+            ]
+            self._raw = False
+        return self._events
+
+    def _names(self) -> Iterator[tuple[int, str, str]]:
+        """``(seq, task, event)`` of every entry, oldest first, without building objects."""
+        for e in self._events:
+            if type(e) is tuple:
+                yield e[0], e[2], e[3]
+            else:
+                yield e.seq, e.task, e.event  # type: ignore[union-attr]
+
     @property
     def events(self) -> Sequence[Event]:
         """The events so far, oldest first (a read-only view)."""
-        return tuple(self._events)
+        return tuple(self._built())  # type: ignore[arg-type]
+
+    def view(self) -> Sequence[Event]:
+        """The events so far as a sequence whose objects are built when first read."""
+        return _EventView(self, len(self._events))
 
     def __len__(self) -> int:
         return len(self._events)
 
     def __iter__(self) -> Iterator[Event]:
-        return iter(self._events)
+        return iter(self._built())  # type: ignore[arg-type]
 
     def write_jsonl(self, target: str | Path | IO[str]) -> None:
         """Write the events as JSON Lines to a path or an open text file."""
@@ -128,8 +167,49 @@ class Ledger:
             with open(target, "w", encoding="utf-8") as fh:
                 self.write_jsonl(fh)
             return
-        for e in self._events:
+        for e in self:
             target.write(json.dumps(e.to_dict(), sort_keys=True, default=str) + "\n")
+
+
+class _EventView(Sequence[Event]):
+    """The first ``size`` events of a ledger; the objects are built on first read."""
+
+    __slots__ = ("_events", "_ledger", "_size")
+
+    def __init__(self, ledger: Ledger, size: int) -> None:
+        self._ledger: Ledger | None = ledger
+        self._size = size
+        self._events: tuple[Event, ...] = ()
+
+    def _all(self) -> tuple[Event, ...]:
+        if self._ledger is not None:
+            self._events = tuple(self._ledger._built()[: self._size])  # type: ignore[arg-type]
+            self._ledger = None
+        return self._events
+
+    def _names(self) -> Iterator[tuple[int, str, str]]:
+        if self._ledger is not None and len(self._ledger) == self._size:
+            return self._ledger._names()
+        return ((e.seq, e.task, e.event) for e in self._all())
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._all())
 
 
 def read_jsonl(source: str | Path | IO[str]) -> list[Event]:
@@ -174,9 +254,8 @@ def analyze(
     """Audit a run from its log alone.
 
     ``tasks`` gives the task ids and their dependencies: task records, or a mapping from id
-    to the ids it depends on. Only ``completed`` and ``effect`` events are read (and
-    ``approved`` ones ``for`` an ``effect``: that approval completes its task; a task still
-    ``waiting`` is ``missing``). With task
+    to the ids it depends on. Only ``completed`` and ``effect`` events are read (a task still
+    ``waiting`` for approval is ``missing``). With task
     records and ``effect_kinds`` (the kinds whose completion has an effect), a completed task
     of such a kind with no ``effect`` event is listed in ``missing_effects``.
     """
@@ -193,13 +272,19 @@ def analyze(
     first: dict[str, int] = {}
     completions = 0
     effects: Counter[str] = Counter()
-    for e in sorted(events, key=lambda ev: ev.seq):
-        if e.event == EventName.COMPLETED or (
-                e.event == EventName.APPROVED and e.detail.get("for") == "effect"):
+    names: Iterable[tuple[int, str, str]]
+    if isinstance(events, Ledger | _EventView):  # in order already; no object needed
+        names = events._names()
+    else:
+        names = ((e.seq, e.task, e.event) for e in sorted(events, key=lambda ev: ev.seq))
+    completed, effect = EventName.COMPLETED, EventName.EFFECT
+    for seq, task_id, name in names:
+        if name == completed:
             completions += 1
-            first.setdefault(e.task, e.seq)
-        elif e.event == EventName.EFFECT:
-            effects[e.task] += 1
+            if task_id not in first:
+                first[task_id] = seq
+        elif name == effect:
+            effects[task_id] += 1
     violations = 0
     for task_id, needs in deps.items():
         if task_id not in first:

@@ -235,6 +235,8 @@ class Plan:
         This is the smallest such order, so a plan whose dependencies all point backwards
         comes out as ``[0, 1, ..., n-1]``.
         """
+        if all(0 <= d < i for i, t in enumerate(self.tasks) for d in t.depends_on):
+            return list(range(len(self.tasks)))  # already in order: nothing to sort
         return smallest_order(self._sorter())
 
     def levels(self) -> list[list[int]]:
@@ -286,7 +288,7 @@ class Plan:
             Task(
                 id=ids[i],
                 kind=task.kind,
-                payload=copy.deepcopy(task.payload),
+                payload=_copied(task.payload),
                 depends_on=tuple(ids[d] for d in task.depends_on),
                 **defaults,
             )
@@ -309,10 +311,17 @@ class Plan:
             if task.id is not None:
                 doc["id"] = task.id
             doc["kind"] = task.kind
-            doc["payload"] = copy.deepcopy(task.payload)
+            doc["payload"] = _copied(task.payload)
             doc["depends_on"] = [position[d] for d in task.depends_on]
             tasks.append(doc)
         return {"goal": self.goal, "tasks": tasks}
+
+
+def _copied(payload: Any) -> Any:
+    """A deep copy of a payload (an empty dict needs none of deepcopy's machinery)."""
+    if type(payload) is dict and not payload:
+        return {}
+    return copy.deepcopy(payload)
 
 
 def smallest_order(sorter: graphlib.TopologicalSorter[Any], key: Any = None) -> list[Any]:

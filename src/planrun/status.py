@@ -194,8 +194,8 @@ def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
             e = ordered[i]
             i += 1
             new = _EVENT_STATUS.get(e.event)
-            if e.event == "approved":
-                new = "completed" if e.detail.get("for") == "effect" else "pending"
+            if e.event == "approved":  # before an effect: its "completed" follows
+                new = None if e.detail.get("for") == "effect" else "pending"
             if e.event == "created":
                 created[e.task] = e.at
             if new is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ __all__ = ["Backoff", "EffectFn", "RunResult", "Supervisor"]
 
 EffectFn = Callable[[Task, str], Any | Awaitable[Any]]
 """``effect(task, key)``: apply a side effect of a completed task, once, keyed by ``key``."""
+
+
+_CTX_COMPLETE = {f.name for f in dataclasses.fields(TaskContext)} == {
+    "run_id", "task_id", "kind", "attempt", "worker", "skill", "payload", "estimate_s",
+    "inputs", "heartbeat", "extras"}
+"""The supervisor gives every field of :class:`TaskContext` (checked once, here)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -445,16 +452,34 @@ class Supervisor:
                                                  self._attempt(worker, task))
 
     async def _attempt(self, worker: WorkerState, task: Task) -> None:
+        """Run the attempt, then each start its outcome frees that this asyncio task can
+        carry on (one with a context of its own gets a task of its own)."""
+        carried: tuple[WorkerState, Task] | None = (worker, task)
+        runs = 0
+        while carried is not None:
+            carried = await self._run_one(*carried)
+            runs += 1
+            if carried is not None and not runs % 16:
+                # Handlers that never wait would keep the loop from its timers and others.
+                await asyncio.sleep(0)
+
+    async def _run_one(self, worker: WorkerState,
+                       task: Task) -> tuple[WorkerState, Task] | None:
         spec = self.registry[task.kind]
         token = task.token
         tasks = self.core.tasks
-        ctx = TaskContext(
+        values: dict[str, Any] = dict(
             run_id=self.run_id, task_id=task.id, kind=task.kind, attempt=token,
             worker=worker.name, skill=worker.spec.skill(task.kind), payload=task.payload,
             estimate_s=task.estimate_s, inputs={d: tasks[d].result for d in task.depends_on},
             heartbeat=lambda: self.core.heartbeat(task.id, token, self.clock.now()),
             extras=self.extras,
         )
+        if _CTX_COMPLETE:  # every field given: skip the frozen __init__'s setattr per field
+            ctx = object.__new__(TaskContext)
+            ctx.__dict__.update(values)
+        else:
+            ctx = TaskContext(**values)
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         handler = worker.spec.handlers.get(task.kind) or spec.handler
         try:
@@ -462,14 +487,15 @@ class Supervisor:
         except asyncio.CancelledError:
             raise
         except (TimeoutError, asyncio.TimeoutError) as exc:
-            self._outcome(worker, task, token, None, timed_out(exc, limit))
+            return self._outcome(worker, task, token, None, timed_out(exc, limit))
         except Exception as exc:
-            self._outcome(worker, task, token, None, exc)
-        else:
-            self._outcome(worker, task, token, result, None)
+            return self._outcome(worker, task, token, None, exc)
+        return self._outcome(worker, task, token, result, None)
 
     def _outcome(self, worker: WorkerState, task: Task, token: int, result: Any,
-                 exc: BaseException | None) -> None:
+                 exc: BaseException | None) -> tuple[WorkerState, Task] | None:
+        """Hand the outcome to the core and carry out what it decided; return the start
+        the calling asyncio task carries on with, if any."""
         now = self.clock.now()
         core = self.core
         if exc is None:
@@ -477,13 +503,21 @@ class Supervisor:
         else:
             ok = core.fail(task.id, token, failure_of(exc), now, worker.name)
         if not ok:
-            return  # fenced off: a reclaimed attempt's late outcome
-        self._running.pop(task.id, None)
-        self._launch(core.release(worker, core.tasks[task.id], now))
+            return None  # fenced off: a reclaimed attempt's late outcome
+        handle = self._running.pop(task.id, None)
+        starts = core.release(worker, core.tasks[task.id], now)
+        carried = None
+        if handle is not None and starts and starts[0][1].id not in self._start_contexts:
+            carried = starts[0]
+            self._running[carried[1].id] = handle
+            starts = starts[1:]
+        if starts:
+            self._launch(starts)
         for due in core.effects_due(now):
             self._spawn(self._apply_effect(due))
         if core.done or core.stopping or core.next_wakeup(now) < self._timer_at:
             self._wake_up()  # the loop sleeps until a time that is no longer the next one
+        return carried
 
     # ---- effects -----------------------------------------------------------------------------
 
@@ -601,23 +635,32 @@ class Supervisor:
     def _record(self, task: Task, event: str, worker: str | None,
                 detail: Mapping[str, Any] | None, token: int) -> None:
         """The core's sink: append the event, queue the record with it for the store."""
+        attempt = token if event == E.REJECTED else task.token
+        if self._dirty is None and self.on_event is None:
+            # Nobody reads the event now: note it, its object is built if the log is read.
+            self.ledger.note(self.clock.now(), task.id, event, worker, attempt, detail)
+            if event == E.RECLAIMED:
+                self._reclaimed(task)
+            return
         entry = self.ledger.append(self.clock.now(), task.id, event, worker=worker,
-                                   attempt=token if event == E.REJECTED else task.token,
-                                   detail=detail)
+                                   attempt=attempt, detail=detail)
         if self._dirty is not None:  # durable: the record and its event go together
             self._pending.append((task, entry))
             self._dirty.set()
         if event == E.RECLAIMED:
-            zombie = self._running.pop(task.id, None)
-            if zombie is not None:
-                # It may still be alive; its late result will be fenced off, not trusted.
-                self._zombies.add(zombie)
-                zombie.add_done_callback(self._zombies.discard)
+            self._reclaimed(task)
         self._notify(entry, task)
         if event == E.WAITING:
             self._wake_up()  # the loop reads the store for decisions while a task waits
         if event == E.STARTED and self.on_event is not None:
             self._start_contexts[task.id] = contextvars.copy_context()
+
+    def _reclaimed(self, task: Task) -> None:
+        zombie = self._running.pop(task.id, None)
+        if zombie is not None:
+            # It may still be alive; its late result will be fenced off, not trusted.
+            self._zombies.add(zombie)
+            zombie.add_done_callback(self._zombies.discard)
 
     def _log(self, task: Task, event: str, detail: Mapping[str, Any]) -> None:
         """An event that changes no record (it still goes to the store with the record)."""
@@ -644,7 +687,7 @@ class Supervisor:
         return RunResult(
             run_id=self.run_id,
             tasks=tasks,
-            events=self.ledger.events,
+            events=self.ledger.view(),
             audit=analyze(tasks.values(), self.ledger, self.effects),
             started_at=started,
             finished_at=finished,

@@ -56,6 +56,10 @@ class Status(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    # Equal to its value, so hashed as it: a status and its string are the same set key,
+    # and a membership test costs a C call, not Enum's Python-level __hash__.
+    __hash__ = str.__hash__
+
 
 FINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.DEAD, Status.CANCELLED})
 """The statuses a task never leaves."""
@@ -175,6 +179,11 @@ def transition(task: Task, to: Status, **changes: Any) -> Task:
     Raises:
         IllegalTransition: ``to`` is not reachable from the task's current status.
     """
+    return moved(task, to, changes)
+
+
+def moved(task: Task, to: Status, changes: dict[str, Any]) -> Task:
+    """:func:`transition` with the changes as a dict (taken over: it gets ``status``)."""
     if to not in _ALLOWED[task.status]:
         raise IllegalTransition(
             f"task {task.id!r}: {task.status.value} -> {to.value} is not allowed"
@@ -186,9 +195,8 @@ def transition(task: Task, to: Status, **changes: Any) -> Task:
 def _copy(task: Task, changes: dict[str, Any]) -> Task:
     # dataclasses.replace re-runs __init__ and costs ~7x more; the supervisor copies a
     # record at every transition, so this stays a plain dict copy of a frozen instance.
-    unknown = changes.keys() - _FIELDS
-    if unknown:
-        raise TypeError(f"Task has no field(s) {sorted(unknown)}")
+    if not changes.keys() <= _FIELDS:
+        raise TypeError(f"Task has no field(s) {sorted(changes.keys() - _FIELDS)}")
     new = object.__new__(Task)
     state = new.__dict__
     state.update(task.__dict__)

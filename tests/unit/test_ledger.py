@@ -66,3 +66,34 @@ def test_jsonl_round_trip(tmp_path: Path) -> None:
 def test_foreign_log_is_audited_in_seq_order() -> None:
     events = [Event(2, 0.0, "a", "completed"), Event(1, 0.0, "b", "completed")]
     assert analyze(DEPS, events).order_violations == 1  # b (seq 1) came before a (seq 2)
+
+
+def test_noted_events_are_the_events_appended() -> None:
+    entries = [(0.5, "a", "started", "w", 1, None), (1.5, "a", "completed", "w", 1, {"k": 1}),
+               (2.0, "b", "cancelled", None, 0, {"cause": "a"})]
+    appended, noted = Ledger(), Ledger()
+    for at, task, event, worker, attempt, detail in entries:
+        appended.append(at, task, event, worker=worker, attempt=attempt, detail=detail)
+        noted.note(at, task, event, worker, attempt, detail)
+    assert len(noted) == 3
+    view = noted.view()
+    assert list(view) == list(appended.events) == list(noted.events)
+    assert view == appended.events and view[1].detail == {"k": 1} and view[0].detail == {}
+    assert [e.seq for e in noted] == [0, 1, 2]
+    assert noted.append(3.0, "b", "effect").seq == 3  # numbering goes on after noted entries
+
+
+def test_the_audit_of_a_ledger_with_noted_events_is_that_of_its_events() -> None:
+    ledger = Ledger()
+    ledger.note(0.0, "b", "completed")
+    ledger.append(0.0, "a", "completed")
+    ledger.note(0.0, "b", "completed")
+    ledger.note(0.0, "c", "effect")
+    from_ledger = analyze(DEPS, ledger, effect_kinds=())
+    from_events = analyze(DEPS, list(reversed(ledger.events)))  # any order: sorted by seq
+    assert from_ledger == from_events
+    assert from_ledger.order_violations == 1 and from_ledger.duplicates == 1
+    assert from_ledger.missing == ["c"]
+    view = ledger.view()
+    ledger.note(0.0, "c", "completed")  # a view keeps the events it was taken with
+    assert len(view) == 4 and analyze(DEPS, view) == from_events

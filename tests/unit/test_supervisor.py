@@ -555,3 +555,78 @@ def test_handlers_receive_the_results_of_their_dependencies() -> None:
         Task(id="c", kind="k", payload={"n": 100}, depends_on=("a", "b")),
     ])
     assert sup.run().tasks["c"].result == 111
+
+
+def _chain_tasks(n: int) -> list[Task]:
+    return [Task(id=f"t{i}", kind="k", depends_on=(f"t{i - 3}",) if i >= 3 else ())
+            for i in range(n)]
+
+
+async def _quick(payload: Any, ctx: TaskContext) -> str:
+    return ctx.task_id
+
+
+def test_a_listener_sees_the_events_a_run_without_one_keeps() -> None:
+    seen: list[Any] = []
+    runs = []
+    for listener in (None, lambda event, task: seen.append(event)):
+        sup = supervisor({"k": _quick}, [WorkerSpec("w", None, 2)], on_event=listener)
+        sup.add_tasks(_chain_tasks(40))
+        runs.append(sup.run())
+    quiet, heard = runs
+    assert quiet.ok and heard.ok and quiet.audit == heard.audit
+    assert len(quiet.events) == len(heard.events) == len(seen) == 40 * 4
+    assert list(heard.events) == seen
+    for i in range(40):
+        tid = f"t{i}"
+        assert events_of(quiet, tid) == events_of(heard, tid) == [
+            "created", "assigned", "started", "completed"]
+    assert {t.id: t.result for t in quiet.tasks.values()} == {f"t{i}": f"t{i}" for i in range(40)}
+
+
+def test_each_attempt_runs_in_the_context_its_start_left() -> None:
+    import contextvars
+
+    current: contextvars.ContextVar[str] = contextvars.ContextVar("current", default="")
+    mismatches: list[str] = []
+
+    def listener(event: Any, task: Task) -> None:
+        if event.event == "started":
+            current.set(task.id)  # what a tracer does: a span current for the attempt
+
+    async def check(payload: Any, ctx: TaskContext) -> None:
+        await asyncio.sleep(0)
+        if current.get() != ctx.task_id:
+            mismatches.append(f"{ctx.task_id} ran in {current.get()!r}")
+
+    sup = supervisor({"k": check}, [WorkerSpec("w", None, 3)], on_event=listener)
+    # Fan-outs: one completion starts three attempts at once, each after its own listener call.
+    sup.add_tasks([Task(id="root", kind="k"),
+                   *(Task(id=f"c{i}", kind="k", depends_on=("root",)) for i in range(6)),
+                   *(Task(id=f"g{i}", kind="k", depends_on=(f"c{i % 6}",)) for i in range(12))])
+    assert sup.run().ok
+    assert mismatches == []
+
+
+def test_attempts_that_never_wait_leave_the_loop_its_turns() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def main() -> Any:
+        sup = Supervisor(Registry([KindSpec("k", handler=_quick)]),
+                         [WorkerSpec("w", None, 1)])
+        sup.add_tasks(Task(id=f"t{i}", kind="k") for i in range(400))
+        side = asyncio.ensure_future(ticker())
+        try:
+            return await sup.arun()
+        finally:
+            side.cancel()
+
+    result = asyncio.run(main())
+    assert result.ok and len(result.tasks) == 400
+    assert ticks >= 400 // 16  # the other task ran while one worker went through them all

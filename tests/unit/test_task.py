@@ -89,3 +89,9 @@ def test_the_stores_start_statements_use_transitions_of_the_table() -> None:
     assert allowed(*CLAIMED_START) and allowed(*PUSHED_START)
     assert start_statuses(claimed=True) == {"from_status": "pending", "to_status": "running"}
     assert start_statuses(claimed=False) == {"from_status": "assigned", "to_status": "running"}
+
+
+def test_a_status_is_the_same_key_as_its_value() -> None:
+    assert hash(Status.PENDING) == hash("pending")
+    assert "dead" in FINAL and Status.DEAD in {"dead"}
+    assert {Status.RUNNING: 1}["running"] == 1

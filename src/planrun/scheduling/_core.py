@@ -34,7 +34,7 @@ from typing import Any, Literal
 from planrun.errors import ErrorClass, InvalidPlan, UsageError
 from planrun.ledger import EventName as E
 from planrun.registry import WorkerSpec
-from planrun.routing import Router, WorkerState
+from planrun.routing import Balanced, Capability, LeastLoaded, Router, WorkerState
 from planrun.scheduling._approval import (
     APPROVED,
     REJECTED,
@@ -46,7 +46,7 @@ from planrun.scheduling._approval import (
 )
 from planrun.scheduling._outcome import Failure
 from planrun.scheduling._retry import RetryPolicy
-from planrun.task import FINAL, Status, Task, transition
+from planrun.task import FINAL, Status, Task, moved
 
 __all__ = ["OnDead", "RunFacts", "Scheduler", "Sink", "dependency_order", "retries_spent"]
 
@@ -58,6 +58,12 @@ Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None
 ``token`` is the fencing token the change was decided under (the record's before it)."""
 
 _IN_FLIGHT = frozenset({Status.ASSIGNED, Status.RUNNING})
+_STATELESS = frozenset({LeastLoaded, Capability, Balanced})
+"""Built-in routers whose pick among one candidate is that candidate, with no state kept."""
+_INDEXED = _IN_FLIGHT | {Status.COMPLETED, Status.WAITING}
+"""The statuses :meth:`Scheduler._index` has something to do for."""
+_UNINDEXED = _IN_FLIGHT | {Status.WAITING}
+"""The statuses :meth:`Scheduler._unindex` has something to undo for."""
 _CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED, Status.WAITING})
 
 EFFECT_RETRY = RetryPolicy(attempts=6, base=1.0, cap=30.0, jitter=0.25, max_retry_after=60.0)
@@ -82,12 +88,15 @@ def dependency_order(batch: Sequence[Task]) -> list[Task]:
         InvalidPlan: the batch has a dependency cycle.
         UsageError: duplicate ids in the batch.
     """
-    by_id = {t.id: t for t in batch}
-    if len(by_id) != len(batch):
-        raise UsageError("duplicate task ids in one batch")
-    if not any(d in by_id for t in batch for d in t.depends_on):
-        return list(batch)  # nothing in the batch waits for the batch: order as given
     position = {t.id: i for i, t in enumerate(batch)}
+    if len(position) != len(batch):
+        raise UsageError("duplicate task ids in one batch")
+    get = position.get
+    if all(get(d, -1) < i for i, t in enumerate(batch) if t.depends_on for d in t.depends_on):
+        # Nothing waits for a later task of the batch: the order given is already the
+        # smallest dependency order (and has no cycle), so there is nothing to sort.
+        return list(batch)
+    by_id = {t.id: t for t in batch}
     sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
     for t in batch:
         sorter.add(t.id, *(d for d in t.depends_on if d in by_id))
@@ -173,6 +182,7 @@ class Scheduler:
         self.tasks: dict[str, Task] = {}
         self._order: dict[str, int] = {}
         self._dependents: dict[str, list[str]] = {}
+        """Task id -> the ids that depend on it (no entry when none does)."""
         self._waiting: dict[str, int] = {}
         self._priority: dict[str, tuple[float, int]] = {}
         self._ready: list[tuple[tuple[float, int], str]] = []
@@ -184,6 +194,8 @@ class Scheduler:
         self._parked: dict[str, list[str]] = {}
         self._avoid: dict[str, str] = {}
         self.workers: dict[str, WorkerState] = {}
+        self._capable: dict[str, list[WorkerState]] = {}
+        """Kind -> the workers that do it, in registration order (cleared when they change)."""
         self._effects_due: list[tuple[float, str]] = []
         self._effect_tries: dict[str, int] = {}
         self._effects_open: set[str] = set()
@@ -212,18 +224,26 @@ class Scheduler:
         ordered = dependency_order(tasks)
         new: list[Task] = []
         seen: set[str] = set()
+        have = self.tasks
+        kinds: set[str] = set()
         for task in ordered:
-            if task.id in self.tasks or task.id in seen:
-                raise UsageError(f"task id {task.id!r} is already in this run")
-            unknown = [d for d in task.depends_on if d not in self.tasks and d not in seen]
-            if unknown:
-                raise UsageError(f"task {task.id!r} depends on unknown or later task(s) {unknown}")
-            if known is not None and not known(task.kind):
-                raise UsageError(f"task {task.id!r}: kind {task.kind!r} is not registered")
+            tid = task.id
+            if tid in have or tid in seen:
+                raise UsageError(f"task id {tid!r} is already in this run")
+            for d in task.depends_on:
+                if d not in have and d not in seen:
+                    unknown = [d for d in task.depends_on if d not in have and d not in seen]
+                    raise UsageError(
+                        f"task {tid!r} depends on unknown or later task(s) {unknown}")
+            if known is not None and task.kind not in kinds:
+                if not known(task.kind):
+                    raise UsageError(f"task {tid!r}: kind {task.kind!r} is not registered")
+                kinds.add(task.kind)
             if task.status is not Status.PENDING:
-                raise UsageError(f"task {task.id!r} must be pending to be added")
-            seen.add(task.id)
+                raise UsageError(f"task {tid!r} must be pending to be added")
+            seen.add(tid)
         default = Task.__dataclass_fields__["max_attempts"].default
+        sink = self._sink
         for task in ordered:
             changes: dict[str, Any] = {}
             if task.created_at is None:
@@ -233,7 +253,7 @@ class Scheduler:
             if changes:
                 task = task.evolve(**changes)
             self._insert(task)
-            self._sink(task, E.CREATED, None, None, task.token)
+            sink(task, E.CREATED, None, None, task.token)
             new.append(task)
         self._prioritise(new)
         if self.started:
@@ -254,7 +274,6 @@ class Scheduler:
         tid = task.id
         self.tasks[tid] = task
         self._order[tid] = len(self._order)
-        self._dependents.setdefault(tid, [])
         waiting = 0
         for dep in task.depends_on:
             self._dependents.setdefault(dep, []).append(tid)
@@ -275,7 +294,8 @@ class Scheduler:
             return
         path: dict[str, float] = {}
         for t in reversed(batch):
-            below = max((path.get(d, 0.0) for d in self._dependents[t.id]), default=0.0)
+            below = max((path.get(d, 0.0) for d in self._dependents.get(t.id, ())),
+                        default=0.0)
             path[t.id] = t.estimate_s + below
             self._priority[t.id] = (-path[t.id], self._order[t.id])
 
@@ -287,12 +307,14 @@ class Scheduler:
             raise UsageError(f"worker {spec.name!r} is already registered")
         state = WorkerState(spec)
         self.workers[spec.name] = state
+        self._capable.clear()
         return state
 
     def sync_worker(self, name: str, kinds: Sequence[str], capacity: int) -> WorkerState:
         """Create or refresh a worker seen in the store (external workers)."""
         state = self.workers.get(name)
         spec = WorkerSpec(name, dict.fromkeys(kinds, 1.0), max(1, capacity))
+        self._capable.clear()
         if state is None:
             state = WorkerState(spec)
             self.workers[name] = state
@@ -348,8 +370,10 @@ class Scheduler:
     def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
         """In-process: give every ready task to a worker's queue; return what starts now."""
         self._ask(now)
+        if not self._ready or self.stopping:  # nothing in the loop below changes the facts
+            return []
         touched: list[WorkerState] = []
-        while self._ready and not self.stopping and not self.paused:
+        while self._ready and not self.paused:
             task = self._pop_ready(now)
             if task is None:
                 continue
@@ -404,10 +428,16 @@ class Scheduler:
         return task
 
     def _route(self, task: Task, free: Mapping[str, int] | None) -> WorkerState | None:
-        candidates = [w for w in self.workers.values() if w.spec.can_do(task.kind)
-                      and (free is None or free.get(w.name, 0) > 0)]
+        candidates = self._capable.get(task.kind)
+        if candidates is None:
+            candidates = [w for w in self.workers.values() if w.spec.can_do(task.kind)]
+            self._capable[task.kind] = candidates
+        if free is not None:
+            candidates = [w for w in candidates if free.get(w.name, 0) > 0]
         if not candidates:
             return None
+        if len(candidates) == 1 and type(self.router) in _STATELESS:
+            return candidates[0]  # the one choice, whatever the strategy
         avoid = self._avoid.get(task.id)
         if avoid is not None and len(candidates) > 1:
             candidates = [w for w in candidates if w.name != avoid] or candidates
@@ -591,20 +621,20 @@ class Scheduler:
     def next_wakeup(self, now: float) -> float:
         """The next time something is due: a lease, a retry, an effect, the deadline, a stall."""
         # No stall while a task waits for a person: no wake-up for one either.
-        times = [] if self.awaiting else [self.last_change + self.stall_after]
-        if self._leases:
-            times.append(self._leases[0][0])
-        if self._delayed:
-            times.append(self._delayed[0][0])
-        if self._effects_due:
-            times.append(self._effects_due[0][0])
-        if self._approval_timeouts:
-            times.append(self._approval_timeouts[0][0])
-        if self._asking:
-            times.append(now)
-        if self.deadline is not None and not self.facts.deadline_reached:
-            times.append(self.deadline)
-        return min(times, default=float("inf"))
+        at = float("inf") if self.awaiting else self.last_change + self.stall_after
+        if self._leases and self._leases[0][0] < at:
+            at = self._leases[0][0]
+        if self._delayed and self._delayed[0][0] < at:
+            at = self._delayed[0][0]
+        if self._effects_due and self._effects_due[0][0] < at:
+            at = self._effects_due[0][0]
+        if self._approval_timeouts and self._approval_timeouts[0][0] < at:
+            at = self._approval_timeouts[0][0]
+        if self._asking and now < at:
+            at = now
+        if self.deadline is not None and not self.facts.deadline_reached and self.deadline < at:
+            at = self.deadline
+        return at
 
     def touch(self, now: float) -> None:
         """Something changed at ``now`` (the stall clock starts again)."""
@@ -721,8 +751,10 @@ class Scheduler:
         stage = stage_of(task)
         detail = {"for": stage, "note": note, "by": by}
         if stage == "effect":
-            new = self._change(task, Status.COMPLETED, E.APPROVED, by, detail, cause=APPROVED,
-                               error=None, not_before=None, finished_at=now)
+            # The approval, then the completion it allows (the audit reads completions).
+            self._sink(task, E.APPROVED, by, detail, task.token)
+            new = self._change(task, Status.COMPLETED, E.COMPLETED, by, {"approved": True},
+                               cause=APPROVED, error=None, not_before=None, finished_at=now)
         else:
             new = self._change(task, Status.PENDING, E.APPROVED, by, detail, cause=APPROVED,
                                error=None, not_before=None)
@@ -868,7 +900,7 @@ class Scheduler:
 
     def _change(self, task: Task, to: Status, event: str, worker: str | None,
                 detail: Mapping[str, Any] | None = None, **changes: Any) -> Task:
-        new = transition(task, to, **changes)
+        new = moved(task, to, changes)
         self._replace(task, new)
         self._sink(new, event, worker, detail, task.token)
         return new
@@ -877,13 +909,17 @@ class Scheduler:
         """Put ``new`` in place of ``old`` and keep every index right."""
         tid = new.id
         self.tasks[tid] = new
-        self._unindex(old)
-        self._index(new)
-        if old.status not in FINAL and new.status in FINAL:
-            self.unfinished -= 1
-        elif old.status in FINAL and new.status not in FINAL:
+        was, now_is = old.status, new.status
+        if was in _UNINDEXED:
+            self._unindex(old)
+        if now_is in _INDEXED:
+            self._index(new)
+        if was not in FINAL:
+            if now_is in FINAL:
+                self.unfinished -= 1
+        elif now_is not in FINAL:
             self.unfinished += 1  # a mirror that ran ahead of the store, corrected
-        if new.status is Status.COMPLETED and old.status is not Status.COMPLETED:
+        if now_is is Status.COMPLETED and was is not Status.COMPLETED:
             for dep in self._dependents.get(tid, ()):
                 self._waiting[dep] -= 1
                 if not self._waiting[dep] and self.started:
@@ -932,8 +968,7 @@ class Scheduler:
             worker.done += 1
         if task.started_at is not None:
             worker.busy_s += now - task.started_at
-        starts: list[tuple[WorkerState, Task]] = []
-        starts.extend(self.dispatch(now))
+        starts = self.dispatch(now) if self._ready else []
         self._pump(worker, now, starts)
         return starts
 
