@@ -16,6 +16,7 @@ Everything public is importable from here; submodules are implementation.
 
 from importlib import metadata as _metadata
 
+from planrun.approval import approve_task, reject_task
 from planrun.clock import Clock, RealClock, VirtualClock
 from planrun.decompose import adecompose, decompose
 from planrun.distributed import Coordinator, WorkerProcess
@@ -60,7 +61,7 @@ from planrun.runner import (
     plan_and_run,
     resume_run,
 )
-from planrun.scheduling import SpawnLimits
+from planrun.scheduling import Approval, SpawnLimits
 from planrun.sim import Scenario, SimResult, simulate
 from planrun.stores import open_store
 from planrun.supervisor import Backoff, RunResult, Supervisor
@@ -76,6 +77,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
 __all__ = [
     "PROBLEM_CODES",
     "App",
+    "Approval",
     "Audit",
     "Backoff",
     "Budget",
@@ -143,6 +145,7 @@ __all__ = [
     "aevaluate",
     "analyze",
     "aplan_and_run",
+    "approve_task",
     "aresume_run",
     "decompose",
     "evaluate",
@@ -154,6 +157,7 @@ __all__ = [
     "read_jsonl",
     "record",
     "redact",
+    "reject_task",
     "replay",
     "resume_run",
     "simulate",

@@ -652,6 +652,7 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any) -> i
     async def go(store: Any) -> Any:
         coordinator = Coordinator(app.registry, store, mode=mode, on_dead=args.on_dead,
                                   effects=app.effects, stale_after=stale_after,
+                                  approvals=app.approvals,
                                   retry_budget=args.retry_budget, goal=plan.goal, meta=meta,
                                   deadline_s=args.deadline)
         # The run's budget is in the database before any worker can see the run.
@@ -772,7 +773,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
                                       on_dead=meta.get("on_dead", "cancel_dependents"),
                                       stale_after=float(meta.get("stale_after", 30.0)),
                                       retry_budget=meta.get("retry_budget"),
-                                      effects=app.effects)
+                                      effects=app.effects, approvals=app.approvals)
             async with hold_run(store, args.run_id):
                 return await coordinator.aresume()
 
@@ -1007,6 +1008,46 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 
+def _add_approve(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "approve", help="approve a task waiting for approval (the run's process carries it out)")
+    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.add_argument("task_id", metavar="TASK_ID")
+    _db_flag(parser)
+    parser.add_argument("--note", default=None, help="recorded with the approval")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_decide, approve=True)
+    parser = subparsers.add_parser(
+        "reject", help="reject a task waiting for approval: it is dead, cause 'rejected'")
+    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.add_argument("task_id", metavar="TASK_ID")
+    _db_flag(parser)
+    parser.add_argument("--reason", required=True, help="why (recorded as the task's error)")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_decide, approve=False)
+
+
+def _cmd_decide(args: argparse.Namespace) -> int:
+    from planrun.approval import approve_task, reject_task
+
+    _check_db(args.db, must_exist=True)
+
+    async def go(store: Any) -> Any:
+        if args.approve:
+            return await approve_task(store, args.run_id, args.task_id, args.note)
+        return await reject_task(store, args.run_id, args.task_id, args.reason)
+
+    task = _with_store(args.db, go)
+    decision = "approved" if args.approve else "rejected"
+    if args.json:
+        print(json.dumps({"run": args.run_id, "task": task.id, "decision": decision,
+                          "note": task.error, "status": task.status.value}))
+    else:
+        print(f"{task.id}: {decision}; the run's process carries it out "
+              f"(or 'planrun resume {args.run_id}' if none runs)")
+    return EXIT_OK
+
+
 def _add_worker(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "worker", help="a worker process: takes tasks of running runs from the database",
@@ -1150,6 +1191,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_resume(subparsers)
     _add_runs(subparsers)
     _add_status(subparsers)
+    _add_approve(subparsers)
     _add_worker(subparsers)
     _add_demo(subparsers)
     from planrun.eval_cli import add_eval_parser

@@ -48,7 +48,9 @@ def _example(name: str) -> tuple[App, Any, dict[str, Any], Any]:
         return brief.make_app(), brief.GOAL, {}, None
     if name == "release":
         return release.make_app(), release.RELEASE_PLAN, {"on_dead": "abort_run"}, None
-    app, outbox, desk = tickets.make_app()
+    # No person at a demo: replies to security incidents wait for approval, and are
+    # approved by default one second into the wait (planrun approve decides a real run).
+    app, outbox, desk = tickets.make_app(approve_security="auto")
     plan = tickets.ticket_plan(generate_tickets(TICKETS, seed=0), app.registry)
     return app, plan, {}, (outbox, desk)
 
@@ -88,8 +90,10 @@ def run_demo(name: str = "brief", *, live: bool = False, console: Console | None
     out.print(report.summary())
     if sinks is not None:
         outbox, desk = sinks
+        approved = sum(1 for e in report.events if e.event == "approved")
         out.print(f"replies sent: {len(outbox.sent)} (each once), "
-                  f"flagged for a human: {len(desk.flagged)}")
+                  f"flagged for a human: {len(desk.flagged)}, "
+                  f"security replies sent after approval: {approved}")
     return report
 
 

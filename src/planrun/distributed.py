@@ -49,6 +49,7 @@ from planrun.scheduling import (
     EFFECT_RETRY,
     SCHEDULER_RETRY,
     Addition,
+    Approval,
     Backoff,
     Failure,
     OnDead,
@@ -63,6 +64,7 @@ from planrun.scheduling import (
     spawn_refused,
     timed_out,
 )
+from planrun.scheduling._approval import as_approval
 from planrun.stores.base import RunInfo, Store, WidenConflict
 from planrun.supervisor import EffectFn, RunResult
 from planrun.task import Status, Task, transition
@@ -111,6 +113,10 @@ class Coordinator:
             kept with the run, where worker processes read them: a worker whose handler
             spawns validates the addition with the core's rule and writes it with the
             completion, in one fenced transaction.
+        approvals, task_approvals: as for :class:`~planrun.Supervisor`, before the start only
+            and in push mode only (the coordinator alone decides who starts what; a worker
+            process completes a task itself, so an approval before the effect needs the
+            in-process supervisor). Decisions are read from the store (``planrun approve``).
 
     Resource locks hold in push mode, where the coordinator alone decides who starts
     what: a task is not assigned while another task naming one of its resources is
@@ -142,9 +148,18 @@ class Coordinator:
         effect_retry: RetryPolicy | None = None,
         clock: Clock | None = None,
         spawn_limits: SpawnLimits | None = None,
+        approvals: Mapping[str, Approval | str] | None = None,
+        task_approvals: Mapping[str, Approval | str] | None = None,
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
+        rules = {**(approvals or {}), **(task_approvals or {})}
+        if rules and mode == "peer":
+            raise UsageError("approval gates need push mode (the coordinator assigns); "
+                             "peer-mode workers claim alone")
+        if any(as_approval(r).before == "effect" for r in rules.values()):
+            raise UsageError("an approval before the effect needs the in-process supervisor "
+                             "(a worker process completes its task itself)")
         policy = as_policy(retry, SCHEDULER_RETRY)
         self.max_attempts = policy.attempts if max_attempts is None else max_attempts
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
@@ -168,7 +183,8 @@ class Coordinator:
             retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
             stale_after=stale_after, stall_after=stall_after, effects=self.effects,
             effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
-            spawn_limits=spawn_limits, default_attempts=self.max_attempts,
+            spawn_limits=spawn_limits, default_attempts=self.max_attempts, approvals=approvals,
+            task_approvals=task_approvals,
         )
         self._changes: list[_Change] = []
         self._seq = -1
@@ -280,6 +296,9 @@ class Coordinator:
         now = self.clock.now()
         for task in await self.store.expired(self.run_id, now):  # fresh rows, not the mirror
             core.expire(task, now)
+        if core.awaiting:  # a decision on a waiting row comes with no event: read the rows
+            for task in await self.store.load_some(self.run_id, sorted(core.awaiting)):
+                core.take_decision(task, now)
         core.tick(now)
         if self.mode == "push" and not core.stopping:
             free = await self._free_workers(now)

@@ -9,7 +9,10 @@ Event names:
 
 ``created``, ``assigned``, ``started``, ``completed``, ``failed`` (an attempt failed; its
 ``detail`` holds ``retry_at``), ``retry`` (the backoff is over; the task is pending again),
-``reclaimed`` (the lease expired; the task is pending again), ``dead``, ``cancelled``;
+``reclaimed`` (the lease expired; the task is pending again), ``dead`` (a rejection by a
+person is a ``dead`` whose ``detail`` holds ``cause: rejected``), ``cancelled``,
+``waiting`` (the task waits for a person's approval; ``detail`` says ``for`` what and
+``timeout_at``), ``approved`` (a person, or a timeout, approved it; ``detail`` holds ``note``);
 and three that change no status: ``rejected`` (a late result carrying a stale fencing
 token), ``effect`` (a side effect applied once, keyed by the task id) and
 ``effect_failed`` (one try of an effect failed; it is tried again). :class:`EventName`
@@ -55,6 +58,8 @@ class EventName:
     cancelled."""
     JOINED = "joined"
     """A pending task waits for more: tasks spawned by a task it joins."""
+    WAITING = "waiting"
+    APPROVED = "approved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +261,8 @@ def analyze(
     """Audit a run from its log alone.
 
     ``tasks`` gives the task ids and their dependencies: task records, or a mapping from id
-    to the ids it depends on. Only ``completed`` and ``effect`` events are read. With task
+    to the ids it depends on. Only ``completed`` and ``effect`` events are read (a task still
+    ``waiting`` for approval is ``missing``). With task
     records and ``effect_kinds`` (the kinds whose completion has an effect), a completed task
     of such a kind with no ``effect`` event is listed in ``missing_effects``.
     """

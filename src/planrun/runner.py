@@ -27,6 +27,7 @@ from planrun.plan import Plan
 from planrun.prompts import PromptLibrary
 from planrun.redact import redact
 from planrun.registry import Registry, WorkerSpec
+from planrun.scheduling import Approval
 from planrun.supervisor import EffectFn, RunResult, Supervisor
 from planrun.task import Task
 from planrun.workers import ModelWorker
@@ -58,7 +59,8 @@ class App:
 
     ``workers`` default to one worker doing every kind, ``concurrency`` tasks at a time.
     ``effects`` map a kind to a function applied once per completed task of that kind, by
-    the supervisor, keyed by the task id.
+    the supervisor, keyed by the task id. ``approvals`` map a kind to the
+    :class:`~planrun.Approval` its tasks need (decided by ``planrun approve`` / ``reject``).
     """
 
     registry: Registry
@@ -66,6 +68,7 @@ class App:
     effects: Mapping[str, EffectFn] = field(default_factory=dict)
     concurrency: int = 8
     description: str = ""
+    approvals: Mapping[str, Approval | str] = field(default_factory=dict)
 
     def worker_specs(self) -> list[WorkerSpec]:
         """The workers, or the default pool."""
@@ -326,7 +329,7 @@ async def aplan_and_run(
                 strategy=strategy,
                 clock=clock,
                 run_id=run_id,
-                effects=app.effects,
+                effects=app.effects, approvals=app.approvals,
                 on_event=traced.on_event if traced else progress,
                 extras={"model": model, "usage": meter},
                 store=opened,
@@ -394,7 +397,8 @@ async def aresume_run(
                 _with_replanner(supervisor_options, goal, app.registry, model, meter)
             sup = Supervisor(
                 app.registry, app.worker_specs(), clock=clock, run_id=run_id,
-                effects=app.effects, on_event=traced.on_event if traced else progress,
+                effects=app.effects, approvals=app.approvals,
+                on_event=traced.on_event if traced else progress,
                 extras={"model": model, "usage": meter}, store=opened, **supervisor_options,
             )
             async with _owning(opened, run_id, sup.clock):

@@ -16,7 +16,10 @@ Scenario JSON::
 
 ``fail`` / ``fail_permanent`` / ``hang``: per worker, how many times that worker fails the
 task transiently, permanently, or goes silent on it (never answers, never heartbeats).
-``depends_on`` holds task ids or indices of earlier tasks.
+``depends_on`` holds task ids or indices of earlier tasks. ``approval`` makes a task wait
+for a person, scripted: ``{"before": "start" | "effect", "after": 300, "reject": false}``
+approves it (or rejects it) ``after`` virtual seconds of waiting, so the estimate of a run
+includes the time its approvals take.
 
 A plan that grows at run time says so per task: ``"spawn": [{"kind": "classify", "count":
 200, "estimate": 3}]`` adds that many tasks when the task completes (each entry may hold its
@@ -39,6 +42,7 @@ from typing import Any
 from planrun.clock import VirtualClock
 from planrun.errors import PermanentError, TransientError, UsageError
 from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.scheduling import Approval
 from planrun.supervisor import RunResult, Supervisor
 from planrun.task import Status, Task
 
@@ -205,6 +209,31 @@ def _check_spawn(i: int, plan: object) -> None:
             _check_spawn(i, entry["spawn"])
 
 
+class _ScriptedApprover:
+    """A person, scripted: decides each waiting task ``after`` seconds of its wait."""
+
+    def __init__(self, script: Mapping[str, Mapping[str, Any]]) -> None:
+        self.script = script
+        self.supervisor: Supervisor | None = None
+
+    def __call__(self, event: Any, task: Task) -> None:
+        if event.event != "waiting" or task.id not in self.script:
+            return
+        plan = self.script[task.id]
+        # Decided later, outside the change being recorded now.
+        asyncio.get_running_loop().call_later(float(plan.get("after", 0)), self._decide,
+                                              task.id, bool(plan.get("reject", False)))
+
+    def _decide(self, task_id: str, reject: bool) -> None:
+        sup = self.supervisor
+        if sup is None or task_id not in sup.waiting:
+            return  # the run was stopped (a deadline, an abort) meanwhile
+        if reject:
+            sup.reject(task_id, "scripted rejection")
+        else:
+            sup.approve(task_id, "scripted approval")
+
+
 def _task_id(spec: Mapping[str, Any], index: int) -> str:
     return str(spec.get("id", f"t{index}"))
 
@@ -298,6 +327,24 @@ def _check_task(i: int, t: object, ids: Sequence[str]) -> None:
             raise UsageError(f"scenario: task {i}: {key!r} must map worker names to counts")
     if not isinstance(t.get("payload") or {}, Mapping):
         raise UsageError(f"scenario: task {i}: 'payload' must be an object")
+    if "approval" in t:
+        _check_approval(i, t["approval"])
+
+
+def _check_approval(i: int, approval: object) -> None:
+    if not isinstance(approval, Mapping):
+        raise UsageError(f"scenario: task {i}: 'approval' must be an object")
+    unknown = sorted(set(approval) - {"before", "after", "reject"})
+    if unknown:
+        raise UsageError(f"scenario: task {i}: unknown approval field(s) {unknown}")
+    if approval.get("before", "start") not in ("start", "effect"):
+        raise UsageError(f"scenario: task {i}: approval 'before' must be 'start' or 'effect'")
+    after = approval.get("after", 0)
+    if not _is_number(after) or after < 0:
+        raise UsageError(f"scenario: task {i}: approval 'after' must be a number >= 0, "
+                         f"got {after!r}")
+    if not isinstance(approval.get("reject", False), bool):
+        raise UsageError(f"scenario: task {i}: approval 'reject' must be true or false")
 
 
 def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Supervisor:
@@ -324,14 +371,21 @@ def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Sup
             )
         )
     options = dict(scenario.options)
+    scripted = {ids[i]: dict(t["approval"]) for i, t in enumerate(scenario.tasks)
+                if "approval" in t}
     sup = Supervisor(
         registry,
         workers,
         strategy=strategy or scenario.strategy,
         clock=VirtualClock(),
         seed=seed,
+        task_approvals={tid: Approval(a.get("before", "start")) for tid, a in scripted.items()},
+        on_event=_ScriptedApprover(scripted) if scripted else None,
         **options,
     )
+    if scripted:
+        assert isinstance(sup.on_event, _ScriptedApprover)
+        sup.on_event.supervisor = sup
     tasks = []
     for i, t in enumerate(scenario.tasks):
         deps = tuple(ids[d] if isinstance(d, int) else str(d) for d in t.get("depends_on", []))

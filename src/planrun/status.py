@@ -3,7 +3,9 @@
 Tasks by status (is the run converging?), per-worker active count (is the load spread, or
 is one worker pinned while others idle?), and the age of the oldest unfinished task (a
 task stuck in ``assigned`` shows up as an age that climbs while everything else looks
-healthy). Beside them, when the store holds them: what the run spent and what its budget
+healthy). A task waiting for a person's approval is shown apart (``waiting``: what it waits
+for and since when): it is not a stall, and not "oldest unfinished" in the alarming sense.
+Beside them, when the store holds them: what the run spent and what its budget
 leaves (``spend``), and the shared rate limiter's rates and the rate of its last minute
 (``limiter``).
 """
@@ -45,6 +47,9 @@ class RunStatus:
     limiter: dict[str, Any] | None = None
     """The run's rate limit: its rates and key; for a shared one (``shared``) also
     ``recent_rpm``, ``acquired``, ``penalties`` and ``paused_for`` (None: no limit)."""
+    waiting: list[dict[str, Any]] | None = None
+    """Tasks waiting for approval, longest wait first: ``task``, ``for`` (``start`` or
+    ``effect``), ``waiting_s``, ``timeout_at`` (they are not in ``oldest_unfinished``)."""
 
     @property
     def finished(self) -> bool:
@@ -66,6 +71,11 @@ class RunStatus:
                  f"  tasks by status:        {counts}\n"
                  f"  active per worker:      {workers or '-'}\n"
                  f"  oldest unfinished task: {oldest}")
+        if self.waiting:
+            shown = ", ".join(f"{w['task']} ({w['for']}) {w['waiting_s']:.1f} s"
+                              for w in self.waiting[:5])
+            more = f" and {len(self.waiting) - 5} more" if len(self.waiting) > 5 else ""
+            lines += f"\n  waiting for approval:   {shown}{more}"
         if self.spend is not None:
             lines += f"\n  spent:                  {_spent(self.spend)}"
             lines += f"\n  budget left:            {_left(self.spend)}"
@@ -116,12 +126,13 @@ def run_status(
         if task.status in (Status.ASSIGNED, Status.RUNNING) and task.assigned_to:
             active[task.assigned_to] += 1
         created = task.created_at
-        if task.status in FINAL or created is None:
+        if task.status in FINAL or task.status is Status.WAITING or created is None:
             continue
         if oldest is None or created < oldest[0]:
             oldest = (created, task.id)
     run = state.run
     return RunStatus(
+        waiting=_waiting(state, now),
         run_id=run.id,
         run_status=shown_status(run.status, run.owner_until, now),
         recorded_status=run.status,
@@ -135,6 +146,20 @@ def run_status(
         limiter=(None if limiter is None else dict(limiter) if isinstance(limiter, Mapping)
                  else {**limiter.to_dict(), "shared": True}),
     )
+
+
+def _waiting(state: RunState, now: float) -> list[dict[str, Any]]:
+    """Tasks waiting for approval, with the time of the event that made them wait."""
+    since = {e.task: e.at for e in state.events if e.event == "waiting"}
+    rows = []
+    for task in state.tasks:
+        if task.status is not Status.WAITING:
+            continue
+        at = since.get(task.id, task.finished_at or task.created_at or now)
+        stage = (task.cause or "").split(":", 1)[-1] or "start"
+        rows.append({"task": task.id, "for": stage, "waiting_s": max(0.0, now - at),
+                     "timeout_at": task.not_before})
+    return sorted(rows, key=lambda r: -r["waiting_s"])
 
 
 @dataclass(frozen=True)
@@ -169,6 +194,8 @@ def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
             e = ordered[i]
             i += 1
             new = _EVENT_STATUS.get(e.event)
+            if e.event == "approved":  # before an effect: its "completed" follows
+                new = None if e.detail.get("for") == "effect" else "pending"
             if e.event == "created":
                 created[e.task] = e.at
             if new is None:
@@ -182,7 +209,8 @@ def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
         for value in status.values():
             counts[value] += 1
         active: Counter[str] = Counter(running_on.values())
-        open_ = [created[t] for t, s in status.items() if s not in _FINAL_NAMES and t in created]
+        open_ = [created[t] for t, s in status.items()
+                 if s not in _FINAL_NAMES and s != "waiting" and t in created]
         samples.append(Sample(now - start, counts, dict(active),
                               (now - min(open_)) if open_ else None))
     return samples
@@ -191,6 +219,6 @@ def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
 _EVENT_STATUS = {
     "created": "pending", "assigned": "assigned", "started": "running",
     "completed": "completed", "failed": "failed", "retry": "pending",
-    "reclaimed": "pending", "dead": "dead", "cancelled": "cancelled",
+    "reclaimed": "pending", "dead": "dead", "cancelled": "cancelled", "waiting": "waiting",
 }
 _FINAL_NAMES = frozenset(s.value for s in FINAL)

@@ -28,6 +28,7 @@ from planrun.routing import Router, WorkerState, get_router
 from planrun.scheduling import (
     EFFECT_RETRY,
     SCHEDULER_RETRY,
+    Approval,
     Backoff,
     OnDead,
     ReplanRequest,
@@ -169,6 +170,12 @@ class Supervisor:
             :class:`SpawnRequest` items); the fragment is validated like a spawn. None: a
             death cancels its dependents.
         max_replans: replans allowed over the whole run; past it a death cancels.
+        approvals: kind -> :class:`~planrun.scheduling.Approval` (or ``"start"`` /
+            ``"effect"``): its tasks wait in status ``waiting`` until :meth:`approve` or
+            :meth:`reject` (or ``planrun approve`` / ``planrun reject`` on the store).
+        task_approvals: task id -> approval, for single tasks.
+        approval_poll: seconds between reads of the store for decisions another process
+            wrote (only while a task waits, and only with a store).
     """
 
     def __init__(
@@ -201,7 +208,12 @@ class Supervisor:
         spawn_limits: SpawnLimits | None = None,
         replanner: Replanner | None = None,
         max_replans: int = 2,
+        approvals: Mapping[str, Approval | str] | None = None,
+        task_approvals: Mapping[str, Approval | str] | None = None,
+        approval_poll: float = 1.0,
     ) -> None:
+        if not approval_poll > 0:
+            raise UsageError(f"approval_poll must be > 0, got {approval_poll}")
         policy = as_policy(retry if retry is not None else backoff, SCHEDULER_RETRY)
         attempts = policy.attempts if retry is not None else SCHEDULER_RETRY.attempts
         self.max_attempts = attempts if max_attempts is None else max_attempts
@@ -230,10 +242,12 @@ class Supervisor:
             stale_after=stale_after, stall_after=stall_after, effects=self.effects, seed=seed,
             effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
             spawn_limits=spawn_limits, default_attempts=self.max_attempts,
-            max_replans=max_replans,
+            max_replans=max_replans, approvals=approvals, task_approvals=task_approvals,
         )
         self.replanner = replanner
         self.core.can_replan = replanner is not None
+        self.approval_poll = approval_poll
+        self._next_poll = 0.0
         for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
             self.register(spec)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -279,6 +293,51 @@ class Supervisor:
     def tasks(self) -> Mapping[str, Task]:
         """Current records by id (read-only view)."""
         return dict(self.core.tasks)
+
+    @property
+    def waiting(self) -> list[str]:
+        """Ids of the tasks waiting for a person's approval."""
+        return sorted(self.core.awaiting)
+
+    def approve(self, task_id: str, note: str | None = None) -> Task:
+        """Approve a waiting task (call it on the run's event loop, e.g. from ``on_event``).
+
+        Raises:
+            UsageError: the task is not waiting (approving twice included).
+        """
+        task = self.core.approve(task_id, self.clock.now(), note, by="api")
+        self._after_decision()
+        return task
+
+    def reject(self, task_id: str, reason: str) -> Task:
+        """Reject a waiting task: it is ``dead`` with cause ``rejected``.
+
+        Raises:
+            UsageError: the task is not waiting, or ``reason`` is empty.
+        """
+        task = self.core.reject(task_id, self.clock.now(), reason, by="api")
+        self._after_decision()
+        return task
+
+    def _after_decision(self) -> None:
+        if self._started and self._wake is not None:
+            self._advance(self.clock.now())
+            self._wake_up()
+
+    async def _poll_decisions(self, now: float) -> None:
+        """Read the waiting rows for decisions another process wrote (``planrun approve``)."""
+        if self.store is None or not self.core.awaiting or now < self._next_poll:
+            return
+        self._next_poll = now + self.approval_poll
+        try:
+            records = await self.store.load_some(self.run_id, sorted(self.core.awaiting))
+        except StoreError:
+            return  # read again at the next poll; the writes have their own patience
+        took = False
+        for record in records:
+            took = self.core.take_decision(record, self.clock.now()) or took
+        if took:
+            self._advance(self.clock.now())
 
     @property
     def stale_after(self) -> float:
@@ -377,12 +436,17 @@ class Supervisor:
             if self._flusher is not None and self._flusher.done():
                 self._flusher.result()  # a store that stayed down: raise its StoreError
             now = self.clock.now()
+            await self._poll_decisions(now)
+            now = self.clock.now()
             self._advance(now)
             if core.stalled(now) and not self._background:
                 raise StallError(core.stall_message(self.run_id, now))
             if core.done and not self._background:
                 break
             self._timer_at = core.next_wakeup(now)
+            if self.store is not None and core.awaiting:
+                self._timer_at = min(self._timer_at, max(now, self._next_poll))
+            self._timer_at = min(self._timer_at, now + 3600.0)  # waiting for a person only
             timer = loop.call_later(max(0.0, self._timer_at - now), self._wake.set)
             try:
                 await self._wake.wait()
@@ -644,6 +708,8 @@ class Supervisor:
         if event == E.RECLAIMED:
             self._reclaimed(task)
         self._notify(entry, task)
+        if event == E.WAITING:
+            self._wake_up()  # the loop reads the store for decisions while a task waits
         if event == E.STARTED and self.on_event is not None:
             self._start_contexts[task.id] = contextvars.copy_context()
 

@@ -12,6 +12,11 @@ changes a task's status.
        │  └─────────┴──┴──────┴───────► cancelled               (a dependency died, abort,
        │                                                          budget: never did its work)
        └──────── reclaimed ◄────────┘                           (lease expired)
+
+    pending ──► waiting ──► pending       (approval before start: a person approves)
+    running ──► waiting ──► completed     (approval before the effect: result kept)
+                waiting ──► dead          (rejected, cause "rejected")
+                waiting ──► cancelled     (abort, deadline, budget)
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class Status(str, enum.Enum):
     """Given up: retries exhausted, a permanent error, or too many reclaims."""
     CANCELLED = "cancelled"
     """Never run: a dependency died, the run was aborted, or the budget ran out."""
+    WAITING = "waiting"
+    """Waiting for a person to approve or reject it; ``cause`` says for what
+    (``approval:start`` or ``approval:effect``). Not a stall: it waits for a decision."""
 
     def __str__(self) -> str:
         return self.value
@@ -58,13 +66,17 @@ FINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.DEAD, Status.CANC
 
 _ALLOWED: Mapping[Status, frozenset[Status]] = {
     Status.PENDING: frozenset(
-        {Status.ASSIGNED, Status.RUNNING, Status.CANCELLED, Status.DEAD}
+        {Status.ASSIGNED, Status.RUNNING, Status.CANCELLED, Status.DEAD, Status.WAITING}
     ),
     Status.ASSIGNED: frozenset(
         {Status.RUNNING, Status.PENDING, Status.CANCELLED, Status.DEAD}
     ),
     Status.RUNNING: frozenset(
-        {Status.COMPLETED, Status.FAILED, Status.DEAD, Status.PENDING, Status.CANCELLED}
+        {Status.COMPLETED, Status.FAILED, Status.DEAD, Status.PENDING, Status.CANCELLED,
+         Status.WAITING}
+    ),
+    Status.WAITING: frozenset(
+        {Status.PENDING, Status.COMPLETED, Status.DEAD, Status.CANCELLED}
     ),
     Status.FAILED: frozenset({Status.PENDING, Status.CANCELLED, Status.DEAD}),
     Status.COMPLETED: frozenset(),
@@ -109,7 +121,10 @@ class Task:
     error_class: str | None = None
     """``"transient"`` or ``"permanent"`` for the last error."""
     cause: str | None = None
-    """Why a task was cancelled: the dead dependency's id, ``"abort"`` or ``"budget"``."""
+    """Why a task was cancelled: the dead dependency's id, ``"abort"`` or ``"budget"``; what
+    a ``waiting`` task waits for (``"approval:start"``, ``"approval:effect"``) or the decision
+    recorded for it; ``"approved"`` once a person approved it; ``"rejected"`` for a dead task
+    a person rejected."""
     depends_on: tuple[str, ...] = ()
     estimate_s: float = 1.0
     resources: tuple[str, ...] = ()

@@ -60,7 +60,7 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     AVAILABLE = False
 
-from planrun.task import FINAL
+from planrun.task import FINAL, Status
 
 if TYPE_CHECKING:
     from planrun.clock import Clock
@@ -84,7 +84,8 @@ TRACE_KEY = "trace"
 """The key of the run's meta that holds its W3C trace context."""
 
 _KEY_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{6,}")
-_ENDED = ("completed", "failed", "dead", "reclaimed", "cancelled")
+_ENDED = ("completed", "failed", "dead", "reclaimed", "cancelled", "waiting")
+"""Events that end an open attempt span (``waiting``: the attempt ran; its effect waits)."""
 T = TypeVar("T")
 
 
@@ -316,7 +317,8 @@ class RunTracer:
             self._open_attempt(event, task)
         elif name in _ENDED and task.id in self._open:
             self._close_attempt(event, task)
-        elif name in ("cancelled", "dead", "rejected", "reclaimed") and self._span is not None:
+        elif name in ("cancelled", "dead", "rejected", "reclaimed", "waiting", "approved") \
+                and self._span is not None:
             self._span.add_event(f"task {name}", {"planrun.task.id": task.id,
                                                   "planrun.task.kind": task.kind},
                                  timestamp=self._ns(event.at))
@@ -332,8 +334,8 @@ class RunTracer:
             self._counts[before] -= 1
         self._counts[status] += 1
         self._status[task.id] = status
-        if task.status in FINAL:
-            self._unfinished.pop(task.id, None)
+        if task.status in FINAL or task.status is Status.WAITING:
+            self._unfinished.pop(task.id, None)  # a wait for a person is not an alarming age
         else:
             self._unfinished.setdefault(task.id, task.created_at or self._now())
 
@@ -414,7 +416,7 @@ class RunTracer:
 
 def _outcome(span: Any, name: str, task: Task) -> None:
     span.set_attribute("planrun.task.status", name)
-    if name == "completed":
+    if name in ("completed", "waiting"):  # waiting: the attempt succeeded, its effect waits
         span.set_status(trace.StatusCode.OK)
         return
     if task.error:

@@ -35,8 +35,11 @@ def test_tickets_demo_sends_each_reply_once() -> None:
     text = buffer.getvalue()
     assert report.counts["completed"] == 400 and report.audit.duplicate_effects == 0
     sent = int(text.split("replies sent: ")[1].split(" ")[0])
-    flagged = int(text.split("flagged for a human: ")[1].split()[0])
+    flagged = int(text.split("flagged for a human: ")[1].split()[0].rstrip(","))
     assert sent + flagged == 200 and flagged > 0
+    approved = int(text.split("sent after approval: ")[1].split()[0])
+    assert approved > 0
+    assert approved == sum(1 for e in report.events if e.event == "waiting")
 
 
 def test_demo_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:

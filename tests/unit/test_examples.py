@@ -115,3 +115,24 @@ def test_generator_is_realistic_and_reproducible() -> None:
 def test_default_app_objects_exist() -> None:
     for module in (tickets, brief, release):
         assert isinstance(module.app, App)
+
+
+def test_replies_to_security_incidents_wait_for_approval(fake: FakeOpenAI) -> None:
+    app, outbox, desk = tickets.make_app(workers=4, capacity=3, approve_security="auto")
+    batch = generate_tickets(30, seed=0)
+    report = plan_and_run(tickets.ticket_plan(batch, app.registry), app, model=fake_model(),
+                          clock=VirtualClock())
+    assert report.ok and report.audit.clean
+    truth = ground_truth(30)
+    security = {tid for tid, (cat, _) in truth.items() if cat == "security"}
+    assert security  # the batch has some
+    waited = {e.task for e in report.events if e.event == "waiting"}
+    approved = {e.task for e in report.events if e.event == "approved"}
+    drafts = {t.id: t for t in report.tasks if t.kind == "draft_reply"}
+    assert waited == approved
+    assert {drafts[t].result["ticket_id"] for t in waited} == security
+    for task_id in waited:  # the effect came after the approval, once
+        kinds = [e.event for e in report.events if e.task == task_id]
+        assert kinds.index("approved") < kinds.index("effect") and kinds.count("effect") == 1
+    sent = {r["ticket_id"] for r in outbox.sent.values()}
+    assert security <= sent and not security & set(desk.flagged.values())

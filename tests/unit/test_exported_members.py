@@ -21,6 +21,7 @@ PINNED = {
     "replay", "aresume_run", "resume_run", "open_store", "RunInUse", "UnknownRun",
     "UnstorableValue", "hold_run", "EvalReport", "evaluate",
     "aevaluate",
+    "Approval", "approve_task", "reject_task",
     "Limiter", "RunLimits", "SharedBudget", "SharedRateLimiter", "limit_key",
 }
 

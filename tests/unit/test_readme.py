@@ -68,3 +68,13 @@ def test_the_readme_names_every_model_setting() -> None:
                  "OPENAI_BASE_URL", "PLANRUN_MODEL", "xgrammar", "failed to parse grammar",
                  "invalid JSON schema in format", "json_object"):
         assert name in text, name
+
+
+def test_the_approval_example_runs_and_sends_the_security_reply_after_approval() -> None:
+    [block] = [b for b in python_blocks() if "Approval(" in b and "sup.approve(" in b]
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(block, str(README), "exec", dont_inherit=True), namespace)
+    result = namespace["result"]
+    assert namespace["sent"] == ["r1", "r2"]
+    events = [(e.task, e.event) for e in result.events]  # type: ignore[attr-defined]
+    assert events.index(("r2", "approved")) < events.index(("r2", "effect"))

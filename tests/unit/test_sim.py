@@ -90,3 +90,34 @@ def test_missing_scenario_file_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(UsageError, match="not JSON"):
         Scenario.load(tmp_path / "bad.json")
+
+
+def test_approvals_are_scripted_delays_in_virtual_time() -> None:
+    scenario = Scenario.from_dict({
+        "workers": [{"name": "w1", "kinds": ["work", "send"], "capacity": 2}],
+        "tasks": [
+            {"id": "a", "kind": "work", "estimate": 10},
+            {"id": "send", "kind": "send", "estimate": 2, "depends_on": ["a"],
+             "approval": {"before": "effect", "after": 300}},
+            {"id": "pay", "kind": "work", "estimate": 5, "depends_on": ["a"],
+             "approval": {"after": 60, "reject": True}},
+            {"id": "after", "kind": "work", "estimate": 1, "depends_on": ["send"]},
+            {"id": "lost", "kind": "work", "estimate": 1, "depends_on": ["pay"]},
+        ],
+    })
+    result = simulate(scenario)
+    assert result.makespan == 10 + 2 + 300 + 1  # the reply's approval took 300 s
+    tasks = result.run.tasks
+    assert tasks["pay"].status is Status.DEAD and tasks["pay"].cause == "rejected"
+    assert tasks["pay"].started_at is None  # rejected before it started
+    assert tasks["lost"].status is Status.CANCELLED
+    assert tasks["after"].started_at == 312.0
+
+
+def test_a_malformed_scripted_approval_is_refused() -> None:
+    base = {"workers": [{"name": "w1"}], "tasks": [{"kind": "k", "approval": {"after": -1}}]}
+    with pytest.raises(UsageError, match="approval 'after' must be a number >= 0"):
+        Scenario.from_dict(base)
+    base["tasks"] = [{"kind": "k", "approval": {"before": "later"}}]
+    with pytest.raises(UsageError, match="approval 'before'"):
+        Scenario.from_dict(base)

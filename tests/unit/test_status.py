@@ -36,3 +36,22 @@ def test_timeline_of_round_robin_shows_one_worker_pinned() -> None:
 
 def test_timeline_of_an_empty_ledger() -> None:
     assert timeline(Ledger().events) == []
+
+
+def test_a_task_waiting_for_approval_is_shown_apart_not_as_the_oldest() -> None:
+    from planrun.ledger import Event
+
+    old = transition(Task(id="pay", kind="k", created_at=0.0), Status.WAITING,
+                     cause="approval:start", not_before=100.0)
+    young = Task(id="b", kind="k", created_at=20.0)
+    events = [Event(0, 0.0, "pay", "created"), Event(1, 5.0, "pay", "waiting",
+                                                      detail={"for": "start"})]
+    snap = run_status(RunState(RunInfo("r", 0.0), [old, young], events, {}), now=35.0)
+    assert snap.counts["waiting"] == 1
+    assert snap.oldest_unfinished == "b" and snap.oldest_unfinished_s == 15.0
+    assert snap.waiting == [{"task": "pay", "for": "start", "waiting_s": 30.0,
+                             "timeout_at": 100.0}]
+    assert "waiting for approval:   pay (start) 30.0 s" in snap.render()
+    assert not snap.finished
+    samples = timeline(events, points=2)
+    assert samples[-1].counts["waiting"] == 1 and samples[-1].oldest_unfinished_s is None

@@ -26,6 +26,12 @@ LEGAL = {
     (Status.FAILED, Status.PENDING),
     (Status.FAILED, Status.CANCELLED),
     (Status.FAILED, Status.DEAD),
+    (Status.PENDING, Status.WAITING),  # ready, and needs approval before it starts
+    (Status.RUNNING, Status.WAITING),  # its result needs approval before its effect
+    (Status.WAITING, Status.PENDING),  # approved before start
+    (Status.WAITING, Status.COMPLETED),  # approved before the effect
+    (Status.WAITING, Status.DEAD),  # rejected
+    (Status.WAITING, Status.CANCELLED),  # abort, deadline, budget
 }
 
 ALL_PAIRS = list(itertools.product(Status, Status))

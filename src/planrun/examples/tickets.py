@@ -11,6 +11,13 @@ supervisor applies once per completed draft, keyed by the task, never by the wor
 reclaimed-but-alive task cannot send twice. Tickets labelled ``needs_human`` are flagged
 for the human desk instead of answered.
 
+With ``make_app(approve_security=True)`` (``--app planrun.examples.tickets:secure_app``) a
+reply to a ticket classified as a security incident waits for a person before it is sent:
+its draft is kept in status ``waiting`` (across restarts) until ``planrun approve RUN TASK``
+sends it or ``planrun reject RUN TASK --reason ...`` drops it. ``approve_security="auto"``
+stands in for the person (approved by default one second into the wait), as
+``planrun demo tickets`` does.
+
     python -m planrun.examples.tickets --tickets 200      # live: needs OPENAI_API_KEY
     planrun demo tickets                                   # offline, from the fixture
 """
@@ -29,6 +36,7 @@ from planrun.examples.ticket_data import Ticket, generate_tickets
 from planrun.plan import Plan
 from planrun.registry import Registry, TaskContext, WorkerSpec
 from planrun.runner import App
+from planrun.scheduling import Approval
 from planrun.task import Task
 from planrun.workers import ModelWorker
 
@@ -38,6 +46,7 @@ __all__ = [
     "Outbox",
     "ReplyDraft",
     "Triage",
+    "is_security_reply",
     "make_app",
     "ticket_plan",
     "triage_plan",
@@ -177,8 +186,19 @@ def summarize_triage(payload: dict[str, Any], ctx: TaskContext) -> TriageSummary
                          needs_human=sum(1 for d in drafts if d["needs_human"]))
 
 
-def make_app(workers: int = 8, capacity: int = 4) -> tuple[App, Outbox, Desk]:
-    """The triage app with a fresh outbox and desk."""
+def is_security_reply(task: Task) -> bool:
+    """A drafted reply to a ticket classified as a security incident."""
+    return isinstance(task.result, dict) and task.result.get("category") == "security"
+
+
+def make_app(workers: int = 8, capacity: int = 4,
+             approve_security: bool | Literal["auto"] = False) -> tuple[App, Outbox, Desk]:
+    """The triage app with a fresh outbox and desk.
+
+    ``approve_security``: replies to security incidents wait for a person's approval before
+    they are sent (an approved one is sent: a person read it); ``"auto"`` approves them by
+    default one second into their wait (a demo without a person).
+    """
     registry = Registry()
     registry.register(
         "classify_ticket",
@@ -200,16 +220,23 @@ def make_app(workers: int = 8, capacity: int = 4) -> tuple[App, Outbox, Desk]:
     outbox, desk = Outbox(), Desk()
 
     def deliver(task: Task, key: str) -> None:
-        if task.result["needs_human"]:
+        if task.result["needs_human"] and task.cause != "approved":
             desk.flag(task, key)
         else:
             outbox.send(task, key)
 
+    approvals: dict[str, Approval | str] = {}
+    if approve_security:
+        auto = approve_security == "auto"
+        approvals["draft_reply"] = Approval(
+            "effect", when=is_security_reply, timeout_s=1.0 if auto else None,
+            on_timeout="approve" if auto else "reject")
     app = App(
         registry,
         [WorkerSpec(f"triage-{i + 1}", None, capacity) for i in range(workers)],
         effects={"draft_reply": deliver},
         description="Nightly ticket triage",
+        approvals=approvals,
     )
     return app, outbox, desk
 
@@ -234,6 +261,8 @@ def triage_plan(count: int, registry: Registry, seed: int = 0) -> Plan:
 
 app, outbox, desk = make_app()
 """A ready app for ``--app planrun.examples.tickets:app``."""
+secure_app = make_app(approve_security=True)[0]
+"""The same app, where replies to security incidents wait for ``planrun approve``."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

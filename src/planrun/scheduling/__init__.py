@@ -8,6 +8,7 @@ attempt's exception into the :class:`Failure` the scheduler decides on. The in-p
 it: they feed it what happened and carry out what it decided.
 """
 
+from planrun.scheduling._approval import Approval
 from planrun.scheduling._core import (
     EFFECT_RETRY,
     OnDead,
@@ -29,6 +30,7 @@ __all__ = [
     "EFFECT_RETRY",
     "SCHEDULER_RETRY",
     "Addition",
+    "Approval",
     "Backoff",
     "Failure",
     "OnDead",

@@ -35,6 +35,15 @@ from planrun.errors import ErrorClass, InvalidPlan, UsageError
 from planrun.ledger import EventName as E
 from planrun.registry import SpawnRequest, WorkerSpec
 from planrun.routing import Balanced, Capability, LeastLoaded, Router, WorkerState
+from planrun.scheduling._approval import (
+    APPROVED,
+    REJECTED,
+    Approval,
+    as_approval,
+    recorded_decision,
+    stage_of,
+    waiting_cause,
+)
 from planrun.scheduling._outcome import Failure
 from planrun.scheduling._retry import RetryPolicy
 from planrun.scheduling._spawn import Addition, SpawnLimits, expand
@@ -66,9 +75,11 @@ Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None
 _IN_FLIGHT = frozenset({Status.ASSIGNED, Status.RUNNING})
 _STATELESS = frozenset({LeastLoaded, Capability, Balanced})
 """Built-in routers whose pick among one candidate is that candidate, with no state kept."""
-_INDEXED = _IN_FLIGHT | {Status.COMPLETED}
+_INDEXED = _IN_FLIGHT | {Status.COMPLETED, Status.WAITING}
 """The statuses :meth:`Scheduler._index` has something to do for."""
-_CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED})
+_UNINDEXED = _IN_FLIGHT | {Status.WAITING}
+"""The statuses :meth:`Scheduler._unindex` has something to undo for."""
+_CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED, Status.WAITING})
 
 EFFECT_RETRY = RetryPolicy(attempts=6, base=1.0, cap=30.0, jitter=0.25, max_retry_after=60.0)
 """How a failing effect is tried again: 6 tries, 1 s doubling to 30 s."""
@@ -153,6 +164,9 @@ class Scheduler:
             cannot grow; a spawn is then refused).
         spawn_limits: how far the run may grow while it runs.
         default_attempts: ``max_attempts`` of a task added at run time.
+        approvals: kind -> :class:`Approval` (or ``"start"`` / ``"effect"``): tasks of that
+            kind wait for a person's decision (:meth:`approve`, :meth:`reject`).
+        task_approvals: task id -> :class:`Approval`, for single tasks (over their kind's).
     """
 
     def __init__(
@@ -174,6 +188,8 @@ class Scheduler:
         spawn_limits: SpawnLimits | None = None,
         default_attempts: int | None = None,
         max_replans: int = 2,
+        approvals: Mapping[str, Approval | str] | None = None,
+        task_approvals: Mapping[str, Approval | str] | None = None,
     ) -> None:
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
                        stall_after=stall_after, max_reclaims=max_reclaims)
@@ -189,6 +205,12 @@ class Scheduler:
         self.effect_kinds = frozenset(effects)
         self.deadline = deadline
         self.effect_retry = effect_retry
+        self.approvals = {k: as_approval(v) for k, v in (approvals or {}).items()}
+        self.task_approvals = {k: as_approval(v) for k, v in (task_approvals or {}).items()}
+        self.awaiting: set[str] = set()
+        """Ids of the tasks in status ``waiting`` (waiting for a person)."""
+        self._asking: list[str] = []
+        self._approval_timeouts: list[tuple[float, str]] = []
         self.facts = RunFacts()
         self.kinds = kinds
         self.spawn_limits = spawn_limits or SpawnLimits()
@@ -291,6 +313,8 @@ class Scheduler:
         ordered = dependency_order(tasks)
         for task in ordered:
             self._insert(task)
+            if task.status is Status.WAITING and task.not_before is not None:
+                heapq.heappush(self._approval_timeouts, (task.not_before, task.id))
         self._prioritise(ordered)
 
     def _insert(self, task: Task) -> None:
@@ -379,6 +403,8 @@ class Scheduler:
                 self._after_death(task, now)
             elif task.status is Status.CANCELLED and task.cause == "budget":
                 self._budget_stop(now)
+            elif task.status is Status.WAITING:
+                self.take_decision(task, now)
 
     # ---- assigning -------------------------------------------------------------------------
 
@@ -390,6 +416,7 @@ class Scheduler:
 
     def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
         """In-process: give every ready task to a worker's queue; return what starts now."""
+        self._ask(now)
         if self.stopping:
             return []
         touched: list[WorkerState] = []
@@ -419,6 +446,7 @@ class Scheduler:
 
     def assign(self, now: float, free: dict[str, int]) -> list[Task]:
         """Push mode: assign ready tasks to workers with ``free`` slots (name -> slots)."""
+        self._ask(now)
         assigned: list[Task] = []
         later: list[str] = []
         while (self._ready and not self.stopping and not self.paused
@@ -520,9 +548,15 @@ class Scheduler:
             except InvalidPlan as exc:
                 return self.fail(task_id, token, spawn_refused(exc), now, worker)
         detail = {"spawned": len(addition.tasks)} if addition is not None else None
-        self._change(task, Status.COMPLETED, E.COMPLETED, worker, detail, result=result,
-                     finished_at=now, attempts=task.attempts + 1, lease=None, error=None,
-                     error_class=None)
+        rule = self.approval_for(task)
+        if rule is not None and rule.before == "effect" and task.cause != APPROVED \
+                and rule.applies(task.evolve(result=result)):
+            self._wait(task, "effect", now, worker, result=result, attempts=task.attempts + 1,
+                       lease=None, error=None, error_class=None)
+        else:
+            self._change(task, Status.COMPLETED, E.COMPLETED, worker, detail, result=result,
+                         finished_at=now, attempts=task.attempts + 1, lease=None, error=None,
+                         error_class=None)
         if addition is not None:
             self.grow(addition, now)
         self.touch(now)
@@ -674,6 +708,12 @@ class Scheduler:
                 self.touch(now)  # a record changed: the stall clock starts again
             elif task.status is Status.PENDING:
                 self._offer(tid)
+        while self._approval_timeouts and self._approval_timeouts[0][0] <= now:
+            at, tid = heapq.heappop(self._approval_timeouts)
+            task = self.tasks[tid]
+            if task.status is Status.WAITING and task.not_before == at:
+                self._timed_out(task, now)
+        self._ask(now)
 
     def expire(self, task: Task, now: float) -> None:
         """The lease of ``task`` (a fresh record) ran out while a live worker held it."""
@@ -699,13 +739,15 @@ class Scheduler:
         self._offer(task.id)
 
     def next_wakeup(self, now: float) -> float:
-        """The next time something is due: a lease, a retry, an effect, the deadline, a stall.
+        """The next time something is due: a lease, a retry, an effect, an approval timeout,
+        the deadline, a stall.
 
-        While a retry or an effect waits for its time the stall time is not one of them: it
-        may have passed already, and a time in the past would make the driver spin."""
+        While a retry or an effect waits for its time, or a task waits for a person, the stall
+        time is not one of them: it may have passed already, and a time in the past would
+        make the driver spin."""
         delayed, effects = self._delayed, self._effects_due
-        if delayed or effects:
-            # a run that waits for a known time is no stall (see stalled): no stall time due
+        if delayed or effects or self.awaiting:
+            # a run that waits for a known time or a person is no stall (see stalled)
             at = float("inf")
             if delayed:
                 at = delayed[0][0]
@@ -715,6 +757,10 @@ class Scheduler:
             at = self.last_change + self.stall_after
         if self._leases and self._leases[0][0] < at:
             at = self._leases[0][0]
+        if self._approval_timeouts and self._approval_timeouts[0][0] < at:
+            at = self._approval_timeouts[0][0]
+        if self._asking and now < at:
+            at = now
         if self.deadline is not None and not self.facts.deadline_reached and self.deadline < at:
             at = self.deadline
         return at
@@ -727,9 +773,12 @@ class Scheduler:
         """No change for ``stall_after`` seconds, with work left and nothing scheduled.
 
         A task waiting for a known retry time, or an effect waiting for its next try, is not
-        a stall: the run knows when it goes on.
+        a stall: the run knows when it goes on. Nor is a task waiting for a person's
+        approval: while one waits, the run is never called stalled.
         """
         if not self.unfinished and not self.effects_pending and not self._replans_open:
+            return False
+        if self.awaiting:
             return False
         if self._delayed or self._effects_due or self._replans_open:
             return False
@@ -738,7 +787,8 @@ class Scheduler:
 
     def stall_message(self, run_id: str, now: float) -> str:
         """Why :meth:`stalled` is true, naming a few stuck tasks."""
-        stuck = [t for t in self.tasks.values() if t.status not in FINAL]
+        stuck = [t for t in self.tasks.values()
+                 if t.status not in FINAL and t.status is not Status.WAITING]
         sample = ", ".join(f"{t.id} ({t.status.value})" for t in stuck[:5])
         more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
         return (f"run {run_id} stalled: no task changed for {now - self.last_change:.0f} s "
@@ -768,6 +818,8 @@ class Scheduler:
                     self.touch(now)
                 else:
                     self.tasks[new.id] = new
+                if new.status is Status.WAITING:
+                    self.take_decision(new, now)
             return
         if old.depends_on != new.depends_on:
             self._rewire(old, old.evolve(depends_on=new.depends_on))
@@ -781,6 +833,111 @@ class Scheduler:
             self._budget_stop(now)
         elif new.status is Status.PENDING:
             self._offer(new.id)
+        elif new.status is Status.WAITING:
+            self.take_decision(new, now)
+
+    # ---- approvals -------------------------------------------------------------------------
+
+    def approval_for(self, task: Task) -> Approval | None:
+        """The approval ``task`` needs (its own, else its kind's), or None."""
+        return self.task_approvals.get(task.id) or self.approvals.get(task.kind)
+
+    def _needs_start_approval(self, task: Task) -> bool:
+        rule = self.approval_for(task)
+        return (rule is not None and rule.before == "start" and task.cause != APPROVED
+                and rule.applies(task))
+
+    def _ask(self, now: float) -> None:
+        """Ready tasks that need approval before they start go to ``waiting``."""
+        asking, self._asking = self._asking, []
+        for tid in asking:
+            task = self.tasks[tid]
+            if task.status is Status.PENDING and not self._waiting[tid] and not self.stopping:
+                self._wait(task, "start", now, None)
+
+    def _wait(self, task: Task, stage: str, now: float, worker: str | None,
+              **changes: Any) -> Task:
+        rule = self.approval_for(task)
+        at = None if rule is None or rule.timeout_s is None else now + rule.timeout_s
+        new = self._change(task, Status.WAITING, E.WAITING, worker,
+                           {"for": stage, "timeout_at": at}, cause=waiting_cause(stage),
+                           not_before=at, **changes)
+        if at is not None:
+            heapq.heappush(self._approval_timeouts, (at, task.id))
+        self.touch(now)
+        return new
+
+    def _waiting_record(self, task_id: str) -> Task:
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise UsageError(f"no task {task_id!r} in this run")
+        if task.status is not Status.WAITING:
+            raise UsageError(
+                f"task {task_id!r} is not waiting for approval (it is {task.status.value})")
+        return task
+
+    def approve(self, task_id: str, now: float, note: str | None = None,
+                by: str | None = None) -> Task:
+        """A person approved ``task_id``: it starts, or it completes and its effect is due.
+
+        Raises:
+            UsageError: the task is unknown or not waiting (approving twice included).
+        """
+        task = self._waiting_record(task_id)
+        stage = stage_of(task)
+        detail = {"for": stage, "note": note, "by": by}
+        if stage == "effect":
+            # The approval, then the completion it allows (the audit reads completions).
+            self._sink(task, E.APPROVED, by, detail, task.token)
+            new = self._change(task, Status.COMPLETED, E.COMPLETED, by, {"approved": True},
+                               cause=APPROVED, error=None, not_before=None, finished_at=now)
+        else:
+            new = self._change(task, Status.PENDING, E.APPROVED, by, detail, cause=APPROVED,
+                               error=None, not_before=None)
+            self._offer(task_id)
+        self.touch(now)
+        return new
+
+    def reject(self, task_id: str, now: float, reason: str, by: str | None = None) -> Task:
+        """A person rejected ``task_id``: it is ``dead`` with cause ``rejected``; its
+        dependents follow ``on_dead``.
+
+        Raises:
+            UsageError: the task is unknown or not waiting, or ``reason`` is empty.
+        """
+        if not reason:
+            raise UsageError("a rejection needs a reason")
+        task = self._waiting_record(task_id)
+        error = f"rejected: {reason}"
+        dead = self._change(task, Status.DEAD, E.DEAD, by,
+                            {"cause": REJECTED, "for": stage_of(task), "reason": reason},
+                            cause=REJECTED, error=error, error_class="permanent",
+                            not_before=None, finished_at=now, lease=None)
+        self._after_death(dead, now)
+        self.touch(now)
+        return dead
+
+    def take_decision(self, record: Task, now: float) -> bool:
+        """Carry out a decision another process wrote on a waiting record (True: one was)."""
+        decision = recorded_decision(record)
+        if decision is None:
+            return False
+        current = self.tasks.get(record.id)
+        if current is None or current.status is not Status.WAITING:
+            return False
+        approved, note = decision
+        if approved:
+            self.approve(record.id, now, note, by="store")
+        else:
+            self.reject(record.id, now, note or "rejected", by="store")
+        return True
+
+    def _timed_out(self, task: Task, now: float) -> None:
+        rule = self.approval_for(task)
+        if rule is not None and rule.on_timeout == "approve":
+            self.approve(task.id, now, "approval timed out: approved by default", by="timeout")
+        else:
+            self.reject(task.id, now, "approval timed out", by="timeout")
 
     # ---- deaths and stops ------------------------------------------------------------------
 
@@ -923,6 +1080,10 @@ class Scheduler:
             return
         task = self.tasks[tid]
         if task.status is Status.PENDING and not self._waiting[tid]:
+            if (self.approvals or self.task_approvals) and self._needs_start_approval(task):
+                if tid not in self._asking:
+                    self._asking.append(tid)
+                return
             self._queued.add(tid)
             heapq.heappush(self._ready, (self._priority[tid], tid))
 
@@ -938,7 +1099,7 @@ class Scheduler:
         tid = new.id
         self.tasks[tid] = new
         was, now_is = old.status, new.status
-        if was in _IN_FLIGHT:
+        if was in _UNINDEXED:
             self._unindex(old)
         if now_is in _INDEXED:
             self._index(new)
@@ -955,7 +1116,9 @@ class Scheduler:
 
     def _index(self, task: Task) -> None:
         status = task.status
-        if status in _IN_FLIGHT:
+        if status is Status.WAITING:
+            self.awaiting.add(task.id)
+        elif status in _IN_FLIGHT:
             for r in task.resources:
                 self._locks[r] = task.id
             worker = self.workers.get(task.assigned_to or "")
@@ -969,6 +1132,8 @@ class Scheduler:
 
     def _unindex(self, task: Task) -> None:
         status = task.status
+        if status is Status.WAITING:
+            self.awaiting.discard(task.id)
         if status not in _IN_FLIGHT:
             return
         freed: list[str] = []

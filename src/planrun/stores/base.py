@@ -294,6 +294,16 @@ class Store(Protocol):
         """Append one event that changes no task row (an ``effect``); the store numbers it."""
         ...
 
+    async def record_decision(self, run_id: str, task_id: str, approve: bool,
+                              note: str | None) -> Task:
+        """Write a person's decision on a ``waiting`` task's row (it stays ``waiting``; the
+        run's driver carries the decision out, now or at resume) and return the row.
+
+        Raises:
+            UsageError: no such task, the task is not waiting, or it was already decided.
+        """
+        ...
+
     async def load(self, run_id: str) -> RunState:
         """Everything about one run; an unknown run is a :class:`StoreError`."""
         ...
@@ -652,6 +662,27 @@ def task_row(run_id: str, task: Task) -> dict[str, Any]:
         "parent": task.parent,
         "joins": dump_json(list(task.joins), f"{what} joins"),
     }
+
+
+def decision_row(run_id: str, task: Task | None, task_id: str, approve: bool,
+                 note: str | None) -> dict[str, Any]:
+    """The arguments of a store's ``record_decision`` update for the stored ``task``.
+
+    Raises:
+        UsageError: no such task, not waiting, or already decided.
+    """
+    from planrun.scheduling._approval import decide_record
+
+    if task is None:
+        raise UsageError(f"run {run_id!r} has no task {task_id!r}")
+    decided = decide_record(task, approve, note)
+    return {"run_id": run_id, "id": task.id, "cause": decided.cause,
+            "error": redact(note) if note else note, "expect_cause": task.cause}
+
+
+def decision_lost(task_id: str) -> UsageError:
+    """The error of a decision whose row changed between its read and its write."""
+    return UsageError(f"task {task_id!r} changed while the decision was written; try again")
 
 
 def task_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Task:

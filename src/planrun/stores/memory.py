@@ -30,6 +30,7 @@ from planrun.stores.base import (
     Waiters,
     WidenConflict,
     check_lease,
+    decision_row,
     dump_json,
     effect_from_row,
     event_from_row,
@@ -302,6 +303,19 @@ class InMemoryStore:
         self._append(run, events)
         self._changed(run_id)
         return True
+
+    async def record_decision(self, run_id: str, task_id: str, approve: bool,
+                              note: str | None) -> Task:
+        """Write a person's decision on a waiting row (see :meth:`Store.record_decision`)."""
+        self._record("record_decision", run_id=run_id, task_id=task_id, approve=approve,
+                     note=note)
+        run = self._run(run_id)
+        stored = run.tasks.get(task_id)
+        args = decision_row(run_id, None if stored is None else task_from_row(stored), task_id,
+                            approve, note)
+        assert stored is not None  # decision_row refused an unknown task
+        run.tasks[task_id] = {**stored, "cause": args["cause"], "error": args["error"]}
+        return task_from_row(run.tasks[task_id])
 
     async def append_event(self, run_id: str, event: Event) -> None:
         """Append one event that changes no row, numbered by the store."""

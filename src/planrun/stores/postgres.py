@@ -86,6 +86,8 @@ from planrun.stores.base import (
     Waiters,
     WidenConflict,
     check_lease,
+    decision_lost,
+    decision_row,
     dump_json,
     effect_from_row,
     event_from_row,
@@ -504,6 +506,27 @@ class PostgresStore:
             return [task_from_row(r, keep_json) for r in await cur.fetchall()]
 
         return await self._tx(go, snapshot=True)
+
+    async def record_decision(self, run_id: str, task_id: str, approve: bool,
+                              note: str | None) -> Task:
+        """Write a person's decision on a waiting row (see :meth:`Store.record_decision`)."""
+        args = {"run_id": run_id, "ids": [task_id]}
+
+        async def go(cur: Cursor) -> Task:
+            await self._require_run(cur, run_id)
+            await cur.execute(Q["get_tasks_by_ids"], args)
+            found = [task_from_row(r, keep_json) for r in await cur.fetchall()]
+            update = decision_row(run_id, found[0] if found else None, task_id, approve, note)
+            await cur.execute(Q["record_decision"], update)
+            if cur.rowcount == 0:  # decided meanwhile: say how, as a later call would
+                await cur.execute(Q["get_tasks_by_ids"], args)
+                again = [task_from_row(r, keep_json) for r in await cur.fetchall()]
+                decision_row(run_id, again[0] if again else None, task_id, approve, note)
+                raise decision_lost(task_id)
+            await cur.execute(Q["get_tasks_by_ids"], args)
+            return next(task_from_row(r, keep_json) for r in await cur.fetchall())
+
+        return await self._tx(go)
 
     async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
         """Tasks named by events of transactions from cursor ``after`` on, and the next

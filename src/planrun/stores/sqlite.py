@@ -44,6 +44,8 @@ from planrun.stores.base import (
     Waiters,
     WidenConflict,
     check_lease,
+    decision_lost,
+    decision_row,
     dump_json,
     effect_from_row,
     event_from_row,
@@ -466,6 +468,21 @@ class SQLiteStore:
         if applied:
             self._waiters.notify(run_id)
         return applied
+
+    async def record_decision(self, run_id: str, task_id: str, approve: bool,
+                              note: str | None) -> Task:
+        """Write a person's decision on a waiting row (see :meth:`Store.record_decision`)."""
+
+        def go(conn: sqlite3.Connection) -> Task:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                found = _tasks_by_ids(conn, run_id, json.dumps([task_id]))
+                args = decision_row(run_id, found[0] if found else None, task_id, approve, note)
+                if conn.execute(Q["record_decision"], args).rowcount == 0:
+                    raise decision_lost(task_id)
+                return _tasks_by_ids(conn, run_id, json.dumps([task_id]))[0]
+
+        return await self._with_conn(go)
 
     async def append_event(self, run_id: str, event: Event) -> None:
         """Append one event that changes no row, numbered by the store."""

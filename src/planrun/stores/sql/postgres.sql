@@ -385,6 +385,12 @@ ON CONFLICT (run_id, id) DO UPDATE SET
     created_at = EXCLUDED.created_at, started_at = EXCLUDED.started_at,
     finished_at = EXCLUDED.finished_at, parent = EXCLUDED.parent, joins = EXCLUDED.joins;
 
+-- name: record_decision
+-- A person's decision on a waiting row, written once: only over the cause it was read with.
+UPDATE planrun_tasks SET cause = %(cause)s, error = %(error)s
+WHERE run_id = %(run_id)s AND id = %(id)s AND status = 'waiting'
+  AND cause = %(expect_cause)s;
+
 -- name: fenced_update
 -- The write of a result from another process: only over the token it was given, and
 -- never over a finished row.

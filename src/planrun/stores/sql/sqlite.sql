@@ -286,6 +286,11 @@ ON CONFLICT (run_id, id) DO UPDATE SET
     created_at = excluded.created_at, started_at = excluded.started_at,
     finished_at = excluded.finished_at, parent = excluded.parent, joins = excluded.joins;
 
+-- name: record_decision
+-- A person's decision on a waiting row, written once: only over the cause it was read with.
+UPDATE planrun_tasks SET cause = :cause, error = :error
+WHERE run_id = :run_id AND id = :id AND status = 'waiting' AND cause = :expect_cause;
+
 -- name: fenced_update
 -- The write of a result from another process: only over the token it was given, and
 -- never over a finished row.
