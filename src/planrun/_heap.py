@@ -14,9 +14,10 @@ the program changed it meanwhile) and everything is collected as before.
 
 What this changes: a reference cycle among objects that existed before the run, or that
 lived long enough to reach the oldest generation, dropped during the run, is collected
-later (at a rarer full pass, or after the run) instead of at once: nothing is lost, its
+later (at a rarer full pass, or after the run) than it would be: nothing is lost, its
 memory comes back later. Nothing is frozen when the collector is disabled or when the program
-froze objects itself (its own :func:`gc.freeze` is left as it is). ``PLANRUN_GC_FREEZE=0``
+froze objects itself before the run (its own :func:`gc.freeze` is left as it is; one it
+calls while a run goes on is undone with the run's). ``PLANRUN_GC_FREEZE=0``
 in the environment, or ``Supervisor.freeze_heap = False``, turns it off.
 """
 
