@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planrun import _heap
 from planrun.attempt import jsonable, maybe_await, run_attempt
 from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import DispatchError, RunAborted, StallError, StoreError, UsageError
@@ -178,6 +179,11 @@ class Supervisor:
             wrote (only while a task waits, and only with a store).
     """
 
+    freeze_heap: bool = _heap.ENABLED
+    """While a run goes on, keep the objects the process had when it began out of the garbage
+    collector's passes (``gc.freeze``, undone when the last run ends; see ``planrun._heap``).
+    False, or ``PLANRUN_GC_FREEZE=0`` in the environment, turns it off."""
+
     def __init__(
         self,
         registry: Registry,
@@ -286,8 +292,10 @@ class Supervisor:
         """
         if self._started:
             raise UsageError("tasks cannot be added once the run has started")
-        return self.core.add(list(tasks), self.clock.now(), default_attempts=self.max_attempts,
-                             known=self.registry.__contains__)
+        with _heap.frozen_heap(self.freeze_heap):  # a large batch: a record per task
+            return self.core.add(list(tasks), self.clock.now(),
+                                 default_attempts=self.max_attempts,
+                                 known=self.registry.__contains__)
 
     @property
     def tasks(self) -> Mapping[str, Task]:
@@ -370,6 +378,8 @@ class Supervisor:
             self.core.deadline = started + self.deadline_s
         await self._open_run(started)
         status = "failed"
+        heap = _heap.frozen_heap(self.freeze_heap)
+        heap.__enter__()
         try:
             self.core.start(started)
             if self._resumed:
@@ -381,11 +391,14 @@ class Supervisor:
             status = "interrupted"
             raise
         finally:
-            leftovers = [*self._running.values(), *self._background, *self._zombies]
-            for handle in leftovers:
-                handle.cancel()
-            if leftovers:
-                await asyncio.gather(*leftovers, return_exceptions=True)
+            try:
+                leftovers = [*self._running.values(), *self._background, *self._zombies]
+                for handle in leftovers:
+                    handle.cancel()
+                if leftovers:
+                    await asyncio.gather(*leftovers, return_exceptions=True)
+            finally:
+                heap.__exit__(None, None, None)
             await self._close_run(status)
         return self._result(started)
 

@@ -1099,6 +1099,15 @@ class Scheduler:
         tid = new.id
         self.tasks[tid] = new
         was, now_is = old.status, new.status
+        if (was is Status.ASSIGNED and now_is is Status.RUNNING and not old.resources
+                and not new.resources and old.assigned_to == new.assigned_to
+                and old.kind == new.kind and old.estimate_s == new.estimate_s):
+            # A start on the worker it was assigned to: its load stays, one more is active
+            # (what _unindex then _index would do, without taking the load off and back).
+            worker = self.workers.get(new.assigned_to or "")
+            if worker is not None:
+                worker.active += 1
+            return
         if was in _UNINDEXED:
             self._unindex(old)
         if now_is in _INDEXED:
