@@ -24,7 +24,7 @@ __all__ = ["Progress", "plan_tree", "report_table"]
 
 _STYLE = {
     "pending": "dim", "assigned": "cyan", "running": "yellow", "completed": "green",
-    "failed": "magenta", "dead": "bold red", "cancelled": "red",
+    "failed": "magenta", "dead": "bold red", "cancelled": "red", "waiting": "blue",
 }
 
 
@@ -84,7 +84,7 @@ class Progress:
         done = sum(counts[s] for s in ("completed", "dead", "cancelled"))
         table = Table.grid(padding=(0, 2))
         line = Text(f"{done}/{max(self.total, len(self.status))} finished  ")
-        for status in ("running", "completed", "failed", "dead", "cancelled"):
+        for status in ("running", "waiting", "completed", "failed", "dead", "cancelled"):
             if counts[status]:
                 line.append(f"{status} {counts[status]}  ", style=_STYLE[status])
         table.add_row(line)

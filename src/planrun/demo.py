@@ -3,8 +3,9 @@
 ``planrun demo`` replays the competitive-brief cassette through the real decomposer,
 supervisor and model client: the goal, the validated plan as a tree, live progress while
 the tasks run, and the final report. ``planrun demo tickets`` does the same for the
-200-ticket triage, ``planrun demo release`` for the release. ``--live`` runs the same
-against the configured endpoint (``OPENAI_API_KEY``).
+200-ticket triage, ``planrun demo triage`` for the triage grown at run time (one task
+fetches the tickets and spawns the rest), ``planrun demo release`` for the release.
+``--live`` runs the same against the configured endpoint (``OPENAI_API_KEY``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from planrun.runner import App, RunReport
 
 __all__ = ["DEMOS", "cassette_path", "run_demo"]
 
-DEMOS = ("brief", "tickets", "release")
+DEMOS = ("brief", "tickets", "release", "triage")
 
 
 def cassette_path(name: str) -> Path:
@@ -42,7 +43,7 @@ def _example(name: str) -> tuple[App, Any, dict[str, Any], Any]:
     """The app, the goal or plan, extra run options, and the outbox (tickets) of a demo."""
     from planrun.examples import brief, release, tickets
     from planrun.examples.ticket_data import generate_tickets
-    from planrun.scenarios import TICKETS
+    from planrun.scenarios import TICKETS, TRIAGE_TICKETS
 
     if name == "brief":
         return brief.make_app(), brief.GOAL, {}, None
@@ -51,6 +52,8 @@ def _example(name: str) -> tuple[App, Any, dict[str, Any], Any]:
     # No person at a demo: replies to security incidents wait for approval, and are
     # approved by default one second into the wait (planrun approve decides a real run).
     app, outbox, desk = tickets.make_app(approve_security="auto")
+    if name == "triage":  # one task fetches the tickets; the rest of the plan grows from it
+        return app, tickets.triage_plan(TRIAGE_TICKETS, app.registry, seed=0), {}, (outbox, desk)
     plan = tickets.ticket_plan(generate_tickets(TICKETS, seed=0), app.registry)
     return app, plan, {}, (outbox, desk)
 

@@ -96,7 +96,7 @@ async def _triage(model: Model, clock: Clock | None) -> RunReport:
     from planrun.examples import tickets
     from planrun.runner import aplan_and_run
 
-    app, _, _ = tickets.make_app()
+    app, _, _ = tickets.make_app(approve_security="auto")
     plan = tickets.triage_plan(TRIAGE_TICKETS, app.registry, seed=0)
     return await aplan_and_run(plan, app, model=model, clock=clock)
 

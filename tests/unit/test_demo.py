@@ -42,6 +42,22 @@ def test_tickets_demo_sends_each_reply_once() -> None:
     assert approved == sum(1 for e in report.events if e.event == "waiting")
 
 
+def test_triage_demo_grows_from_one_task_and_holds_security_replies() -> None:
+    out, buffer = console()
+    report = run_demo("triage", console=out)
+    text = buffer.getvalue()
+    spawned = [t for t in report.result.tasks.values() if t.parent == "t0"]
+    # one fetch task in the plan; 20 classify + 20 draft + 1 summary spawned by it
+    assert len(report.tasks) == 42 and len(spawned) == 41
+    assert report.ok and report.audit.clean and report.audit.duplicate_effects == 0
+    assert "42/42 finished" in text
+    sent = int(text.split("replies sent: ")[1].split(" ")[0])
+    flagged = int(text.split("flagged for a human: ")[1].split()[0].rstrip(","))
+    assert sent + flagged == 20
+    approved = int(text.split("sent after approval: ")[1].split()[0])
+    assert approved == sum(1 for e in report.events if e.event == "waiting") > 0
+
+
 def test_demo_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "release"]) == 0
     assert "audit: clean" in capsys.readouterr().out
