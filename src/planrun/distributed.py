@@ -53,6 +53,7 @@ from planrun.scheduling import (
     Backoff,
     Failure,
     OnDead,
+    ReplanRequest,
     RetryPolicy,
     Scheduler,
     SpawnLimits,
@@ -60,13 +61,14 @@ from planrun.scheduling import (
     check_policies,
     expand,
     failure_of,
+    replans_spent,
     retries_spent,
     spawn_refused,
     timed_out,
 )
 from planrun.scheduling._approval import as_approval
 from planrun.stores.base import RunInfo, Store, WidenConflict
-from planrun.supervisor import EffectFn, RunResult
+from planrun.supervisor import EffectFn, Replanner, RunResult
 from planrun.task import Status, Task, transition
 
 __all__ = ["Coordinator", "Mode", "WorkerProcess"]
@@ -113,6 +115,11 @@ class Coordinator:
             kept with the run, where worker processes read them: a worker whose handler
             spawns validates the addition with the core's rule and writes it with the
             completion, in one fenced transaction.
+        replanner, max_replans: as for :class:`~planrun.Supervisor`: with
+            ``on_dead="replan"`` the coordinator asks the replanner (here, while its rounds
+            go on) and writes the fragment the core accepts in one transaction with the
+            ``replanned`` event; a replan asked but unanswered when the coordinator stopped
+            is asked again by :meth:`aresume`.
         approvals, task_approvals: as for :class:`~planrun.Supervisor`, before the start only
             and in push mode only (the coordinator alone decides who starts what; a worker
             process completes a task itself, so an approval before the effect needs the
@@ -150,6 +157,8 @@ class Coordinator:
         spawn_limits: SpawnLimits | None = None,
         approvals: Mapping[str, Approval | str] | None = None,
         task_approvals: Mapping[str, Approval | str] | None = None,
+        replanner: Replanner | None = None,
+        max_replans: int = 2,
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
@@ -184,8 +193,11 @@ class Coordinator:
             stale_after=stale_after, stall_after=stall_after, effects=self.effects,
             effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
             spawn_limits=spawn_limits, default_attempts=self.max_attempts, approvals=approvals,
-            task_approvals=task_approvals,
+            task_approvals=task_approvals, max_replans=max_replans,
         )
+        self.replanner = replanner
+        self.core.can_replan = replanner is not None
+        self._asking: set[asyncio.Task[None]] = set()
         self._changes: list[_Change] = []
         self._seq = -1
 
@@ -230,6 +242,9 @@ class Coordinator:
             if record.state == "applied":  # an applied effect has its event (one transaction)
                 self.core.effect_known(task_id)
         self.core.retries_used = retries_spent(state.events)
+        # A replan asked but unanswered when the coordinator stopped left no event: the
+        # core asks it again when it recovers the dead task.
+        self.core.replans_used, self.core.replanned = replans_spent(state.events)
         return await self._coordinate(self.clock.now(), fresh=False)
 
     # ---- the loop: a mirror of the run, kept current from the ledger's tail ----------------
@@ -247,18 +262,42 @@ class Coordinator:
         core.start(self.clock.now())
         if not fresh:
             core.recover(self.clock.now(), reason=None)
-        while True:
-            await self._patiently(self._round)
-            now = self.clock.now()
-            if core.done:
-                break
-            if core.stalled(now):
-                raise StallError(core.stall_message(self.run_id, now))
-            wait = min(self.poll, max(0.0, core.next_wakeup(now) - now))
-            await self._patiently(functools.partial(self._observe, wait))
+        try:
+            while True:
+                await self._patiently(self._round)
+                self._ask_replans()
+                now = self.clock.now()
+                if core.done and not self._changes:
+                    break
+                if core.stalled(now) and not self._asking:
+                    raise StallError(core.stall_message(self.run_id, now))
+                wait = min(self.poll, max(0.0, core.next_wakeup(now) - now))
+                await self._patiently(functools.partial(self._observe, wait))
+        finally:
+            for asking in list(self._asking):
+                asking.cancel()
         status = "aborted" if core.facts.aborted_by else "finished"
         await self._patiently(lambda: self.store.set_run_status(self.run_id, status))
         return await self._result(started)
+
+    def _ask_replans(self) -> None:
+        for request in self.core.replans_due():
+            handle = asyncio.ensure_future(self._replan(request))
+            self._asking.add(handle)
+            handle.add_done_callback(self._asking.discard)
+
+    async def _replan(self, request: ReplanRequest) -> None:
+        """Ask the replanner; the core validates what it answers, the next round writes it."""
+        assert self.replanner is not None
+        fragment: list[SpawnRequest] | None = None
+        error: str | None = None
+        try:
+            fragment = list(await self.replanner(request))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = redact(f"{type(exc).__name__}: {exc}")
+        self.core.replan_done(request, fragment, error, self.clock.now())
 
     async def _first_read(self) -> None:
         # The seq first, then every task (one without an event too): a change landing in
@@ -331,6 +370,14 @@ class Coordinator:
             if change.event == E.REJECTED:
                 self._changes.pop(0)
                 continue
+            if change.event == E.REPLANNED:
+                await self._write_replanned(change)
+                continue
+            if change.event == E.REPLAN_FAILED:  # on a dead row: an event, no row change
+                await self.store.append_event(self.run_id, _event(
+                    change.task, change.event, self.clock.now(), None, change.detail))
+                self._changes.pop(0)
+                continue
             event = _event(change.task, change.event, self.clock.now(), change.worker,
                            change.detail)
             ok = await self.store.write_fenced(self.run_id, change.task, event, change.expect)
@@ -338,6 +385,30 @@ class Coordinator:
             if not ok:  # a worker got there first: take the store's record as it is
                 for fresh in await self.store.load_some(self.run_id, [change.task.id]):
                     self.core.observe(fresh, self.clock.now())
+
+    async def _write_replanned(self, change: _Change) -> None:
+        """A ``replanned`` event with the tasks and joins it brought, in one transaction:
+        a resumed coordinator sees the whole fragment or none of it (and asks again)."""
+        now = self.clock.now()
+        follow = 1
+        while (follow < len(self._changes)
+               and self._changes[follow].event in (E.CREATED, E.JOINED)):
+            follow += 1
+        brought = self._changes[1:follow]
+        added = [(c.task, _event(c.task, c.event, now, None, c.detail))
+                 for c in brought if c.event == E.CREATED]
+        joined = [c.task for c in brought if c.event == E.JOINED]
+        # A widened row is written over the token it was read with (one more, as a worker's
+        # spawn writes it); the mirror takes the stored row back below.
+        widened = [(t.evolve(token=t.token + 1),
+                    _event(t, E.JOINED, now, None, {"depends_on": len(t.depends_on)}))
+                   for t in joined]
+        await self.store.write_added(self.run_id, _event(
+            change.task, change.event, now, None, change.detail), added, widened)
+        del self._changes[:follow]
+        if joined:
+            for fresh in await self.store.load_some(self.run_id, [t.id for t in joined]):
+                self.core.observe(fresh, self.clock.now())
 
     async def _apply_effects(self, due: Sequence[Task]) -> None:
         # Effects are independent of each other: apply a few at once.

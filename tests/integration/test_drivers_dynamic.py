@@ -346,9 +346,9 @@ def alternative(requests: list[Any]) -> Any:
     return replanner
 
 
-def test_a_dead_task_is_replanned_and_the_replacement_runs(in_process: Driver) -> None:
+def test_a_dead_task_is_replanned_and_the_replacement_runs(driver: Driver) -> None:
     asked: list[Any] = []
-    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
                             replanner=alternative(asked))
     tasks = result.tasks
     assert tasks["dig"].status is Status.DEAD and tasks["report"].status is Status.CANCELLED
@@ -364,7 +364,7 @@ def test_a_dead_task_is_replanned_and_the_replacement_runs(in_process: Driver) -
     assert result.audit.order_violations == 0 and result.audit.duplicates == 0
 
 
-def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
+def test_replanning_stops_at_max_replans(driver: Driver) -> None:
     asked: list[Any] = []
 
     async def still_doomed(request: Any) -> list[SpawnRequest]:
@@ -373,7 +373,7 @@ def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
                              request.dead.depends_on),
                 SpawnRequest("report", {}, (f"{request.dead.id}/0",))]
 
-    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
                             replanner=still_doomed, max_replans=2)
     assert [r.number for r in asked] == [1, 2]
     assert [r.dead.id for r in asked] == ["dig", "dig/0"]
@@ -385,11 +385,11 @@ def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
 
 
 def test_an_invalid_fragment_is_refused_and_the_dependents_stay_cancelled(
-        in_process: Driver) -> None:
+        driver: Driver) -> None:
     async def nonsense(request: Any) -> list[SpawnRequest]:
         return [SpawnRequest("no_such_kind", {}), SpawnRequest("report", {}, ("ghost",))]
 
-    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
                             replanner=nonsense)
     [event] = [e for e in result.events if e.event == "replan_failed"]
     assert "unknown_kind" in event.detail["error"] and "unknown_dependency" in event.detail["error"]
