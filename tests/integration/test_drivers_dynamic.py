@@ -405,6 +405,31 @@ def test_without_a_replanner_replan_cancels_the_dependents(driver: Driver) -> No
     assert not any(e.event.startswith("replan") for e in result.events)
 
 
+durable_driver = test_drivers.durable_driver  # every driver with a store
+
+
+def test_a_replan_unanswered_when_the_driver_stopped_is_asked_again_on_resume(
+        durable_driver: Driver) -> None:
+    asked: list[Any] = []
+    answer = alternative([])
+
+    async def first_hangs(request: Any) -> list[SpawnRequest]:
+        asked.append(request)
+        if len(asked) == 1:  # the driver is stopped while the model is asked
+            await asyncio.Event().wait()
+        return list(await answer(request))
+
+    result = durable_driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                                replanner=first_hangs, interrupt=lambda: len(asked) == 1)
+    assert [r.dead.id for r in asked] == ["dig", "dig"]
+    assert [t.id for t in asked[1].cancelled] == ["report"]
+    assert result.tasks["dig/1"].status is Status.COMPLETED
+    assert result.tasks["dig/1"].result == ["findings from mirror"]
+    assert sum(e.event == "replanned" for e in result.events) == 1
+    assert set(completions(result).values()) == {1}
+    assert result.audit.order_violations == 0 and result.audit.duplicates == 0
+
+
 @pytest.mark.parametrize("url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_replan_cut_off_by_a_stop_is_asked_again_on_resume_once(url: str,
                                                                    tmp_path: Any) -> None:
