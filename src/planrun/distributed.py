@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -66,7 +67,7 @@ from planrun.scheduling import (
     spawn_refused,
     timed_out,
 )
-from planrun.scheduling._approval import as_approval
+from planrun.scheduling._approval import kept_gate, waiting_cause
 from planrun.stores.base import RunInfo, Store, WidenConflict
 from planrun.supervisor import EffectFn, Replanner, RunResult
 from planrun.task import Status, Task, transition
@@ -162,13 +163,6 @@ class Coordinator:
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
-        rules = {**(approvals or {}), **(task_approvals or {})}
-        if rules and mode == "peer":
-            raise UsageError("approval gates need push mode (the coordinator assigns); "
-                             "peer-mode workers claim alone")
-        if any(as_approval(r).before == "effect" for r in rules.values()):
-            raise UsageError("an approval before the effect needs the in-process supervisor "
-                             "(a worker process completes its task itself)")
         policy = as_policy(retry, SCHEDULER_RETRY)
         self.max_attempts = policy.attempts if max_attempts is None else max_attempts
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
@@ -197,6 +191,7 @@ class Coordinator:
         )
         self.replanner = replanner
         self.core.can_replan = replanner is not None
+        self.core.claims_alone = mode == "peer"
         self._asking: set[asyncio.Task[None]] = set()
         self._changes: list[_Change] = []
         self._seq = -1
@@ -223,12 +218,20 @@ class Coordinator:
                     f"task {task.id!r} names resources {list(task.resources)}: resource locks "
                     "need push mode (the coordinator assigns); peer-mode workers claim alone")
         added = self.core.add(batch, now, default_attempts=self.max_attempts)
-        self._changes.clear()  # the created events go in with the rows
+        # Peer workers claim alone: a task gated before its start is written waiting.
+        self.core.gate_unclaimed(added, now)
+        waits = [c for c in self._changes if c.event == E.WAITING]
+        self._changes.clear()  # the created (and waiting) events go in with the rows
         meta = {**self.meta, "mode": self.mode, "coordinated": True,
                 "spawn": {**self.core.spawn_limits.to_dict(), "max_attempts": self.max_attempts}}
+        if self.core.approvals or self.core.task_approvals:
+            meta["approvals"] = self.core.gates()
         await self.store.create_run(RunInfo(self.run_id, now, "running", self.goal, meta))
         created = [Event(i, now, t.id, E.CREATED, None, 0, {}) for i, t in enumerate(added)]
-        await self.store.add_tasks(self.run_id, added, created)
+        created += [Event(len(created) + i, now, c.task.id, c.event, None, c.task.token,
+                          c.detail or {}) for i, c in enumerate(waits)]
+        rows = [self.core.tasks[t.id] for t in added]
+        await self.store.add_tasks(self.run_id, rows, created)
         return await self._coordinate(now, fresh=True)
 
     async def aresume(self) -> RunResult:
@@ -392,11 +395,14 @@ class Coordinator:
         now = self.clock.now()
         follow = 1
         while (follow < len(self._changes)
-               and self._changes[follow].event in (E.CREATED, E.JOINED)):
+               and self._changes[follow].event in (E.CREATED, E.JOINED, E.WAITING)):
             follow += 1
         brought = self._changes[1:follow]
-        added = [(c.task, _event(c.task, c.event, now, None, c.detail))
+        # A new task gated before its start (peer mode) is inserted waiting; its waiting
+        # event follows.
+        added = [(self.core.tasks[c.task.id], _event(c.task, c.event, now, None, c.detail))
                  for c in brought if c.event == E.CREATED]
+        waits = [c for c in brought if c.event == E.WAITING]
         joined = [c.task for c in brought if c.event == E.JOINED]
         # A widened row is written over the token it was read with (one more, as a worker's
         # spawn writes it); the mirror takes the stored row back below.
@@ -406,6 +412,9 @@ class Coordinator:
         await self.store.write_added(self.run_id, _event(
             change.task, change.event, now, None, change.detail), added, widened)
         del self._changes[:follow]
+        for wait in waits:
+            await self.store.append_event(self.run_id, _event(
+                wait.task, wait.event, self.clock.now(), None, wait.detail))
         if joined:
             for fresh in await self.store.load_some(self.run_id, [t.id for t in joined]):
                 self.core.observe(fresh, self.clock.now())
@@ -535,6 +544,7 @@ class WorkerProcess:
         self._running: dict[tuple[str, str], _Running] = {}
         self._registered: set[str] = set()
         self._beats: dict[str, float] = {}
+        self._gates: dict[str, Mapping[str, Any] | None] = {}
         self.done = 0
         self.rejected = 0
         self._stop = asyncio.Event()
@@ -638,15 +648,35 @@ class WorkerProcess:
         except Exception as exc:
             outcome, name, detail = self._failure(task, exc)
         else:
-            outcome = transition(task, Status.COMPLETED, result=result,
-                                 finished_at=self._now(), attempts=task.attempts + 1,
-                                 lease=None, error=None, error_class=None)
-            name, detail = E.COMPLETED, {}
+            outcome, name, detail = await self._completed(run_id, task, result)
             if addition is not None:
-                detail = {"spawned": len(addition.tasks)}
+                detail = {**detail, "spawned": len(addition.tasks)}
         finally:
             renewer.cancel()
         await self._report(run_id, task, outcome, name, detail, addition)
+
+    async def _completed(self, run_id: str, task: Task,
+                         result: Any) -> tuple[Task, str, dict[str, Any]]:
+        """The completion, or, when the run's rules (kept in its meta) hold the effect of
+        this task for an approval, the task ``waiting`` with its result: the coordinator's
+        core then decides (a condition included), and completes it once approved."""
+        if run_id not in self._gates:
+            self._gates[run_id] = (await self.store.load_tasks(run_id)).run.meta.get(
+                "approvals")
+        rule = kept_gate(self._gates[run_id], task)
+        now = self._now()
+        if rule is not None and rule.get("before") == "effect":
+            timeout = rule.get("timeout_s")
+            at = None if timeout is None else now + float(timeout)
+            waiting = transition(task, Status.WAITING, result=result,
+                                 attempts=task.attempts + 1, lease=None, error=None,
+                                 error_class=None, cause=waiting_cause("effect"),
+                                 not_before=at)
+            return waiting, E.WAITING, {"for": "effect", "timeout_at": at}
+        done = transition(task, Status.COMPLETED, result=result, finished_at=now,
+                          attempts=task.attempts + 1, lease=None, error=None,
+                          error_class=None)
+        return done, E.COMPLETED, {}
 
     async def _expansion(self, run_id: str, task: Task,
                          spawned: Sequence[SpawnRequest]) -> Addition | None:
@@ -657,9 +687,24 @@ class WorkerProcess:
         limits = dict(state.run.meta.get("spawn") or {})
         attempts = limits.pop("max_attempts", None)
         records = {t.id: t for t in state.tasks}
-        return expand(records.get(task.id, task), spawned, records, self.registry,
-                      SpawnLimits.from_dict(limits), self._now(),
-                      default_attempts=None if attempts is None else int(attempts))
+        addition = expand(records.get(task.id, task), spawned, records, self.registry,
+                          SpawnLimits.from_dict(limits), self._now(),
+                          default_attempts=None if attempts is None else int(attempts))
+        gates = state.run.meta.get("approvals")
+        if self.mode != "peer" or not gates:
+            return addition
+        # Peer workers claim alone: a spawned task gated before its start is written
+        # waiting (the coordinator's core decides a condition when it reads the row).
+        held: list[Task] = []
+        for new in addition.tasks:
+            rule = kept_gate(gates, new)
+            if rule is not None and rule.get("before") == "start":
+                timeout = rule.get("timeout_s")
+                at = None if timeout is None else self._now() + float(timeout)
+                new = new.evolve(status=Status.WAITING, cause=waiting_cause("start"),
+                                 not_before=at)
+            held.append(new)
+        return dataclasses.replace(addition, tasks=tuple(held))
 
     def _refused(self, task: Task, failure: Failure) -> tuple[Task, str, dict[str, Any]]:
         failed = transition(task, Status.FAILED, error=failure.error,
@@ -727,7 +772,7 @@ class WorkerProcess:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if ok:
-            self.done += name == E.COMPLETED
+            self.done += name in (E.COMPLETED, E.WAITING)
         else:
             self.rejected += 1
             log.info("worker %s: result of %s refused (reclaimed meanwhile)", self.name, task.id)
