@@ -701,7 +701,7 @@ class WorkerProcess:
             if rule is not None and rule.get("before") == "start":
                 timeout = rule.get("timeout_s")
                 at = None if timeout is None else self._now() + float(timeout)
-                new = new.evolve(status=Status.WAITING, cause=waiting_cause("start"),
+                new = transition(new, Status.WAITING, cause=waiting_cause("start"),
                                  not_before=at)
             held.append(new)
         return dataclasses.replace(addition, tasks=tuple(held))

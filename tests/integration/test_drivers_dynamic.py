@@ -85,6 +85,31 @@ def test_a_fan_out_is_joined_by_a_reduce(driver: Driver) -> None:
     assert all(seq[t.id] < seq["sum"] for t in spawned)
 
 
+def test_a_spawned_task_whose_kind_needs_approval_waits_before_it_starts(
+        driver: Driver) -> None:
+    from planrun import Approval
+
+    tasks = [Task("fetch", "fetch", {"n": 2}),
+             Task("sum", "summary", depends_on=("fetch",), joins=("fetch",))]
+    # The timeout decides (no person in this test): the kind's rule approves, the rule of
+    # one spawned task rejects.
+    result = driver.run(tasks, HANDLERS, approvals={
+        "classify": Approval("start", timeout_s=0.5, on_timeout="approve")},
+        task_approvals={"fetch/1": Approval("start", timeout_s=0.5)})
+    seq = {(e.task, e.event): e.seq for e in result.events}
+    approved = next(e for e in result.events if e.task == "fetch/0" and e.event == "approved")
+    assert approved.detail["for"] == "start" and approved.detail["by"] == "timeout"
+    assert seq[("fetch/0", "created")] < seq[("fetch/0", "approved")] \
+        < seq[("fetch/0", "started")] < seq[("fetch/0", "completed")]
+    assert result.tasks["fetch/0"].result == {"label": 0}
+    rejected = result.tasks["fetch/1"]
+    assert rejected.status is Status.DEAD and rejected.cause == "rejected"
+    assert ("fetch/1", "started") not in seq
+    assert result.tasks["sum"].status is Status.CANCELLED  # its join lost a task
+    assert set(completions(result).values()) == {1}
+    assert result.audit.order_violations == 0 and result.audit.duplicates == 0
+
+
 async def nested(payload: Any, ctx: TaskContext) -> str:
     depth = int(payload["depth"])
     if depth:
