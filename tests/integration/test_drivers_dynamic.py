@@ -310,6 +310,30 @@ async def test_a_finished_joiner_is_not_widened(store_url: str) -> None:
         await store.close()
 
 
+async def test_a_replan_is_written_with_its_event_or_not_at_all(store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        dead = transition(spawner, Status.DEAD, error="gone", finished_at=1.0, lease=None)
+        await store.write("r", [(dead, Event(0, 1.0, "x", "dead"))])
+        _, added, widened = _addition(spawner, joiner, 2)
+        clash = [*added, (Task("j", "classify", parent="x"), _ev(joiner, "created"))]
+        with pytest.raises(StoreError):  # a row that clashes: nothing is written
+            await store.write_added("r", _ev(dead, "replanned"), clash, widened)
+        state = await store.load("r")
+        assert len(state.tasks) == 2 and [e.event for e in state.events] == ["dead"]
+        await store.write_added("r", _ev(dead, "replanned"), added, widened)
+        state = await store.load("r")
+        by_id = {t.id: t for t in state.tasks}
+        assert by_id["x"].status is Status.DEAD  # the event changes no row
+        assert by_id["j"].depends_on == ("x", "x/0", "x/1")
+        events = sorted(state.events, key=lambda e: e.seq)  # numbered by the store, in order
+        assert [e.event for e in events] == ["dead", "replanned", "joined", "created", "created"]
+        assert len({e.seq for e in events}) == 5
+    finally:
+        await store.close()
+
+
 def test_spawn_requests_keep_their_order_and_ids() -> None:
     ctx = TaskContext(run_id="r", task_id="t", kind="k", attempt=1, worker="w", skill=1.0)
     assert ctx.spawn("a") == "t/0"
