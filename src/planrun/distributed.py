@@ -121,10 +121,12 @@ class Coordinator:
             go on) and writes the fragment the core accepts in one transaction with the
             ``replanned`` event; a replan asked but unanswered when the coordinator stopped
             is asked again by :meth:`aresume`.
-        approvals, task_approvals: as for :class:`~planrun.Supervisor`, before the start only
-            and in push mode only (the coordinator alone decides who starts what; a worker
-            process completes a task itself, so an approval before the effect needs the
-            in-process supervisor). Decisions are read from the store (``planrun approve``).
+        approvals, task_approvals: as for :class:`~planrun.Supervisor`, kept in the run's
+            meta for worker processes. In peer mode a task that needs approval before it
+            starts waits from the moment it is added, so no worker claims it before it is
+            approved. Before the effect, a worker writes the task ``waiting`` with its
+            result; the core completes it once approved and the coordinator applies the
+            effect. Decisions are read from the store (``planrun approve``).
 
     Resource locks hold in push mode, where the coordinator alone decides who starts
     what: a task is not assigned while another task naming one of its resources is
