@@ -110,6 +110,27 @@ def test_a_spawned_task_whose_kind_needs_approval_waits_before_it_starts(
     assert result.audit.order_violations == 0 and result.audit.duplicates == 0
 
 
+def test_a_gated_task_waits_across_a_restart_and_starts_once(
+        durable_driver: Driver) -> None:
+    from planrun import Approval
+
+    done: list[str] = []
+
+    async def first(payload: Any, ctx: TaskContext) -> str:
+        done.append(ctx.task_id)
+        return "ok"
+
+    tasks = [Task("a", "first"), Task("pay", "pay"), Task("after", "first", depends_on=("pay",))]
+    result = durable_driver.run(
+        tasks, {"first": first, "pay": first}, interrupt=lambda: "a" in done,
+        approvals={"pay": Approval("start", timeout_s=1.5, on_timeout="approve")})
+    ev = [e.event for e in sorted(result.events, key=lambda e: e.seq) if e.task == "pay"]
+    assert ev.count("waiting") == 1 and ev.count("approved") == 1
+    assert ev.index("waiting") < ev.index("approved") < ev.index("started")
+    assert done.count("pay") == 1 and result.tasks["after"].status is Status.COMPLETED
+    assert result.ok and result.audit.clean
+
+
 async def nested(payload: Any, ctx: TaskContext) -> str:
     depth = int(payload["depth"])
     if depth:
