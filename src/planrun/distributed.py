@@ -411,8 +411,13 @@ class Coordinator:
         widened = [(t.evolve(token=t.token + 1),
                     _event(t, E.JOINED, now, None, {"depends_on": len(t.depends_on)}))
                    for t in joined]
-        await self.store.write_added(self.run_id, _event(
-            change.task, change.event, now, None, change.detail), added, widened)
+        try:
+            await self.store.write_added(self.run_id, _event(
+                change.task, change.event, now, None, change.detail), added, widened)
+        except StoreError:
+            # A commit whose answer was lost is not written twice: its rows are there.
+            if not added or not await self.store.load_some(self.run_id, [added[0][0].id]):
+                raise
         del self._changes[:follow]
         for wait in waits:
             await self.store.append_event(self.run_id, _event(
