@@ -596,13 +596,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.workers == "external":
         if not args.db:
             raise _CliError("--workers external needs --db (the database the workers use)")
+        planner = None
+        if isinstance(source, str) or (args.on_dead == "replan" and app.needs_model()):
+            planner = _limited(_model(args), limits)
         if isinstance(source, str):
             from planrun.decompose import decompose
 
+            assert planner is not None
             with _cassette(args):
-                source = decompose(source, app.registry, _limited(_model(args), limits),
+                source = decompose(source, app.registry, planner,
                                    min_tasks=args.min_tasks, max_tasks=args.max_tasks)
-        return _coordinate(source, app, args, limits)
+        replanner = _replanner(args.on_dead, source.goal, app, planner,
+                               min_tasks=args.min_tasks, max_tasks=args.max_tasks)
+        return _coordinate(source, app, args, limits, replanner)
     model = _model(args) if isinstance(source, str) or app.needs_model() else None
     options: dict[str, Any] = {
         "model": _limited(model, limits), "strategy": strategy, "budget": budget,
@@ -637,7 +643,18 @@ def _check_db(url: str, *, must_exist: bool = False) -> None:
         raise _CliError(f"no database file {rest[1:]!r} (from --db {url}); nothing was created")
 
 
-def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any) -> int:
+def _replanner(on_dead: str | None, goal: str, app: Any, model: Any, **options: Any) -> Any:
+    """With ``--on-dead replan`` and a model, the coordinator re-plans through the
+    decomposer, as a supervised run does."""
+    if on_dead != "replan" or model is None:
+        return None
+    from planrun.decompose import replanner
+
+    return replanner(goal, app.registry, model, **options)
+
+
+def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any,
+                replanner: Any = None) -> int:
     from planrun.distributed import Coordinator
     from planrun.limits import SharedBudget
     from planrun.ownership import hold_run
@@ -652,7 +669,7 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any) -> i
     async def go(store: Any) -> Any:
         coordinator = Coordinator(app.registry, store, mode=mode, on_dead=args.on_dead,
                                   effects=app.effects, stale_after=stale_after,
-                                  approvals=app.approvals,
+                                  approvals=app.approvals, replanner=replanner,
                                   retry_budget=args.retry_budget, goal=plan.goal, meta=meta,
                                   deadline_s=args.deadline)
         # The run's budget is in the database before any worker can see the run.
@@ -763,6 +780,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     app = load_app(ref)
     if meta.get("coordinated"):  # started with --workers external: coordinate it again
         from planrun.distributed import Coordinator
+        from planrun.limits import RunLimits
+
+        on_dead = meta.get("on_dead", "cancel_dependents")
+        model = (_limited(_model(args), RunLimits.from_meta(meta))
+                 if on_dead == "replan" and app.needs_model() else None)
+        replanner = _replanner(on_dead, run.goal, app, model)
 
         async def again(store: Any) -> Any:
             from planrun.ownership import hold_run
@@ -770,7 +793,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             # The policies the run was started with.
             coordinator = Coordinator(app.registry, store, run_id=args.run_id,
                                       mode=meta.get("mode", "push"),
-                                      on_dead=meta.get("on_dead", "cancel_dependents"),
+                                      on_dead=on_dead, replanner=replanner,
                                       stale_after=float(meta.get("stale_after", 30.0)),
                                       retry_budget=meta.get("retry_budget"),
                                       effects=app.effects, approvals=app.approvals)

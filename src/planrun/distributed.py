@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -53,6 +54,7 @@ from planrun.scheduling import (
     Backoff,
     Failure,
     OnDead,
+    ReplanRequest,
     RetryPolicy,
     Scheduler,
     SpawnLimits,
@@ -60,13 +62,14 @@ from planrun.scheduling import (
     check_policies,
     expand,
     failure_of,
+    replans_spent,
     retries_spent,
     spawn_refused,
     timed_out,
 )
-from planrun.scheduling._approval import as_approval
+from planrun.scheduling._approval import kept_gate, waiting_cause
 from planrun.stores.base import RunInfo, Store, WidenConflict
-from planrun.supervisor import EffectFn, RunResult
+from planrun.supervisor import EffectFn, Replanner, RunResult
 from planrun.task import Status, Task, transition
 
 __all__ = ["Coordinator", "Mode", "WorkerProcess"]
@@ -113,10 +116,17 @@ class Coordinator:
             kept with the run, where worker processes read them: a worker whose handler
             spawns validates the addition with the core's rule and writes it with the
             completion, in one fenced transaction.
-        approvals, task_approvals: as for :class:`~planrun.Supervisor`, before the start only
-            and in push mode only (the coordinator alone decides who starts what; a worker
-            process completes a task itself, so an approval before the effect needs the
-            in-process supervisor). Decisions are read from the store (``planrun approve``).
+        replanner, max_replans: as for :class:`~planrun.Supervisor`: with
+            ``on_dead="replan"`` the coordinator asks the replanner (here, while its rounds
+            go on) and writes the fragment the core accepts in one transaction with the
+            ``replanned`` event; a replan asked but unanswered when the coordinator stopped
+            is asked again by :meth:`aresume`.
+        approvals, task_approvals: as for :class:`~planrun.Supervisor`, kept in the run's
+            meta for worker processes. In peer mode a task that needs approval before it
+            starts waits from the moment it is added, so no worker claims it before it is
+            approved. Before the effect, a worker writes the task ``waiting`` with its
+            result; the core completes it once approved and the coordinator applies the
+            effect. Decisions are read from the store (``planrun approve``).
 
     Resource locks hold in push mode, where the coordinator alone decides who starts
     what: a task is not assigned while another task naming one of its resources is
@@ -150,16 +160,11 @@ class Coordinator:
         spawn_limits: SpawnLimits | None = None,
         approvals: Mapping[str, Approval | str] | None = None,
         task_approvals: Mapping[str, Approval | str] | None = None,
+        replanner: Replanner | None = None,
+        max_replans: int = 2,
     ) -> None:
         if mode not in ("push", "peer"):
             raise UsageError(f"mode must be 'push' or 'peer', not {mode!r}")
-        rules = {**(approvals or {}), **(task_approvals or {})}
-        if rules and mode == "peer":
-            raise UsageError("approval gates need push mode (the coordinator assigns); "
-                             "peer-mode workers claim alone")
-        if any(as_approval(r).before == "effect" for r in rules.values()):
-            raise UsageError("an approval before the effect needs the in-process supervisor "
-                             "(a worker process completes its task itself)")
         policy = as_policy(retry, SCHEDULER_RETRY)
         self.max_attempts = policy.attempts if max_attempts is None else max_attempts
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
@@ -184,8 +189,12 @@ class Coordinator:
             stale_after=stale_after, stall_after=stall_after, effects=self.effects,
             effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
             spawn_limits=spawn_limits, default_attempts=self.max_attempts, approvals=approvals,
-            task_approvals=task_approvals,
+            task_approvals=task_approvals, max_replans=max_replans,
         )
+        self.replanner = replanner
+        self.core.can_replan = replanner is not None
+        self.core.claims_alone = mode == "peer"
+        self._asking: set[asyncio.Task[None]] = set()
         self._changes: list[_Change] = []
         self._seq = -1
 
@@ -211,12 +220,20 @@ class Coordinator:
                     f"task {task.id!r} names resources {list(task.resources)}: resource locks "
                     "need push mode (the coordinator assigns); peer-mode workers claim alone")
         added = self.core.add(batch, now, default_attempts=self.max_attempts)
-        self._changes.clear()  # the created events go in with the rows
+        # Peer workers claim alone: a task gated before its start is written waiting.
+        self.core.gate_unclaimed(added, now)
+        waits = [c for c in self._changes if c.event == E.WAITING]
+        self._changes.clear()  # the created (and waiting) events go in with the rows
         meta = {**self.meta, "mode": self.mode, "coordinated": True,
                 "spawn": {**self.core.spawn_limits.to_dict(), "max_attempts": self.max_attempts}}
+        if self.core.approvals or self.core.task_approvals:
+            meta["approvals"] = self.core.gates()
         await self.store.create_run(RunInfo(self.run_id, now, "running", self.goal, meta))
         created = [Event(i, now, t.id, E.CREATED, None, 0, {}) for i, t in enumerate(added)]
-        await self.store.add_tasks(self.run_id, added, created)
+        created += [Event(len(created) + i, now, c.task.id, c.event, None, c.task.token,
+                          c.detail or {}) for i, c in enumerate(waits)]
+        rows = [self.core.tasks[t.id] for t in added]
+        await self.store.add_tasks(self.run_id, rows, created)
         return await self._coordinate(now, fresh=True)
 
     async def aresume(self) -> RunResult:
@@ -230,6 +247,9 @@ class Coordinator:
             if record.state == "applied":  # an applied effect has its event (one transaction)
                 self.core.effect_known(task_id)
         self.core.retries_used = retries_spent(state.events)
+        # A replan asked but unanswered when the coordinator stopped left no event: the
+        # core asks it again when it recovers the dead task.
+        self.core.replans_used, self.core.replanned = replans_spent(state.events)
         return await self._coordinate(self.clock.now(), fresh=False)
 
     # ---- the loop: a mirror of the run, kept current from the ledger's tail ----------------
@@ -247,18 +267,42 @@ class Coordinator:
         core.start(self.clock.now())
         if not fresh:
             core.recover(self.clock.now(), reason=None)
-        while True:
-            await self._patiently(self._round)
-            now = self.clock.now()
-            if core.done:
-                break
-            if core.stalled(now):
-                raise StallError(core.stall_message(self.run_id, now))
-            wait = min(self.poll, max(0.0, core.next_wakeup(now) - now))
-            await self._patiently(functools.partial(self._observe, wait))
+        try:
+            while True:
+                await self._patiently(self._round)
+                self._ask_replans()
+                now = self.clock.now()
+                if core.done and not self._changes:
+                    break
+                if core.stalled(now) and not self._asking:
+                    raise StallError(core.stall_message(self.run_id, now))
+                wait = min(self.poll, max(0.0, core.next_wakeup(now) - now))
+                await self._patiently(functools.partial(self._observe, wait))
+        finally:
+            for asking in list(self._asking):
+                asking.cancel()
         status = "aborted" if core.facts.aborted_by else "finished"
         await self._patiently(lambda: self.store.set_run_status(self.run_id, status))
         return await self._result(started)
+
+    def _ask_replans(self) -> None:
+        for request in self.core.replans_due():
+            handle = asyncio.ensure_future(self._replan(request))
+            self._asking.add(handle)
+            handle.add_done_callback(self._asking.discard)
+
+    async def _replan(self, request: ReplanRequest) -> None:
+        """Ask the replanner; the core validates what it answers, the next round writes it."""
+        assert self.replanner is not None
+        fragment: list[SpawnRequest] | None = None
+        error: str | None = None
+        try:
+            fragment = list(await self.replanner(request))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = redact(f"{type(exc).__name__}: {exc}")
+        self.core.replan_done(request, fragment, error, self.clock.now())
 
     async def _first_read(self) -> None:
         # The seq first, then every task (one without an event too): a change landing in
@@ -331,6 +375,14 @@ class Coordinator:
             if change.event == E.REJECTED:
                 self._changes.pop(0)
                 continue
+            if change.event == E.REPLANNED:
+                await self._write_replanned(change)
+                continue
+            if change.event == E.REPLAN_FAILED:  # on a dead row: an event, no row change
+                await self.store.append_event(self.run_id, _event(
+                    change.task, change.event, self.clock.now(), None, change.detail))
+                self._changes.pop(0)
+                continue
             event = _event(change.task, change.event, self.clock.now(), change.worker,
                            change.detail)
             ok = await self.store.write_fenced(self.run_id, change.task, event, change.expect)
@@ -338,6 +390,41 @@ class Coordinator:
             if not ok:  # a worker got there first: take the store's record as it is
                 for fresh in await self.store.load_some(self.run_id, [change.task.id]):
                     self.core.observe(fresh, self.clock.now())
+
+    async def _write_replanned(self, change: _Change) -> None:
+        """A ``replanned`` event with the tasks and joins it brought, in one transaction:
+        a resumed coordinator sees the whole fragment or none of it (and asks again)."""
+        now = self.clock.now()
+        follow = 1
+        while (follow < len(self._changes)
+               and self._changes[follow].event in (E.CREATED, E.JOINED, E.WAITING)):
+            follow += 1
+        brought = self._changes[1:follow]
+        # A new task gated before its start (peer mode) is inserted waiting; its waiting
+        # event follows.
+        added = [(self.core.tasks[c.task.id], _event(c.task, c.event, now, None, c.detail))
+                 for c in brought if c.event == E.CREATED]
+        waits = [c for c in brought if c.event == E.WAITING]
+        joined = [c.task for c in brought if c.event == E.JOINED]
+        # A widened row is written over the token it was read with (one more, as a worker's
+        # spawn writes it); the mirror takes the stored row back below.
+        widened = [(t.evolve(token=t.token + 1),
+                    _event(t, E.JOINED, now, None, {"depends_on": len(t.depends_on)}))
+                   for t in joined]
+        try:
+            await self.store.write_added(self.run_id, _event(
+                change.task, change.event, now, None, change.detail), added, widened)
+        except StoreError:
+            # A commit whose answer was lost is not written twice: its rows are there.
+            if not added or not await self.store.load_some(self.run_id, [added[0][0].id]):
+                raise
+        del self._changes[:follow]
+        for wait in waits:
+            await self.store.append_event(self.run_id, _event(
+                wait.task, wait.event, self.clock.now(), None, wait.detail))
+        if joined:
+            for fresh in await self.store.load_some(self.run_id, [t.id for t in joined]):
+                self.core.observe(fresh, self.clock.now())
 
     async def _apply_effects(self, due: Sequence[Task]) -> None:
         # Effects are independent of each other: apply a few at once.
@@ -464,6 +551,7 @@ class WorkerProcess:
         self._running: dict[tuple[str, str], _Running] = {}
         self._registered: set[str] = set()
         self._beats: dict[str, float] = {}
+        self._gates: dict[str, Mapping[str, Any] | None] = {}
         self.done = 0
         self.rejected = 0
         self._stop = asyncio.Event()
@@ -567,15 +655,35 @@ class WorkerProcess:
         except Exception as exc:
             outcome, name, detail = self._failure(task, exc)
         else:
-            outcome = transition(task, Status.COMPLETED, result=result,
-                                 finished_at=self._now(), attempts=task.attempts + 1,
-                                 lease=None, error=None, error_class=None)
-            name, detail = E.COMPLETED, {}
+            outcome, name, detail = await self._completed(run_id, task, result)
             if addition is not None:
-                detail = {"spawned": len(addition.tasks)}
+                detail = {**detail, "spawned": len(addition.tasks)}
         finally:
             renewer.cancel()
         await self._report(run_id, task, outcome, name, detail, addition)
+
+    async def _completed(self, run_id: str, task: Task,
+                         result: Any) -> tuple[Task, str, dict[str, Any]]:
+        """The completion, or, when the run's rules (kept in its meta) hold the effect of
+        this task for an approval, the task ``waiting`` with its result: the coordinator's
+        core then decides (a condition included), and completes it once approved."""
+        if run_id not in self._gates:
+            self._gates[run_id] = (await self.store.load_tasks(run_id)).run.meta.get(
+                "approvals")
+        rule = kept_gate(self._gates[run_id], task)
+        now = self._now()
+        if rule is not None and rule.get("before") == "effect":
+            timeout = rule.get("timeout_s")
+            at = None if timeout is None else now + float(timeout)
+            waiting = transition(task, Status.WAITING, result=result,
+                                 attempts=task.attempts + 1, lease=None, error=None,
+                                 error_class=None, cause=waiting_cause("effect"),
+                                 not_before=at)
+            return waiting, E.WAITING, {"for": "effect", "timeout_at": at}
+        done = transition(task, Status.COMPLETED, result=result, finished_at=now,
+                          attempts=task.attempts + 1, lease=None, error=None,
+                          error_class=None)
+        return done, E.COMPLETED, {}
 
     async def _expansion(self, run_id: str, task: Task,
                          spawned: Sequence[SpawnRequest]) -> Addition | None:
@@ -586,9 +694,24 @@ class WorkerProcess:
         limits = dict(state.run.meta.get("spawn") or {})
         attempts = limits.pop("max_attempts", None)
         records = {t.id: t for t in state.tasks}
-        return expand(records.get(task.id, task), spawned, records, self.registry,
-                      SpawnLimits.from_dict(limits), self._now(),
-                      default_attempts=None if attempts is None else int(attempts))
+        addition = expand(records.get(task.id, task), spawned, records, self.registry,
+                          SpawnLimits.from_dict(limits), self._now(),
+                          default_attempts=None if attempts is None else int(attempts))
+        gates = state.run.meta.get("approvals")
+        if self.mode != "peer" or not gates:
+            return addition
+        # Peer workers claim alone: a spawned task gated before its start is written
+        # waiting (the coordinator's core decides a condition when it reads the row).
+        held: list[Task] = []
+        for new in addition.tasks:
+            rule = kept_gate(gates, new)
+            if rule is not None and rule.get("before") == "start":
+                timeout = rule.get("timeout_s")
+                at = None if timeout is None else self._now() + float(timeout)
+                new = transition(new, Status.WAITING, cause=waiting_cause("start"),
+                                 not_before=at)
+            held.append(new)
+        return dataclasses.replace(addition, tasks=tuple(held))
 
     def _refused(self, task: Task, failure: Failure) -> tuple[Task, str, dict[str, Any]]:
         failed = transition(task, Status.FAILED, error=failure.error,
@@ -656,7 +779,7 @@ class WorkerProcess:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if ok:
-            self.done += name == E.COMPLETED
+            self.done += name in (E.COMPLETED, E.WAITING)
         else:
             self.rejected += 1
             log.info("worker %s: result of %s refused (reclaimed meanwhile)", self.name, task.id)

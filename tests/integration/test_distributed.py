@@ -285,8 +285,9 @@ def test_after_the_first_read_a_coordinator_reads_only_what_changed() -> None:
     assert result.ok and result.audit.clean
     rounds = store.calls_to("load_changed")
     assert len(rounds) > 10 and [c["after"] for c in rounds] == sorted(c["after"] for c in rounds)
-    # Whole-run reads: the first build and the final report, however many rounds ran.
-    assert len(store.calls_to("load")) == 2
+    # Whole-run reads: the first build and the final report, however many rounds ran, and
+    # the worker's one read of the run's approval rules (its meta) at its first result.
+    assert len(store.calls_to("load")) == 3
 
 
 class _SlowHeartbeat:

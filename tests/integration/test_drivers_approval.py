@@ -425,10 +425,6 @@ def test_external_workers_start_a_task_only_once_approved(external: Driver) -> N
     tasks = [Task(id="a", kind="k"), Task(id="pay", kind="pay", depends_on=("a",)),
              Task(id="after", kind="k", depends_on=("pay",)),
              Task(id="no", kind="pay"), Task(id="never", kind="k", depends_on=("no",))]
-    if external.mode == "peer":  # peer workers claim alone: the gate is refused up front
-        with pytest.raises(UsageError, match="approval gates need push mode"):
-            run_external(external, tasks, {"k": ok, "pay": ok}, approvals={"pay": "start"})
-        return
     result = run_external(external, tasks, {"k": ok, "pay": ok},
                           [("pay", True, "fine"), ("no", False, "too much")],
                           approvals={"pay": "start"})
@@ -441,10 +437,41 @@ def test_external_workers_start_a_task_only_once_approved(external: Driver) -> N
     assert "started" not in events_of(result, "no")
 
 
-def test_external_workers_refuse_an_approval_before_the_effect(external: Driver) -> None:
-    with pytest.raises(UsageError, match=r"approval gates need push mode|before the effect"):
-        run_external(external, [Task(id="r", kind="k")], {"k": ok},
-                     approvals={"k": Approval("effect")})
+def test_peer_workers_never_claim_a_task_waiting_for_approval(external: Driver) -> None:
+    # No dependency: in peer mode the task is claimable from the start unless it waits.
+    tasks = [Task(id="pay", kind="pay"), Task(id="a", kind="k")]
+    result = run_external(external, tasks, {"k": ok, "pay": ok}, [("pay", True, "fine")],
+                          approvals={"pay": "start"})
+    ev = events_of(result, "pay")
+    assert ev[:3] == ["created", "waiting", "approved"] and ev.count("started") == 1
+    assert result.ok and result.audit.clean
+
+
+def test_external_workers_hold_an_effect_until_approved(external: Driver) -> None:
+    sent: list[str] = []
+    tasks = [Task(id="reply", kind="reply"), Task(id="next", kind="k", depends_on=("reply",)),
+             Task(id="spam", kind="reply"), Task(id="after", kind="k", depends_on=("spam",)),
+             Task(id="quiet", kind="reply", payload={"skip": True})]
+    result = run_external(external, tasks, {"k": ok, "reply": ok},
+                          [("reply", True, "send it"), ("spam", False, "not this one")],
+                          effects={"reply": lambda t, k: sent.append(t.id)},
+                          approvals={"reply": Approval(
+                              "effect", when=lambda t: not (t.payload or {}).get("skip"))})
+    assert sorted(sent) == ["quiet", "reply"]
+    ev = events_of(result, "reply")
+    assert ev.index("started") < ev.index("waiting") < ev.index("approved") \
+        < ev.index("completed") < ev.index("effect")
+    assert ev.count("completed") == 1 and ev.count("effect") == 1
+    assert result.tasks["reply"].result == "done reply"
+    seqs = {(e.task, e.event): e.seq for e in result.events}
+    assert seqs[("next", "started")] > seqs[("reply", "approved")]
+    assert result.tasks["spam"].status is Status.DEAD and result.tasks["spam"].cause == "rejected"
+    assert "effect" not in events_of(result, "spam")
+    assert result.tasks["after"].status is Status.CANCELLED
+    # the condition says no approval: the held result completes at once
+    assert "approved" not in events_of(result, "quiet")
+    assert result.tasks["quiet"].status is Status.COMPLETED
+    assert result.audit.duplicates == 0 and result.audit.order_violations == 0
 
 
 def test_a_condition_that_cannot_decide_asks_for_approval(driver: Driver) -> None:

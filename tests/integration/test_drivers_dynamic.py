@@ -85,6 +85,52 @@ def test_a_fan_out_is_joined_by_a_reduce(driver: Driver) -> None:
     assert all(seq[t.id] < seq["sum"] for t in spawned)
 
 
+def test_a_spawned_task_whose_kind_needs_approval_waits_before_it_starts(
+        driver: Driver) -> None:
+    from planrun import Approval
+
+    tasks = [Task("fetch", "fetch", {"n": 2}),
+             Task("sum", "summary", depends_on=("fetch",), joins=("fetch",))]
+    # The timeout decides (no person in this test): the kind's rule approves, the rule of
+    # one spawned task rejects.
+    result = driver.run(tasks, HANDLERS, approvals={
+        "classify": Approval("start", timeout_s=0.5, on_timeout="approve")},
+        task_approvals={"fetch/1": Approval("start", timeout_s=0.5)})
+    seq = {(e.task, e.event): e.seq for e in result.events}
+    approved = next(e for e in result.events if e.task == "fetch/0" and e.event == "approved")
+    assert approved.detail["for"] == "start" and approved.detail["by"] == "timeout"
+    assert seq[("fetch/0", "created")] < seq[("fetch/0", "approved")] \
+        < seq[("fetch/0", "started")] < seq[("fetch/0", "completed")]
+    assert result.tasks["fetch/0"].result == {"label": 0}
+    rejected = result.tasks["fetch/1"]
+    assert rejected.status is Status.DEAD and rejected.cause == "rejected"
+    assert ("fetch/1", "started") not in seq
+    assert result.tasks["sum"].status is Status.CANCELLED  # its join lost a task
+    assert set(completions(result).values()) == {1}
+    assert result.audit.order_violations == 0 and result.audit.duplicates == 0
+
+
+def test_a_gated_task_waits_across_a_restart_and_starts_once(
+        durable_driver: Driver) -> None:
+    from planrun import Approval
+
+    done: list[str] = []
+
+    async def first(payload: Any, ctx: TaskContext) -> str:
+        done.append(ctx.task_id)
+        return "ok"
+
+    tasks = [Task("a", "first"), Task("pay", "pay"), Task("after", "first", depends_on=("pay",))]
+    result = durable_driver.run(
+        tasks, {"first": first, "pay": first}, interrupt=lambda: "a" in done,
+        approvals={"pay": Approval("start", timeout_s=1.5, on_timeout="approve")})
+    ev = [e.event for e in sorted(result.events, key=lambda e: e.seq) if e.task == "pay"]
+    assert ev.count("waiting") == 1 and ev.count("approved") == 1
+    assert ev.index("waiting") < ev.index("approved") < ev.index("started")
+    assert done.count("pay") == 1 and result.tasks["after"].status is Status.COMPLETED
+    assert result.ok and result.audit.clean
+
+
 async def nested(payload: Any, ctx: TaskContext) -> str:
     depth = int(payload["depth"])
     if depth:
@@ -285,6 +331,30 @@ async def test_a_finished_joiner_is_not_widened(store_url: str) -> None:
         await store.close()
 
 
+async def test_a_replan_is_written_with_its_event_or_not_at_all(store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        dead = transition(spawner, Status.DEAD, error="gone", finished_at=1.0, lease=None)
+        await store.write("r", [(dead, Event(0, 1.0, "x", "dead"))])
+        _, added, widened = _addition(spawner, joiner, 2)
+        clash = [*added, (Task("j", "classify", parent="x"), _ev(joiner, "created"))]
+        with pytest.raises(StoreError):  # a row that clashes: nothing is written
+            await store.write_added("r", _ev(dead, "replanned"), clash, widened)
+        state = await store.load("r")
+        assert len(state.tasks) == 2 and [e.event for e in state.events] == ["dead"]
+        await store.write_added("r", _ev(dead, "replanned"), added, widened)
+        state = await store.load("r")
+        by_id = {t.id: t for t in state.tasks}
+        assert by_id["x"].status is Status.DEAD  # the event changes no row
+        assert by_id["j"].depends_on == ("x", "x/0", "x/1")
+        events = sorted(state.events, key=lambda e: e.seq)  # numbered by the store, in order
+        assert [e.event for e in events] == ["dead", "replanned", "joined", "created", "created"]
+        assert len({e.seq for e in events}) == 5
+    finally:
+        await store.close()
+
+
 def test_spawn_requests_keep_their_order_and_ids() -> None:
     ctx = TaskContext(run_id="r", task_id="t", kind="k", attempt=1, worker="w", skill=1.0)
     assert ctx.spawn("a") == "t/0"
@@ -346,9 +416,9 @@ def alternative(requests: list[Any]) -> Any:
     return replanner
 
 
-def test_a_dead_task_is_replanned_and_the_replacement_runs(in_process: Driver) -> None:
+def test_a_dead_task_is_replanned_and_the_replacement_runs(driver: Driver) -> None:
     asked: list[Any] = []
-    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
                             replanner=alternative(asked))
     tasks = result.tasks
     assert tasks["dig"].status is Status.DEAD and tasks["report"].status is Status.CANCELLED
@@ -364,7 +434,7 @@ def test_a_dead_task_is_replanned_and_the_replacement_runs(in_process: Driver) -
     assert result.audit.order_violations == 0 and result.audit.duplicates == 0
 
 
-def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
+def test_replanning_stops_at_max_replans(driver: Driver) -> None:
     asked: list[Any] = []
 
     async def still_doomed(request: Any) -> list[SpawnRequest]:
@@ -373,7 +443,7 @@ def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
                              request.dead.depends_on),
                 SpawnRequest("report", {}, (f"{request.dead.id}/0",))]
 
-    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
                             replanner=still_doomed, max_replans=2)
     assert [r.number for r in asked] == [1, 2]
     assert [r.dead.id for r in asked] == ["dig", "dig/0"]
@@ -385,11 +455,11 @@ def test_replanning_stops_at_max_replans(in_process: Driver) -> None:
 
 
 def test_an_invalid_fragment_is_refused_and_the_dependents_stay_cancelled(
-        in_process: Driver) -> None:
+        driver: Driver) -> None:
     async def nonsense(request: Any) -> list[SpawnRequest]:
         return [SpawnRequest("no_such_kind", {}), SpawnRequest("report", {}, ("ghost",))]
 
-    result = in_process.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+    result = driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
                             replanner=nonsense)
     [event] = [e for e in result.events if e.event == "replan_failed"]
     assert "unknown_kind" in event.detail["error"] and "unknown_dependency" in event.detail["error"]
@@ -403,6 +473,31 @@ def test_without_a_replanner_replan_cancels_the_dependents(driver: Driver) -> No
     assert result.tasks["report"].status is Status.CANCELLED
     assert result.tasks["report"].cause == "dig"
     assert not any(e.event.startswith("replan") for e in result.events)
+
+
+durable_driver = test_drivers.durable_driver  # every driver with a store
+
+
+def test_a_replan_unanswered_when_the_driver_stopped_is_asked_again_on_resume(
+        durable_driver: Driver) -> None:
+    asked: list[Any] = []
+    answer = alternative([])
+
+    async def first_hangs(request: Any) -> list[SpawnRequest]:
+        asked.append(request)
+        if len(asked) == 1:  # the driver is stopped while the model is asked
+            await asyncio.Event().wait()
+        return list(await answer(request))
+
+    result = durable_driver.run(research_plan(), REPLAN_HANDLERS, on_dead="replan",
+                                replanner=first_hangs, interrupt=lambda: len(asked) == 1)
+    assert [r.dead.id for r in asked] == ["dig", "dig"]
+    assert [t.id for t in asked[1].cancelled] == ["report"]
+    assert result.tasks["dig/1"].status is Status.COMPLETED
+    assert result.tasks["dig/1"].result == ["findings from mirror"]
+    assert sum(e.event == "replanned" for e in result.events) == 1
+    assert set(completions(result).values()) == {1}
+    assert result.audit.order_violations == 0 and result.audit.duplicates == 0
 
 
 @pytest.mark.parametrize("url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -40,6 +40,7 @@ from planrun.scheduling._approval import (
     REJECTED,
     Approval,
     as_approval,
+    gates_meta,
     recorded_decision,
     stage_of,
     waiting_cause,
@@ -208,6 +209,10 @@ class Scheduler:
         self.approvals = {k: as_approval(v) for k, v in (approvals or {}).items()}
         self.task_approvals = {k: as_approval(v) for k, v in (task_approvals or {}).items()}
         self.awaiting: set[str] = set()
+        self.claims_alone = False
+        """Set by a driver whose workers claim ready tasks on their own (peer mode): a task
+        that needs approval before it starts waits from the moment it is added, before any
+        worker can claim it, and an approval makes it pending again."""
         """Ids of the tasks in status ``waiting`` (waiting for a person)."""
         self._asking: list[str] = []
         self._approval_timeouts: list[tuple[float, str]] = []
@@ -589,6 +594,7 @@ class Scheduler:
             self._insert(task)
             self._sink(task, E.CREATED, None, {"parent": task.parent}, task.token)
         self._prioritise(list(addition.tasks))
+        self.gate_unclaimed(addition.tasks, now)
         if self.started:
             for task in addition.tasks:
                 self._offer(task.id)
@@ -809,6 +815,8 @@ class Scheduler:
             self._prioritise([new])
             if self.started and new.status is Status.PENDING:
                 self._offer(new.id)
+            elif new.status is Status.WAITING:
+                self._observed_wait(new, now)
             return
         if old is new or (old.status is new.status and old.token == new.token
                           and old.attempts == new.attempts):
@@ -834,7 +842,7 @@ class Scheduler:
         elif new.status is Status.PENDING:
             self._offer(new.id)
         elif new.status is Status.WAITING:
-            self.take_decision(new, now)
+            self._observed_wait(new, now)
 
     # ---- approvals -------------------------------------------------------------------------
 
@@ -848,12 +856,49 @@ class Scheduler:
                 and rule.applies(task))
 
     def _ask(self, now: float) -> None:
-        """Ready tasks that need approval before they start go to ``waiting``."""
+        """Ready tasks that need approval before they start go to ``waiting`` (every such
+        task when workers claim alone)."""
         asking, self._asking = self._asking, []
         for tid in asking:
             task = self.tasks[tid]
-            if task.status is Status.PENDING and not self._waiting[tid] and not self.stopping:
+            if task.status is Status.PENDING and not self.stopping \
+                    and (not self._waiting[tid] or self.claims_alone):
                 self._wait(task, "start", now, None)
+
+    def gate_unclaimed(self, tasks: Iterable[Task], now: float) -> None:
+        """With :attr:`claims_alone`: the pending ``tasks`` that need approval before they
+        start go to ``waiting`` now (the driver writes them so before a worker sees them)."""
+        if not self.claims_alone or not (self.approvals or self.task_approvals):
+            return
+        for task in tasks:
+            current = self.tasks[task.id]
+            if current.status is Status.PENDING and self._needs_start_approval(current) \
+                    and not self.stopping:
+                self._wait(current, "start", now, None)
+
+    def gates(self) -> dict[str, Any]:
+        """The approval rules as a run's meta keeps them for worker processes."""
+        return gates_meta(self.approvals, self.task_approvals)
+
+    def _observed_wait(self, task: Task, now: float) -> None:
+        """A worker process wrote ``task`` waiting (its result held for an approval before
+        the effect): time it out by its rule, and complete it at once when the rule's
+        condition says it needs none."""
+        if self.take_decision(task, now):
+            return
+        if task.not_before is not None:
+            heapq.heappush(self._approval_timeouts, (task.not_before, task.id))
+        rule = self.approval_for(task)
+        if rule is not None and rule.applies(task):
+            return
+        if stage_of(task) == "effect":
+            self._change(task, Status.COMPLETED, E.COMPLETED, None, {"approved": False},
+                         cause=None, error=None, not_before=None, finished_at=now)
+        else:  # written waiting by a worker that cannot run the rule's condition
+            self._change(task, Status.PENDING, E.APPROVED, None,
+                         {"for": "start", "note": "no approval needed", "by": "rule"},
+                         cause=APPROVED, error=None, not_before=None)
+            self._offer(task.id)
 
     def _wait(self, task: Task, stage: str, now: float, worker: str | None,
               **changes: Any) -> Task:
@@ -1079,10 +1124,12 @@ class Scheduler:
         if tid in self._queued:
             return
         task = self.tasks[tid]
-        if task.status is Status.PENDING and not self._waiting[tid]:
+        if task.status is Status.PENDING and (not self._waiting[tid] or self.claims_alone):
             if (self.approvals or self.task_approvals) and self._needs_start_approval(task):
                 if tid not in self._asking:
                     self._asking.append(tid)
+                return
+            if self._waiting[tid]:
                 return
             self._queued.add(tid)
             heapq.heappush(self._ready, (self._priority[tid], tid))

@@ -290,6 +290,19 @@ class Store(Protocol):
         """
         ...
 
+    async def write_added(
+        self, run_id: str, event: Event, added: Sequence[tuple[Task, Event]],
+        widened: Sequence[tuple[Task, Event]] = (),
+    ) -> None:
+        """Append ``event`` (it changes no row: a ``replanned`` on a dead task) with the
+        ``added`` rows inserted and each ``widened`` row written as :meth:`write_fenced`
+        writes them, all in one transaction; the store numbers the events in order.
+
+        Raises:
+            WidenConflict: a joiner changed meanwhile and is not finished (nothing written).
+        """
+        ...
+
     async def append_event(self, run_id: str, event: Event) -> None:
         """Append one event that changes no task row (an ``effect``); the store numbers it."""
         ...

@@ -304,6 +304,35 @@ class InMemoryStore:
         self._changed(run_id)
         return True
 
+    async def write_added(
+        self, run_id: str, event: Event, added: Sequence[tuple[Task, Event]],
+        widened: Sequence[tuple[Task, Event]] = (),
+    ) -> None:
+        """Append ``event`` with what it added and widened, all or nothing."""
+        self._record("write_added", run_id=run_id, event=event, added=list(added))
+        run = self._run(run_id)
+        new_rows = [_checked(task_row(run_id, t)) for t, _ in added]
+        duplicate = next((r["id"] for r in new_rows if r["id"] in run.tasks), None)
+        if duplicate is not None:
+            raise StoreError(f"task {duplicate!r} already exists in run {run_id!r}")
+        events = [event_row(run_id, event, run.next_seq)]
+        wide: list[Row] = []
+        for other, other_event in widened:
+            held = run.tasks.get(other.id)
+            if held is None or held["status"] in _FINAL:
+                continue
+            if held["token"] != other.token - 1:
+                raise WidenConflict(f"task {other.id!r} changed since it was read")
+            wide.append(_checked(task_row(run_id, other)))
+            events.append(event_row(run_id, other_event, run.next_seq + len(events)))
+        for wide_row in wide:
+            run.tasks[wide_row["id"]] = wide_row
+        for new_row, (_, new_event) in zip(new_rows, added, strict=True):
+            run.tasks[new_row["id"]] = new_row
+            events.append(event_row(run_id, new_event, run.next_seq + len(events)))
+        self._append(run, events)
+        self._changed(run_id)
+
     async def record_decision(self, run_id: str, task_id: str, approve: bool,
                               note: str | None) -> Task:
         """Write a person's decision on a waiting row (see :meth:`Store.record_decision`)."""

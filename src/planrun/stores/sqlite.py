@@ -469,6 +469,36 @@ class SQLiteStore:
             self._waiters.notify(run_id)
         return applied
 
+    async def write_added(
+        self, run_id: str, event: Event, added: Sequence[tuple[Task, Event]],
+        widened: Sequence[tuple[Task, Event]] = (),
+    ) -> None:
+        """Append ``event`` with what it added and widened, in one transaction."""
+        wide = list(zip(widened_rows(run_id, widened), [e for _, e in widened], strict=True))
+        new_rows = [task_row(run_id, t) for t, _ in added]
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                _require_run(conn, run_id)
+                events = [event]
+                for wide_row, wide_event in wide:
+                    if conn.execute(Q["fenced_update"], wide_row).rowcount:
+                        events.append(wide_event)
+                        continue
+                    held = conn.execute(Q["get_tasks_by_ids"], {
+                        "run_id": run_id, "ids": json.dumps([wide_row["id"]])}).fetchall()
+                    if held and held[0]["status"] not in _FINAL_TEXT:
+                        raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
+                if new_rows:
+                    conn.executemany(Q["insert_task"], new_rows)
+                    events.extend(e for _, e in added)
+                seq = _take_seqs(conn, run_id, len(events))
+                conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
+                                                     for i, e in enumerate(events)])
+
+        await self._with_conn(go)
+        self._waiters.notify(run_id)
+
     async def record_decision(self, run_id: str, task_id: str, approve: bool,
                               note: str | None) -> Task:
         """Write a person's decision on a waiting row (see :meth:`Store.record_decision`)."""
