@@ -643,14 +643,41 @@ def _check_db(url: str, *, must_exist: bool = False) -> None:
         raise _CliError(f"no database file {rest[1:]!r} (from --db {url}); nothing was created")
 
 
-def _replanner(on_dead: str | None, goal: str, app: Any, model: Any, **options: Any) -> Any:
+class _RunReplanner:
+    """The decomposer's replanner for a coordinated run, charged to the run's budget in its
+    store (``Usage(shared=SharedBudget(store, run_id))``) once :meth:`bind` names the run."""
+
+    def __init__(self, goal: str, registry: Any, model: Any, **options: Any) -> None:
+        self.goal, self.registry, self.model, self.options = goal, registry, model, options
+        self.meter: Any = None
+        self._replan: Any = None
+
+    async def bind(self, store: Any, run_id: str, *, budgeted: bool) -> None:
+        from planrun.limits import SharedBudget
+        from planrun.usage import Usage
+
+        # as a worker process does: the run's stored limits, shared with every process
+        shared = SharedBudget(store, run_id, enforce=budgeted)
+        await shared.open()
+        self.meter = Usage(shared=shared)
+        self._replan = None
+
+    async def __call__(self, request: Any) -> Any:
+        if self._replan is None:
+            from planrun.decompose import replanner
+
+            self._replan = replanner(self.goal, self.registry, self.model, meter=self.meter,
+                                     **self.options)
+        return await self._replan(request)
+
+
+def _replanner(on_dead: str | None, goal: str, app: Any, model: Any,
+               **options: Any) -> _RunReplanner | None:
     """With ``--on-dead replan`` and a model, the coordinator re-plans through the
-    decomposer, as a supervised run does."""
+    decomposer, as a supervised run does, charged to the run's budget."""
     if on_dead != "replan" or model is None:
         return None
-    from planrun.decompose import replanner
-
-    return replanner(goal, app.registry, model, **options)
+    return _RunReplanner(goal, app.registry, model, **options)
 
 
 def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any,
@@ -674,6 +701,8 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any,
                                   deadline_s=args.deadline)
         # The run's budget is in the database before any worker can see the run.
         await SharedBudget(store, coordinator.run_id).open(limits.budget())
+        if replanner is not None:
+            await replanner.bind(store, coordinator.run_id, budgeted=limits.budgeted)
         print(f"run {coordinator.run_id}: waiting for workers "
               f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
         # With tracing on, the run's span is the parent of its worker processes' spans:
@@ -790,6 +819,9 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         async def again(store: Any) -> Any:
             from planrun.ownership import hold_run
 
+            if replanner is not None:
+                await replanner.bind(store, args.run_id,
+                                     budgeted=RunLimits.from_meta(meta).budgeted)
             # The policies the run was started with.
             coordinator = Coordinator(app.registry, store, run_id=args.run_id,
                                       mode=meta.get("mode", "push"),
