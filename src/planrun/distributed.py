@@ -79,6 +79,16 @@ log = logging.getLogger("planrun.distributed")
 Mode = Literal["push", "peer"]
 
 
+def _created_events(task: Task, now: float) -> Event | tuple[Event, ...]:
+    """A spawned task's ``created`` event, and its ``waiting`` one when it is written
+    waiting (peer mode: gated before its start), for one transaction."""
+    created = _event(task, E.CREATED, now, detail={"parent": task.parent})
+    if task.status is not Status.WAITING:
+        return created
+    return created, _event(task, E.WAITING, now, detail={
+        "for": "start", "timeout_at": task.not_before})
+
+
 def _event(task: Task, name: str, now: float, worker: str | None = None,
            detail: Mapping[str, Any] | None = None) -> Event:
     # The store numbers events made by fenced writes; -1 marks "not numbered yet".
@@ -402,9 +412,15 @@ class Coordinator:
         brought = self._changes[1:follow]
         # A new task gated before its start (peer mode) is inserted waiting; its waiting
         # event follows.
-        added = [(self.core.tasks[c.task.id], _event(c.task, c.event, now, None, c.detail))
-                 for c in brought if c.event == E.CREATED]
-        waits = [c for c in brought if c.event == E.WAITING]
+        waits = {c.task.id: c for c in brought if c.event == E.WAITING}
+        added: list[tuple[Task, Event | tuple[Event, ...]]] = []
+        for c in brought:
+            if c.event != E.CREATED:
+                continue
+            created = _event(c.task, c.event, now, None, c.detail)
+            wait = waits.get(c.task.id)
+            added.append((self.core.tasks[c.task.id], created if wait is None else (
+                created, _event(wait.task, wait.event, now, None, wait.detail))))
         joined = [c.task for c in brought if c.event == E.JOINED]
         # A widened row is written over the token it was read with (one more, as a worker's
         # spawn writes it); the mirror takes the stored row back below.
@@ -419,7 +435,8 @@ class Coordinator:
             if not added or not await self.store.load_some(self.run_id, [added[0][0].id]):
                 raise
         del self._changes[:follow]
-        for wait in waits:
+        inserted = {t.id for t, _ in added}
+        for wait in (w for tid, w in waits.items() if tid not in inserted):
             await self.store.append_event(self.run_id, _event(
                 wait.task, wait.event, self.clock.now(), None, wait.detail))
         if joined:
@@ -751,13 +768,12 @@ class WorkerProcess:
         tracing.attempt_outcome(outcome, name)
         now = self._now()
         event = _event(outcome, name, now, self.name, detail)
-        added: list[tuple[Task, Event]] = []
+        added: list[tuple[Task, Event | tuple[Event, ...]]] = []
         widened: list[tuple[Task, Event]] = []
         if addition is not None:
             widened = [(j, _event(j, E.JOINED, now, detail={"depends_on": len(j.depends_on)}))
                        for j in addition.joiners]
-            added = [(t, _event(t, E.CREATED, now, detail={"parent": t.parent}))
-                     for t in addition.tasks]
+            added = [(t, _created_events(t, now)) for t in addition.tasks]
         delay = 0.2
         while True:
             try:

@@ -99,8 +99,11 @@ def test_a_spawned_task_whose_kind_needs_approval_waits_before_it_starts(
     seq = {(e.task, e.event): e.seq for e in result.events}
     approved = next(e for e in result.events if e.task == "fetch/0" and e.event == "approved")
     assert approved.detail["for"] == "start" and approved.detail["by"] == "timeout"
-    assert seq[("fetch/0", "created")] < seq[("fetch/0", "approved")] \
-        < seq[("fetch/0", "started")] < seq[("fetch/0", "completed")]
+    assert seq[("fetch/0", "created")] < seq[("fetch/0", "waiting")] \
+        < seq[("fetch/0", "approved")] < seq[("fetch/0", "started")] \
+        < seq[("fetch/0", "completed")]
+    for tid in ("fetch/0", "fetch/1"):  # every driver logs the wait, once
+        assert [e.event for e in result.events if e.task == tid].count("waiting") == 1
     assert result.tasks["fetch/0"].result == {"label": 0}
     rejected = result.tasks["fetch/1"]
     assert rejected.status is Status.DEAD and rejected.cause == "rejected"
@@ -540,3 +543,21 @@ def test_a_replan_cut_off_by_a_stop_is_asked_again_on_resume_once(url: str,
     assert result.tasks["dig/1"].status is Status.COMPLETED
     assert sum(e.event == "replanned" for e in result.events) == 1
     assert set(completions(result).values()) == {1}
+
+
+async def test_a_row_added_waiting_is_written_with_both_its_events(store_url: str) -> None:
+    store = await _opened(store_url)
+    try:
+        spawner, joiner = await _spawning_run(store)
+        done, added, widened = _addition(spawner, joiner, 2)
+        gated = transition(added[1][0], Status.WAITING, cause="approval:start")
+        both = [added[0], (gated, (_ev(gated, "created"), _ev(gated, "waiting")))]
+        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, both, widened)
+        state = await store.load("r")
+        assert {t.id: t.status for t in state.tasks}["x/1"] is Status.WAITING
+        events = sorted(state.events, key=lambda e: e.seq)
+        assert [(e.task, e.event) for e in events][-4:] == [
+            ("j", "joined"), ("x/0", "created"), ("x/1", "created"), ("x/1", "waiting")]
+        assert len({e.seq for e in events}) == len(events)
+    finally:
+        await store.close()

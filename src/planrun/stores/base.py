@@ -277,7 +277,7 @@ class Store(Protocol):
 
     async def write_fenced(
         self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
+        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
         """Apply one change only if the stored token is ``expect_token`` and the row is not
         finished; return whether it was applied. The event gets the run's next ``seq``.
@@ -285,13 +285,13 @@ class Store(Protocol):
         With it, in the same transaction: ``added`` rows are inserted (tasks spawned by the
         attempt) and each ``widened`` row (a joiner that waits for them) is written over
         the token it was read with (one less than its own) unless it is finished; each
-        with its event, numbered after ``event``. A joiner changed meanwhile and not
+        with its event (or events), numbered after ``event``. A joiner changed meanwhile and not
         finished rolls everything back with :class:`WidenConflict`.
         """
         ...
 
     async def write_added(
-        self, run_id: str, event: Event, added: Sequence[tuple[Task, Event]],
+        self, run_id: str, event: Event, added: Added,
         widened: Sequence[tuple[Task, Event]] = (),
     ) -> None:
         """Append ``event`` (it changes no row: a ``replanned`` on a dead task) with the
@@ -623,6 +623,22 @@ def keep_json(value: Any) -> Any:
 class WidenConflict(StoreError):
     """A joiner to widen changed since it was read (another spawn widened it first): the
     whole fenced write was rolled back; read the joiner again and retry."""
+
+
+Added = Sequence[tuple[Task, "Event | Sequence[Event]"]]
+"""Rows a write inserts, each with its event, or its events in order (a task created and
+at once waiting: ``created`` then ``waiting``)."""
+
+
+def added_events(added: Added) -> list[Event]:
+    """The events of ``added`` rows, in order."""
+    events: list[Event] = []
+    for _, these in added:
+        if isinstance(these, Event):
+            events.append(these)
+        else:
+            events.extend(these)
+    return events
 
 
 def widened_rows(run_id: str, widened: Sequence[tuple[Task, Event]]) -> list[dict[str, Any]]:

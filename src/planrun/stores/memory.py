@@ -20,6 +20,7 @@ from planrun.ledger import Event
 from planrun.stores.base import (
     EFFECT_APPLIED,
     EFFECT_STARTED,
+    Added,
     EffectRecord,
     LimiterState,
     RunInfo,
@@ -29,6 +30,7 @@ from planrun.stores.base import (
     SpendState,
     Waiters,
     WidenConflict,
+    added_events,
     check_lease,
     decision_row,
     dump_json,
@@ -266,7 +268,7 @@ class InMemoryStore:
 
     async def write_fenced(
         self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
+        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
         """Apply one change only over ``expect_token`` and an unfinished row (with what it
         added and widened, all or nothing)."""
@@ -297,15 +299,16 @@ class InMemoryStore:
         run.tasks[task.id] = row
         for wide_row in wide:
             run.tasks[wide_row["id"]] = wide_row
-        for new_row, (_, new_event) in zip(new_rows, added, strict=True):
+        for new_row in new_rows:
             run.tasks[new_row["id"]] = new_row
+        for new_event in added_events(added):
             events.append(event_row(run_id, new_event, run.next_seq + len(events)))
         self._append(run, events)
         self._changed(run_id)
         return True
 
     async def write_added(
-        self, run_id: str, event: Event, added: Sequence[tuple[Task, Event]],
+        self, run_id: str, event: Event, added: Added,
         widened: Sequence[tuple[Task, Event]] = (),
     ) -> None:
         """Append ``event`` with what it added and widened, all or nothing."""
@@ -327,8 +330,9 @@ class InMemoryStore:
             events.append(event_row(run_id, other_event, run.next_seq + len(events)))
         for wide_row in wide:
             run.tasks[wide_row["id"]] = wide_row
-        for new_row, (_, new_event) in zip(new_rows, added, strict=True):
+        for new_row in new_rows:
             run.tasks[new_row["id"]] = new_row
+        for new_event in added_events(added):
             events.append(event_row(run_id, new_event, run.next_seq + len(events)))
         self._append(run, events)
         self._changed(run_id)

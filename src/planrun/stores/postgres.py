@@ -76,6 +76,7 @@ from planrun.ledger import Event
 from planrun.stores.base import (
     SCHEMA_VERSION,
     TASK_COLUMNS,
+    Added,
     EffectRecord,
     LimiterState,
     RunInfo,
@@ -85,6 +86,7 @@ from planrun.stores.base import (
     SpendState,
     Waiters,
     WidenConflict,
+    added_events,
     check_lease,
     decision_lost,
     decision_row,
@@ -656,7 +658,7 @@ class PostgresStore:
 
     async def write_fenced(
         self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
+        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
         """Apply one change only over ``expect_token`` and an unfinished row (with what it
         added and widened, all or nothing)."""
@@ -681,7 +683,7 @@ class PostgresStore:
                     raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
             if added:
                 await cur.execute(Q["insert_tasks"], tasks_in)
-                events.extend(e for _, e in added)
+                events.extend(added_events(added))
             seqs = await self._take_seqs(cur, run_id, len(events))
             rows = [event_row(run_id, e, seq) for e, seq in zip(events, seqs, strict=True)]
             await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
@@ -691,7 +693,7 @@ class PostgresStore:
         return await self._tx(go, writing=run_id)
 
     async def write_added(
-        self, run_id: str, event: Event, added: Sequence[tuple[Task, Event]],
+        self, run_id: str, event: Event, added: Added,
         widened: Sequence[tuple[Task, Event]] = (),
     ) -> None:
         """Append ``event`` with what it added and widened, in one transaction."""
@@ -713,7 +715,7 @@ class PostgresStore:
                     raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
             if added:
                 await cur.execute(Q["insert_tasks"], tasks_in)
-                events.extend(e for _, e in added)
+                events.extend(added_events(added))
             seqs = await self._take_seqs(cur, run_id, len(events))
             rows = [event_row(run_id, e, seq) for e, seq in zip(events, seqs, strict=True)]
             await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))

@@ -34,6 +34,7 @@ from planrun.errors import RunInUse, StoreError
 from planrun.ledger import Event
 from planrun.stores.base import (
     SCHEMA_VERSION,
+    Added,
     EffectRecord,
     LimiterState,
     RunInfo,
@@ -43,6 +44,7 @@ from planrun.stores.base import (
     SpendState,
     Waiters,
     WidenConflict,
+    added_events,
     check_lease,
     decision_lost,
     decision_row,
@@ -435,7 +437,7 @@ class SQLiteStore:
 
     async def write_fenced(
         self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Sequence[tuple[Task, Event]] = (), widened: Sequence[tuple[Task, Event]] = (),
+        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
     ) -> bool:
         """Apply one change only over ``expect_token`` and an unfinished row (with what it
         added and widened, all or nothing)."""
@@ -458,7 +460,7 @@ class SQLiteStore:
                         raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
                 if new_rows:
                     conn.executemany(Q["insert_task"], new_rows)
-                    events.extend(e for _, e in added)
+                    events.extend(added_events(added))
                 seq = _take_seqs(conn, run_id, len(events))
                 conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
                                                      for i, e in enumerate(events)])
@@ -470,7 +472,7 @@ class SQLiteStore:
         return applied
 
     async def write_added(
-        self, run_id: str, event: Event, added: Sequence[tuple[Task, Event]],
+        self, run_id: str, event: Event, added: Added,
         widened: Sequence[tuple[Task, Event]] = (),
     ) -> None:
         """Append ``event`` with what it added and widened, in one transaction."""
@@ -491,7 +493,7 @@ class SQLiteStore:
                         raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
                 if new_rows:
                     conn.executemany(Q["insert_task"], new_rows)
-                    events.extend(e for _, e in added)
+                    events.extend(added_events(added))
                 seq = _take_seqs(conn, run_id, len(events))
                 conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
                                                      for i, e in enumerate(events)])
