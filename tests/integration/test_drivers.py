@@ -121,8 +121,24 @@ class Driver:
         if self.virtual:
             clock = VirtualClock()
             return clock.run(self._go(registry, list(tasks), options, interrupt, clock))
-        return asyncio.run(asyncio.wait_for(
-            self._go(registry, list(tasks), options, interrupt, None), 60))
+        try:
+            return asyncio.run(asyncio.wait_for(
+                self._go(registry, list(tasks), options, interrupt, None), 60))
+        except TimeoutError as exc:  # say what the run was waiting for
+            raise AssertionError(f"{self.name}: the run did not end: {self._where()}") from exc
+
+    def _where(self) -> str:
+        """The state a run that did not end was left in (the driver's mirror, the workers)."""
+        core = getattr(getattr(self, "_driving", None), "core", None)
+        if core is None:
+            return "no driver"
+        open_tasks = [f"{t.id}:{t.status.value}" for t in core.tasks.values() if not t.finished]
+        workers = [f"{p.name}: running {sorted(k[1] for k in p._running)}, done {p.done}"
+                   for p in self.procs]
+        failed = [repr(f.exception()) for f in getattr(self, "_serving", [])
+                  if f.done() and not f.cancelled() and f.exception() is not None]
+        return (f"unfinished {open_tasks[:12]}; workers {workers}; worker errors {failed}; "
+                f"facts {core.facts}")
 
     async def _open(self) -> Any:
         if self.store == "memory":
@@ -155,6 +171,8 @@ class Driver:
                   interrupt: Callable[[], bool] | None, clock: VirtualClock | None
                   ) -> RunResult:
         self.over, self.resumed = asyncio.Event(), asyncio.Event()
+        self._driving: Any = None
+        self._serving: list[asyncio.Future[None]] = []
         workers = options.pop("workers", None) or [WorkerSpec("w1", None, 4),
                                                    WorkerSpec("w2", None, 4)]
         if not self.external:
@@ -166,7 +184,7 @@ class Driver:
                                   run_id=run_id, **options)
 
             try:
-                sup = supervisor()
+                sup = self._driving = supervisor()
                 sup.add_tasks(tasks)
                 if interrupt is None:
                     return await sup.arun()
@@ -190,14 +208,14 @@ class Driver:
                 kinds=list(spec.skills) if spec.skills is not None else None,
                 capacity=spec.capacity, mode=self.mode, poll=0.01, lease_s=lease,
                 clock=clock))
-        serving = [asyncio.ensure_future(p.arun()) for p in self.procs]
+        serving = self._serving = [asyncio.ensure_future(p.arun()) for p in self.procs]
 
         def coordinator(run_id: str | None = None) -> Coordinator:
             return Coordinator(registry, stores[0], mode=self.mode, poll=0.01,
                                stale_after=lease, clock=clock, run_id=run_id, **options)
 
         try:
-            first = coordinator()
+            first = self._driving = coordinator()
             if interrupt is None:
                 return await first.arun(tasks)
             await self._until(first.arun(tasks), interrupt)
