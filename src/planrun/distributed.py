@@ -69,7 +69,7 @@ from planrun.scheduling import (
 )
 from planrun.scheduling._approval import kept_gate, waiting_cause
 from planrun.stores.base import RunInfo, Store, WidenConflict
-from planrun.supervisor import EffectFn, Replanner, RunResult
+from planrun.supervisor import EffectFn, Replanner, RunResult, ask_replanner
 from planrun.task import Status, Task, transition
 
 __all__ = ["Coordinator", "Mode", "WorkerProcess"]
@@ -304,14 +304,7 @@ class Coordinator:
     async def _replan(self, request: ReplanRequest) -> None:
         """Ask the replanner; the core validates what it answers, the next round writes it."""
         assert self.replanner is not None
-        fragment: list[SpawnRequest] | None = None
-        error: str | None = None
-        try:
-            fragment = list(await self.replanner(request))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            error = redact(f"{type(exc).__name__}: {exc}")
+        fragment, error = await ask_replanner(self.replanner, request)
         self.core.replan_done(request, fragment, error, self.clock.now())
 
     async def _first_read(self) -> None:

@@ -65,6 +65,16 @@ dependents (depending on tasks of the run or on earlier tasks of the fragment, b
 ``"<dead id>/<n>"`` they will get)."""
 
 
+async def ask_replanner(replanner: Replanner, request: ReplanRequest,
+                        ) -> tuple[list[SpawnRequest] | None, str | None]:
+    """What a driver hands the core's ``replan_done``: the fragment, or the redacted error
+    the replanner raised (a cancellation is not an answer and goes through)."""
+    try:
+        return list(await replanner(request)), None
+    except Exception as exc:
+        return None, redact(f"{type(exc).__name__}: {exc}")
+
+
 @dataclass(frozen=True, repr=False)
 class RunResult:
     """The outcome of a run: final records, the ledger and its audit."""
@@ -571,12 +581,7 @@ class Supervisor:
     async def _replan(self, request: ReplanRequest) -> None:
         """Ask the replanner; the core validates and adds what it answers."""
         assert self.replanner is not None
-        fragment: Sequence[SpawnRequest] | None = None
-        error: str | None = None
-        try:
-            fragment = list(await self.replanner(request))
-        except Exception as exc:
-            error = redact(f"{type(exc).__name__}: {exc}")
+        fragment, error = await ask_replanner(self.replanner, request)
         now = self.clock.now()
         self.core.replan_done(request, fragment, error, now)
         self._launch(self.core.dispatch(now))

@@ -276,35 +276,13 @@ class InMemoryStore:
             "write_fenced", run_id=run_id, task=task, event=event, expect_token=expect_token
         )
         row = _checked(task_row(run_id, task))
-        new_rows = [_checked(task_row(run_id, t)) for t, _ in added]
         run = self._runs.get(run_id)
         stored = run.tasks.get(task.id) if run is not None else None
         if run is None or stored is None:
             return False
         if stored["token"] != expect_token or stored["status"] in _FINAL:
             return False
-        duplicate = next((r["id"] for r in new_rows if r["id"] in run.tasks), None)
-        if duplicate is not None:
-            raise StoreError(f"task {duplicate!r} already exists in run {run_id!r}")
-        events = [event_row(run_id, event, run.next_seq)]
-        wide: list[Row] = []
-        for other, other_event in widened:
-            held = run.tasks.get(other.id)
-            if held is None or held["status"] in _FINAL:
-                continue
-            if held["token"] != other.token - 1:
-                raise WidenConflict(f"task {other.id!r} changed since it was read")
-            wide.append(_checked(task_row(run_id, other)))
-            events.append(event_row(run_id, other_event, run.next_seq + len(events)))
-        run.tasks[task.id] = row
-        for wide_row in wide:
-            run.tasks[wide_row["id"]] = wide_row
-        for new_row in new_rows:
-            run.tasks[new_row["id"]] = new_row
-        for new_event in added_events(added):
-            events.append(event_row(run_id, new_event, run.next_seq + len(events)))
-        self._append(run, events)
-        self._changed(run_id)
+        self._grow(run, run_id, event, added, widened, row)
         return True
 
     async def write_added(
@@ -313,7 +291,12 @@ class InMemoryStore:
     ) -> None:
         """Append ``event`` with what it added and widened, all or nothing."""
         self._record("write_added", run_id=run_id, event=event, added=list(added))
-        run = self._run(run_id)
+        self._grow(self._run(run_id), run_id, event, added, widened)
+
+    def _grow(self, run: Any, run_id: str, event: Event, added: Added,
+              widened: Sequence[tuple[Task, Event]], row: Row | None = None) -> None:
+        """Check, then apply all at once: the fenced ``row`` (if any), the widened joiners,
+        the added rows, and ``event`` with theirs, numbered in order."""
         new_rows = [_checked(task_row(run_id, t)) for t, _ in added]
         duplicate = next((r["id"] for r in new_rows if r["id"] in run.tasks), None)
         if duplicate is not None:
@@ -328,9 +311,7 @@ class InMemoryStore:
                 raise WidenConflict(f"task {other.id!r} changed since it was read")
             wide.append(_checked(task_row(run_id, other)))
             events.append(event_row(run_id, other_event, run.next_seq + len(events)))
-        for wide_row in wide:
-            run.tasks[wide_row["id"]] = wide_row
-        for new_row in new_rows:
+        for new_row in ([] if row is None else [row]) + wide + new_rows:
             run.tasks[new_row["id"]] = new_row
         for new_event in added_events(added):
             events.append(event_row(run_id, new_event, run.next_seq + len(events)))

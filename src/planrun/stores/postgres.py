@@ -663,63 +663,50 @@ class PostgresStore:
         """Apply one change only over ``expect_token`` and an unfinished row (with what it
         added and widened, all or nothing)."""
         row = task_row(run_id, task) | {"expect_token": expect_token}
-        wide = list(zip(widened_rows(run_id, widened), [e for _, e in widened], strict=True))
-        tasks_in = _arrays(run_id, [task_row(run_id, t) for t, _ in added], TASK_COLUMNS)
 
         async def go(cur: Cursor) -> bool:
             await cur.execute(Q["fenced_update"], row)
             if await cur.fetchone() is None:
                 return False
-            events = [event]
-            for wide_row, wide_event in wide:
-                await cur.execute(Q["fenced_update"], wide_row)
-                if await cur.fetchone() is not None:
-                    events.append(wide_event)
-                    continue
-                await cur.execute(Q["get_tasks_by_ids"], {"run_id": run_id,
-                                                          "ids": [wide_row["id"]]})
-                held = await cur.fetchall()
-                if held and held[0]["status"] not in ("completed", "dead", "cancelled"):
-                    raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
-            if added:
-                await cur.execute(Q["insert_tasks"], tasks_in)
-                events.extend(added_events(added))
-            seqs = await self._take_seqs(cur, run_id, len(events))
-            rows = [event_row(run_id, e, seq) for e, seq in zip(events, seqs, strict=True)]
-            await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
-            await cur.execute(Q["notify"], {"run_id": run_id})
+            await self._grow(cur, run_id, event, added, widened)
             return True
 
         return await self._tx(go, writing=run_id)
+
+    async def _grow(self, cur: Cursor, run_id: str, event: Event, added: Added,
+                    widened: Sequence[tuple[Task, Event]]) -> None:
+        """Inside a write's transaction: widen the joiners, insert the added rows, and
+        append ``event`` with theirs, numbered in order (a joiner changed: WidenConflict)."""
+        events = [event]
+        for wide_row, (_, wide_event) in zip(widened_rows(run_id, widened), widened,
+                                             strict=True):
+            await cur.execute(Q["fenced_update"], wide_row)
+            if await cur.fetchone() is not None:
+                events.append(wide_event)
+                continue
+            await cur.execute(Q["get_tasks_by_ids"], {"run_id": run_id,
+                                                      "ids": [wide_row["id"]]})
+            held = await cur.fetchall()
+            if held and held[0]["status"] not in ("completed", "dead", "cancelled"):
+                raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
+        if added:
+            await cur.execute(Q["insert_tasks"], _arrays(
+                run_id, [task_row(run_id, t) for t, _ in added], TASK_COLUMNS))
+            events.extend(added_events(added))
+        seqs = await self._take_seqs(cur, run_id, len(events))
+        rows = [event_row(run_id, e, seq) for e, seq in zip(events, seqs, strict=True)]
+        await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
+        await cur.execute(Q["notify"], {"run_id": run_id})
 
     async def write_added(
         self, run_id: str, event: Event, added: Added,
         widened: Sequence[tuple[Task, Event]] = (),
     ) -> None:
         """Append ``event`` with what it added and widened, in one transaction."""
-        wide = list(zip(widened_rows(run_id, widened), [e for _, e in widened], strict=True))
-        tasks_in = _arrays(run_id, [task_row(run_id, t) for t, _ in added], TASK_COLUMNS)
 
         async def go(cur: Cursor) -> None:
             await self._touch(cur, run_id)
-            events = [event]
-            for wide_row, wide_event in wide:
-                await cur.execute(Q["fenced_update"], wide_row)
-                if await cur.fetchone() is not None:
-                    events.append(wide_event)
-                    continue
-                await cur.execute(Q["get_tasks_by_ids"], {"run_id": run_id,
-                                                          "ids": [wide_row["id"]]})
-                held = await cur.fetchall()
-                if held and held[0]["status"] not in ("completed", "dead", "cancelled"):
-                    raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
-            if added:
-                await cur.execute(Q["insert_tasks"], tasks_in)
-                events.extend(added_events(added))
-            seqs = await self._take_seqs(cur, run_id, len(events))
-            rows = [event_row(run_id, e, seq) for e, seq in zip(events, seqs, strict=True)]
-            await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
-            await cur.execute(Q["notify"], {"run_id": run_id})
+            await self._grow(cur, run_id, event, added, widened)
 
         await self._tx(go, writing=run_id)
 

@@ -442,28 +442,12 @@ class SQLiteStore:
         """Apply one change only over ``expect_token`` and an unfinished row (with what it
         added and widened, all or nothing)."""
         row = task_row(run_id, task) | {"expect_token": expect_token}
-        wide = list(zip(widened_rows(run_id, widened), [e for _, e in widened], strict=True))
-        new_rows = [task_row(run_id, t) for t, _ in added]
 
         def go(conn: sqlite3.Connection) -> bool:
             with _transaction(conn):
                 if conn.execute(Q["fenced_update"], row).rowcount == 0:
                     return False
-                events = [event]
-                for wide_row, wide_event in wide:
-                    if conn.execute(Q["fenced_update"], wide_row).rowcount:
-                        events.append(wide_event)
-                        continue
-                    held = conn.execute(Q["get_tasks_by_ids"], {
-                        "run_id": run_id, "ids": json.dumps([wide_row["id"]])}).fetchall()
-                    if held and held[0]["status"] not in _FINAL_TEXT:
-                        raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
-                if new_rows:
-                    conn.executemany(Q["insert_task"], new_rows)
-                    events.extend(added_events(added))
-                seq = _take_seqs(conn, run_id, len(events))
-                conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
-                                                     for i, e in enumerate(events)])
+                _grow(conn, run_id, event, added, widened)
                 return True
 
         applied = await self._with_conn(go)
@@ -476,27 +460,11 @@ class SQLiteStore:
         widened: Sequence[tuple[Task, Event]] = (),
     ) -> None:
         """Append ``event`` with what it added and widened, in one transaction."""
-        wide = list(zip(widened_rows(run_id, widened), [e for _, e in widened], strict=True))
-        new_rows = [task_row(run_id, t) for t, _ in added]
 
         def go(conn: sqlite3.Connection) -> None:
             with _transaction(conn):
                 _require_run(conn, run_id)
-                events = [event]
-                for wide_row, wide_event in wide:
-                    if conn.execute(Q["fenced_update"], wide_row).rowcount:
-                        events.append(wide_event)
-                        continue
-                    held = conn.execute(Q["get_tasks_by_ids"], {
-                        "run_id": run_id, "ids": json.dumps([wide_row["id"]])}).fetchall()
-                    if held and held[0]["status"] not in _FINAL_TEXT:
-                        raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
-                if new_rows:
-                    conn.executemany(Q["insert_task"], new_rows)
-                    events.extend(added_events(added))
-                seq = _take_seqs(conn, run_id, len(events))
-                conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
-                                                     for i, e in enumerate(events)])
+                _grow(conn, run_id, event, added, widened)
 
         await self._with_conn(go)
         self._waiters.notify(run_id)
@@ -824,3 +792,24 @@ class SQLiteStore:
             return None if row is None else spend_from_row(row)
 
         return await self._with_conn(go)
+
+
+def _grow(conn: sqlite3.Connection, run_id: str, event: Event, added: Added,
+          widened: Sequence[tuple[Task, Event]]) -> None:
+    """Inside a write's transaction: widen the joiners, insert the added rows, and append
+    ``event`` with theirs, numbered in order (a joiner changed meanwhile: WidenConflict)."""
+    events = [event]
+    for wide_row, (_, wide_event) in zip(widened_rows(run_id, widened), widened, strict=True):
+        if conn.execute(Q["fenced_update"], wide_row).rowcount:
+            events.append(wide_event)
+            continue
+        held = conn.execute(Q["get_tasks_by_ids"], {
+            "run_id": run_id, "ids": json.dumps([wide_row["id"]])}).fetchall()
+        if held and held[0]["status"] not in _FINAL_TEXT:
+            raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
+    if added:
+        conn.executemany(Q["insert_task"], [task_row(run_id, t) for t, _ in added])
+        events.extend(added_events(added))
+    seq = _take_seqs(conn, run_id, len(events))
+    conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
+                                         for i, e in enumerate(events)])
