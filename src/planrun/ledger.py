@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -135,6 +135,26 @@ class Ledger:
         self._events.append((self._next, at, task, event, worker, attempt, detail))
         self._next += 1
         self._raw = True
+
+    def change_sink(
+        self, now: Callable[[], float], on_reclaimed: Callable[[Task], None],
+    ) -> Callable[[Task, str, str | None, Mapping[str, Any] | None, int], None]:
+        """A scheduling core's sink for a run nobody watches: each decided change's event
+        is noted (as :meth:`note` does) at ``now()``; a reclaim is also handed to
+        ``on_reclaimed``. The attempt is the record's token, or for a rejected result the
+        token it carried."""
+        rejected, reclaimed = EventName.REJECTED, EventName.RECLAIMED
+
+        def sink(task: Task, event: str, worker: str | None,
+                 detail: Mapping[str, Any] | None, token: int) -> None:
+            self._events.append((self._next, now(), task.id, event, worker,
+                                 token if event == rejected else task.token, detail))
+            self._next += 1
+            self._raw = True
+            if event == reclaimed:
+                on_reclaimed(task)
+
+        return sink
 
     def _built(self) -> list[Event | _Raw]:
         if self._raw:

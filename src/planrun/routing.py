@@ -42,15 +42,17 @@ class WorkerState:
     """Estimated seconds of assigned and running work."""
     done: int = 0
     busy_s: float = 0.0
+    name: str = field(init=False)
+    """The worker's name (its spec's; a spec that replaces it keeps the name)."""
 
-    @property
-    def name(self) -> str:
-        """The worker's name."""
-        return self.spec.name
+    def __post_init__(self) -> None:
+        self.name = self.spec.name
 
     def cost(self, task: Task) -> float:
         """Estimated seconds this worker needs for ``task``."""
-        return task.estimate_s / self.spec.skill(task.kind)
+        skills = self.spec.skills  # WorkerSpec.skill, in line: routing asks this a lot
+        return task.estimate_s if skills is None else task.estimate_s / float(
+            skills.get(task.kind, 0.0))
 
 
 class Router(Protocol):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from planrun.errors import DispatchError, RunAborted, StallError, StoreError, Us
 from planrun.ledger import Audit, Event, Ledger, analyze
 from planrun.ledger import EventName as E
 from planrun.redact import redact
-from planrun.registry import Registry, SpawnRequest, TaskContext, WorkerSpec
+from planrun.registry import Handler, KindSpec, Registry, SpawnRequest, TaskContext, WorkerSpec
 from planrun.routing import Router, WorkerState, get_router
 from planrun.scheduling import (
     EFFECT_RETRY,
@@ -241,6 +242,11 @@ class Supervisor:
         self.registry = registry
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.clock: Clock = clock or RealClock()
+        self._now: Callable[[], float] = (
+            time.time if type(self.clock) is RealClock else self.clock.now)
+        """The clock's ``now``; plain ``time.time`` for the real clock (a call less)."""
+        self._hows: dict[tuple[str, str], tuple[KindSpec, Handler | None, float | None,
+                                                 float]] = {}
         self.retry = policy
         self.timeout = timeout
         self.deadline_s = deadline_s
@@ -387,6 +393,9 @@ class Supervisor:
         if self.deadline_s is not None:
             self.core.deadline = started + self.deadline_s
         await self._open_run(started)
+        if self._dirty is None and self.on_event is None:
+            # Nobody reads an event as it happens: the core's changes are only noted.
+            self.core.use_sink(self.ledger.change_sink(self._now, self._reclaimed))
         status = "failed"
         heap = _heap.frozen_heap(self.freeze_heap)
         heap.__enter__()
@@ -487,9 +496,13 @@ class Supervisor:
         self._ask_replans()
 
     def _check_workers(self) -> None:
+        done: set[str] = set()  # kinds some worker does
         for task in self.core.tasks.values():
-            if not task.finished and not self.core.capable(task.kind):
+            if task.kind in done or task.finished:
+                continue
+            if not self.core.capable(task.kind):
                 raise UsageError(f"no registered worker does kind {task.kind!r} (task {task.id!r})")
+            done.add(task.kind)
 
     # ---- attempts --------------------------------------------------------------------------
 
@@ -514,16 +527,34 @@ class Supervisor:
                 # Handlers that never wait would keep the loop from its timers and others.
                 await asyncio.sleep(0)
 
+    def _how(self, worker: WorkerState, kind: str) -> tuple[KindSpec, Handler | None,
+                                                             float | None, float]:
+        """How ``worker`` runs ``kind``: its spec, handler, time limit and skill."""
+        spec = self.registry[kind]
+        limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
+        handler = worker.spec.handlers.get(kind) or spec.handler
+        how = spec, handler, limit, worker.spec.skill(kind)
+        self._hows[worker.name, kind] = how
+        return how
+
     async def _run_one(self, worker: WorkerState,
                        task: Task) -> tuple[WorkerState, Task] | None:
-        spec = self.registry[task.kind]
+        kind = task.kind
+        how = self._hows.get((worker.name, kind))
+        spec, handler, limit, skill = how or self._how(worker, kind)
         token = task.token
-        tasks = self.core.tasks
+        tid = task.id
+        deps = task.depends_on
+        if deps:
+            tasks = self.core.tasks
+            inputs = {d: tasks[d].result for d in deps}
+        else:
+            inputs = {}
         values: dict[str, Any] = dict(
-            run_id=self.run_id, task_id=task.id, kind=task.kind, attempt=token,
-            worker=worker.name, skill=worker.spec.skill(task.kind), payload=task.payload,
-            estimate_s=task.estimate_s, inputs={d: tasks[d].result for d in task.depends_on},
-            heartbeat=lambda: self.core.heartbeat(task.id, token, self.clock.now()),
+            run_id=self.run_id, task_id=tid, kind=kind, attempt=token,
+            worker=worker.name, skill=skill, payload=task.payload,
+            estimate_s=task.estimate_s, inputs=inputs,
+            heartbeat=lambda: self.core.heartbeat(tid, token, self._now()),
             extras=self.extras, spawned=[],
         )
         if _CTX_COMPLETE:  # every field given: skip the frozen __init__'s setattr per field
@@ -531,8 +562,6 @@ class Supervisor:
             ctx.__dict__.update(values)
         else:
             ctx = TaskContext(**values)
-        limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
-        handler = worker.spec.handlers.get(task.kind) or spec.handler
         try:
             result = await run_attempt(spec, handler, task, ctx, limit)
         except asyncio.CancelledError:
@@ -548,7 +577,7 @@ class Supervisor:
                  ) -> tuple[WorkerState, Task] | None:
         """Hand the outcome to the core and carry out what it decided; return the start
         the calling asyncio task carries on with, if any."""
-        now = self.clock.now()
+        now = self._now()
         core = self.core
         if exc is None:
             ok = core.complete(task.id, token, result, now, worker.name, spawned)
@@ -565,10 +594,11 @@ class Supervisor:
             starts = starts[1:]
         if starts:
             self._launch(starts)
-        for due in core.effects_due(now):
-            self._spawn(self._apply_effect(due))
-        self._ask_replans()
-        if core.done or core.stopping or core.next_wakeup(now) < self._timer_at:
+        if core.has_due(now):
+            for due in core.effects_due(now):
+                self._spawn(self._apply_effect(due))
+            self._ask_replans()
+        if core.wakes_before(self._timer_at, now):
             self._wake_up()  # the loop sleeps until a time that is no longer the next one
         return carried
 
@@ -714,7 +744,7 @@ class Supervisor:
         attempt = token if event == E.REJECTED else task.token
         if self._dirty is None and self.on_event is None:
             # Nobody reads the event now: note it, its object is built if the log is read.
-            self.ledger.note(self.clock.now(), task.id, event, worker, attempt, detail)
+            self.ledger.note(self._now(), task.id, event, worker, attempt, detail)
             if event == E.RECLAIMED:
                 self._reclaimed(task)
             return

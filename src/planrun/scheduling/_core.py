@@ -48,7 +48,7 @@ from planrun.scheduling._approval import (
 from planrun.scheduling._outcome import Failure
 from planrun.scheduling._retry import RetryPolicy
 from planrun.scheduling._spawn import Addition, SpawnLimits, expand
-from planrun.task import FINAL, Status, Task, moved
+from planrun.task import FINAL, Status, Task, advanced, revised
 
 __all__ = ["OnDead", "ReplanRequest", "RunFacts", "Scheduler", "Sink", "dependency_order",
            "replans_spent", "retries_spent"]
@@ -273,7 +273,7 @@ class Scheduler:
             InvalidPlan: a dependency cycle in the batch.
             UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
         """
-        ordered = dependency_order([_with_joins(t) for t in tasks])
+        ordered = dependency_order([_with_joins(t) if t.joins else t for t in tasks])
         new: list[Task] = []
         seen: set[str] = set()
         have = self.tasks
@@ -303,7 +303,7 @@ class Scheduler:
             if default_attempts is not None and task.max_attempts == default:
                 changes["max_attempts"] = default_attempts
             if changes:
-                task = task.evolve(**changes)
+                task = revised(task, changes)
             self._insert(task)
             sink(task, E.CREATED, None, None, task.token)
             new.append(task)
@@ -503,9 +503,16 @@ class Scheduler:
 
     def _assign(self, task: Task, worker: WorkerState, now: float,
                 lease: float | None = None) -> Task:
-        self.touch(now)
-        return self._change(task, Status.ASSIGNED, E.ASSIGNED, worker.name,
-                            assigned_to=worker.name, token=task.token + 1, lease=lease)
+        self.last_change = now
+        name = worker.name
+        new = advanced(task, Status.ASSIGNED, {"assigned_to": name, "token": task.token + 1,
+                                               "lease": lease})
+        self.tasks[task.id] = new
+        for r in new.resources:  # what _replace's _index does for a pending task
+            self._locks[r] = task.id
+        worker.load_s += worker.cost(new)
+        self._sink(new, E.ASSIGNED, name, None, task.token)
+        return new
 
     def _pump(self, worker: WorkerState, now: float,
               starts: list[tuple[WorkerState, Task]]) -> None:
@@ -515,11 +522,16 @@ class Scheduler:
             if task.status is not Status.ASSIGNED or task.assigned_to != worker.name:
                 continue
             lease = now + self.stale_after
-            task = self._change(task, Status.RUNNING, E.STARTED, worker.name,
-                                started_at=now, lease=lease)
+            old = task
+            task = advanced(old, Status.RUNNING, {"started_at": now, "lease": lease})
+            # A start on the worker it was assigned to: its locks and its load stay, one
+            # more is active (what _replace's _unindex and _index come to, in line).
+            self.tasks[task.id] = task
+            worker.active += 1
+            self._sink(task, E.STARTED, worker.name, None, old.token)
             heapq.heappush(self._leases, (lease, task.id, task.token))
             starts.append((worker, task))
-            self.touch(now)
+            self.last_change = now
         if self.paused and queue and worker.active < worker.spec.capacity:
             self._held_back = True  # dispatch starts them once the pause ends
 
@@ -553,15 +565,17 @@ class Scheduler:
             except InvalidPlan as exc:
                 return self.fail(task_id, token, spawn_refused(exc), now, worker)
         detail = {"spawned": len(addition.tasks)} if addition is not None else None
-        rule = self.approval_for(task)
+        rule = self.approval_for(task) if self.approvals or self.task_approvals else None
         if rule is not None and rule.before == "effect" and task.cause != APPROVED \
                 and rule.applies(task.evolve(result=result)):
             self._wait(task, "effect", now, worker, result=result, attempts=task.attempts + 1,
                        lease=None, error=None, error_class=None)
         else:
-            self._change(task, Status.COMPLETED, E.COMPLETED, worker, detail, result=result,
-                         finished_at=now, attempts=task.attempts + 1, lease=None, error=None,
-                         error_class=None)
+            new = advanced(task, Status.COMPLETED, {
+                "result": result, "finished_at": now, "attempts": task.attempts + 1,
+                "lease": None, "error": None, "error_class": None})
+            self._replace(task, new)
+            self._sink(new, E.COMPLETED, worker, detail, token)
         if addition is not None:
             self.grow(addition, now)
         self.touch(now)
@@ -770,6 +784,23 @@ class Scheduler:
         if self.deadline is not None and not self.facts.deadline_reached and self.deadline < at:
             at = self.deadline
         return at
+
+    def wakes_before(self, at: float, now: float) -> bool:
+        """True when the driver should look again before ``at``: the run is done or
+        stopping, or something falls due before then (see :meth:`next_wakeup`)."""
+        return (not self.unfinished and not self.effects_pending and not self._replans_open
+                ) or self.stopping or self.next_wakeup(now) < at
+
+    def has_due(self, now: float) -> bool:
+        """Effects due at ``now`` or replans to ask for (:meth:`effects_due`,
+        :meth:`replans_due`)."""
+        due = self._effects_due
+        return bool(self._replans_due) or (bool(due) and due[0][0] <= now)
+
+    def use_sink(self, sink: Sink) -> None:
+        """Hand decided changes to ``sink`` from now on (a driver that stopped needing
+        what its first sink did)."""
+        self._sink = sink
 
     def touch(self, now: float) -> None:
         """Something changed at ``now`` (the stall clock starts again)."""
@@ -1136,7 +1167,7 @@ class Scheduler:
 
     def _change(self, task: Task, to: Status, event: str, worker: str | None,
                 detail: Mapping[str, Any] | None = None, **changes: Any) -> Task:
-        new = moved(task, to, changes)
+        new = advanced(task, to, changes)
         self._replace(task, new)
         self._sink(new, event, worker, detail, task.token)
         return new
