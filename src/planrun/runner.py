@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planrun import tracing
+from planrun._records import fast_init
 from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import UsageError
 from planrun.ledger import Audit, Event
@@ -29,7 +30,7 @@ from planrun.redact import redact
 from planrun.registry import Registry, WorkerSpec
 from planrun.scheduling import Approval
 from planrun.supervisor import EffectFn, RunResult, Supervisor
-from planrun.task import Task
+from planrun.task import Status, Task
 from planrun.workers import ModelWorker
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ def _call_app_factory(ref: str, factory: Callable[..., Any]) -> Any:
         ) from exc
 
 
+@fast_init
 @dataclass(frozen=True)
 class TaskReport:
     """One task's outcome."""
@@ -334,8 +336,9 @@ async def aplan_and_run(
                 extras={"model": model, "usage": meter},
                 store=opened,
                 goal=plan.goal,
-                meta={"plan": plan.to_document(), **(traced.meta if traced else {}),
-                      **(meta or {})},
+                # The plan document is for a resume, which reads it from the store.
+                meta={**({"plan": plan.to_document()} if opened is not None else {}),
+                      **(traced.meta if traced else {}), **(meta or {})},
                 **supervisor_options,
             )
             sup.add_tasks(plan.to_tasks())
@@ -488,6 +491,10 @@ def _with_replanner(options: dict[str, Any], goal: str, registry: Registry,
     options["replanner"] = replanner(goal, registry, model, meter=meter, **decompose_options)
 
 
+_TEXT = {s: s.value for s in Status}
+"""A status as plain text (its ``value``, without the enum's descriptor)."""
+
+
 def _report(plan: Plan, result: RunResult, meter: Usage) -> RunReport:
     by_key = meter.by_key()
     tasks = []
@@ -497,7 +504,7 @@ def _report(plan: Plan, result: RunResult, meter: Usage) -> RunReport:
             TaskReport(
                 id=task.id,
                 kind=task.kind,
-                status=task.status.value,
+                status=_TEXT[task.status],
                 attempts=task.attempts,
                 result=task.result,
                 error=redact(task.error) if task.error else task.error,

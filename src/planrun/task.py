@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from planrun._records import fast_init
 from planrun.errors import IllegalTransition
 
 __all__ = ["CLAIMED_START", "FINAL", "PUSHED_START", "Status", "Task", "allowed", "transition"]
@@ -97,6 +98,7 @@ PUSHED_START: tuple[Status, Status] = (Status.ASSIGNED, Status.RUNNING)
 assert allowed(*CLAIMED_START) and allowed(*PUSHED_START)
 
 
+@fast_init
 @dataclass(frozen=True)
 class Task:
     """One unit of work, as data with a status.
@@ -237,43 +239,3 @@ def _copy(task: Task, changes: dict[str, Any]) -> Task:
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
 
-
-class _Factory:
-    """The default of a field with a default factory, as the dataclass's signature shows it."""
-
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-def _fast_init() -> None:
-    """Give :class:`Task` an ``__init__`` with the dataclass's signature and defaults that
-    fills the instance's ``__dict__`` at once (the frozen dataclass's sets each of its
-    fields through ``object.__setattr__``, several times slower; plans build a record per
-    task)."""
-    fields = dataclasses.fields(Task)
-    params: list[str] = []
-    lines: list[str] = []
-    env: dict[str, Any] = {}
-    for f in fields:
-        if f.default is not dataclasses.MISSING:
-            env[f"_d_{f.name}"] = f.default
-            params.append(f"{f.name}=_d_{f.name}")
-            lines.append(f"{f.name!r}: {f.name}")
-        elif f.default_factory is not dataclasses.MISSING:
-            env[f"_f_{f.name}"] = f.default_factory
-            params.append(f"{f.name}=_MISSING")
-            lines.append(f"{f.name!r}: _f_{f.name}() if {f.name} is _MISSING else {f.name}")
-        else:
-            params.append(f.name)
-            lines.append(f"{f.name!r}: {f.name}")
-    env["_MISSING"] = _Factory()
-    source = (f"def __init__(self, {', '.join(params)}):\n"
-              f"    self.__dict__.update({{{', '.join(lines)}}})\n")
-    exec(source, env)  # built from the dataclass's own field names
-    init = env["__init__"]
-    init.__qualname__ = "Task.__init__"
-    init.__doc__ = Task.__init__.__doc__
-    Task.__init__ = init  # type: ignore[method-assign]
-
-
-_fast_init()

@@ -555,9 +555,9 @@ class Scheduler:
         adds nothing. A valid one is handed to the sink right after the completion, so a
         driver writes both together.
         """
-        if not self.current(task_id, token, worker):
-            return False
         task = self.tasks[task_id]
+        if task.token != token or task.status is not Status.RUNNING:
+            return self.current(task_id, token, worker)  # logs the refusal
         addition = None
         if spawned:
             try:
@@ -1188,7 +1188,7 @@ class Scheduler:
             return
         if was in _UNINDEXED:
             self._unindex(old)
-        if now_is in _INDEXED:
+        if now_is in _INDEXED and (now_is is not Status.COMPLETED or self.effect_kinds):
             self._index(new)
         if was not in FINAL:
             if now_is in FINAL:
