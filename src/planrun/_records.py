@@ -17,7 +17,7 @@ class _Factory:
 
 def fast_init(cls: type[T]) -> type[T]:
     """Give a frozen dataclass an ``__init__`` with the same signature and defaults that
-    fills the instance's ``__dict__`` in one update.
+    sets the instance's ``__dict__`` at once, as one new dict.
 
     The frozen dataclass's own ``__init__`` sets each field through ``object.__setattr__``,
     about twice as slow; the records built once per task (a task, its report) use this.
@@ -27,7 +27,7 @@ def fast_init(cls: type[T]) -> type[T]:
         raise TypeError(f"fast_init: {cls.__name__} has __post_init__ or __slots__")
     params: list[str] = []
     lines: list[str] = []
-    env: dict[str, Any] = {"_MISSING": _Factory()}
+    env: dict[str, Any] = {"_MISSING": _Factory(), "_set": object.__setattr__}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.default is not dataclasses.MISSING:
             env[f"_d_{f.name}"] = f.default
@@ -41,7 +41,7 @@ def fast_init(cls: type[T]) -> type[T]:
             params.append(f.name)
             lines.append(f"{f.name!r}: {f.name}")
     source = (f"def __init__(self, {', '.join(params)}):\n"
-              f"    self.__dict__.update({{{', '.join(lines)}}})\n")
+              f"    _set(self, '__dict__', {{{', '.join(lines)}}})\n")
     exec(source, env)  # built from the dataclass's own field names
     init = env["__init__"]
     init.__qualname__ = f"{cls.__name__}.__init__"

@@ -21,19 +21,23 @@ from planrun.registry import Handler, KindSpec, TaskContext
 from planrun.stores.base import strict_json
 from planrun.task import Task
 
-__all__ = ["call_handler", "jsonable", "payload_for", "result_for", "run_attempt"]
+__all__ = ["call_handler", "is_coroutine_handler", "jsonable", "payload_for", "result_for",
+           "run_attempt"]
 
 
 async def run_attempt(spec: KindSpec, handler: Handler | None, task: Task, ctx: TaskContext,
-                      limit: float | None) -> Any:
+                      limit: float | None, is_async: bool | None = None) -> Any:
     """The attempt's checked result; raises what the handler (or a check) raised.
 
+    ``is_async``: whether ``handler`` is a coroutine function, when the caller knows.
     A timeout raises ``TimeoutError``; :func:`planrun.scheduling.timed_out` names it.
     """
     if handler is None:
         raise PermanentError(f"kind {task.kind!r} has no handler")
-    payload = payload_for(spec, task)
-    if limit is None and _is_async(handler):
+    payload = dict(task.payload) if spec.payload_model is None else payload_for(spec, task)
+    if is_async is None:
+        is_async = _is_async(handler)
+    if limit is None and is_async:
         outcome = await handler(payload, ctx)  # call_handler's first case, one frame less
     else:
         work = call_handler(handler, payload, ctx)
@@ -98,6 +102,12 @@ async def maybe_await(value: Any | Awaitable[Any]) -> Any:
     if inspect.isawaitable(value):
         return await value
     return value
+
+
+def is_coroutine_handler(handler: Handler) -> bool:
+    """True when calling ``handler`` returns a coroutine to await (else it runs on a
+    thread)."""
+    return _is_async(handler)
 
 
 def _is_async(handler: Handler) -> bool:

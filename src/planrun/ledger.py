@@ -165,13 +165,16 @@ class Ledger:
             self._raw = False
         return self._events
 
-    def _names(self) -> Iterator[tuple[int, str, str]]:
-        """``(seq, task, event)`` of every entry, oldest first, without building objects."""
-        for e in self._events:
-            if type(e) is tuple:
-                yield e[0], e[2], e[3]
-            else:
-                yield e.seq, e.task, e.event  # type: ignore[union-attr]
+    def _names(self, only: frozenset[str]) -> list[tuple[int, str, str]]:
+        """``(seq, task, event)`` of the entries named in ``only``, oldest first, without
+        building objects."""
+        if not self._raw:
+            return [(e.seq, e.task, e.event) for e in self._events  # type: ignore[union-attr]
+                    if e.event in only]  # type: ignore[union-attr]
+        return [(e[0], e[2], e[3]) if type(e) is tuple
+                else (e.seq, e.task, e.event)  # type: ignore[union-attr]
+                for e in self._events
+                if (e[3] if type(e) is tuple else e.event) in only]  # type: ignore[union-attr]
 
     @property
     def events(self) -> Sequence[Event]:
@@ -214,10 +217,10 @@ class _EventView(Sequence[Event]):
             self._ledger = None
         return self._events
 
-    def _names(self) -> Iterator[tuple[int, str, str]]:
+    def _names(self, only: frozenset[str]) -> list[tuple[int, str, str]]:
         if self._ledger is not None and len(self._ledger) == self._size:
-            return self._ledger._names()
-        return ((e.seq, e.task, e.event) for e in self._all())
+            return self._ledger._names(only)
+        return [(e.seq, e.task, e.event) for e in self._all() if e.event in only]
 
     def __len__(self) -> int:
         return self._size
@@ -273,6 +276,10 @@ class Audit:
         return asdict(self)
 
 
+_AUDITED = frozenset({EventName.COMPLETED, EventName.EFFECT})
+"""The events the audit reads."""
+
+
 def analyze(
     tasks: Iterable[Task] | Mapping[str, Sequence[str]],
     events: Iterable[Event],
@@ -301,7 +308,7 @@ def analyze(
     effects: Counter[str] = Counter()
     names: Iterable[tuple[int, str, str]]
     if isinstance(events, Ledger | _EventView):  # in order already; no object needed
-        names = events._names()
+        names = events._names(_AUDITED)
     else:
         names = ((e.seq, e.task, e.event) for e in sorted(events, key=lambda ev: ev.seq))
     completed, effect = EventName.COMPLETED, EventName.EFFECT

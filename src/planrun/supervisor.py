@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planrun import _heap
-from planrun.attempt import jsonable, maybe_await, run_attempt
+from planrun.attempt import is_coroutine_handler, jsonable, maybe_await, run_attempt
 from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import DispatchError, RunAborted, StallError, StoreError, UsageError
 from planrun.ledger import Audit, Event, Ledger, analyze
@@ -131,6 +131,9 @@ class RunResult:
         return (f"RunResult(run_id={self.run_id!r}, counts={counts}, "
                 f"makespan={self.makespan:.3f}, events={len(self.events)})")
 
+
+_How = tuple[KindSpec, "Handler | None", "float | None", float, bool]
+"""How a worker runs a kind (see :meth:`Supervisor._how`)."""
 
 WRITE_STALL_S = 0.5
 """Seconds after which a store write still under way counts as failing: no new attempt
@@ -245,8 +248,7 @@ class Supervisor:
         self._now: Callable[[], float] = (
             time.time if type(self.clock) is RealClock else self.clock.now)
         """The clock's ``now``; plain ``time.time`` for the real clock (a call less)."""
-        self._hows: dict[tuple[str, str], tuple[KindSpec, Handler | None, float | None,
-                                                 float]] = {}
+        self._hows: dict[tuple[str, str], _How] = {}
         self.retry = policy
         self.timeout = timeout
         self.deadline_s = deadline_s
@@ -527,13 +529,14 @@ class Supervisor:
                 # Handlers that never wait would keep the loop from its timers and others.
                 await asyncio.sleep(0)
 
-    def _how(self, worker: WorkerState, kind: str) -> tuple[KindSpec, Handler | None,
-                                                             float | None, float]:
-        """How ``worker`` runs ``kind``: its spec, handler, time limit and skill."""
+    def _how(self, worker: WorkerState, kind: str) -> _How:
+        """How ``worker`` runs ``kind``: its spec, handler, time limit, skill, and whether
+        the handler is a coroutine function."""
         spec = self.registry[kind]
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         handler = worker.spec.handlers.get(kind) or spec.handler
-        how = spec, handler, limit, worker.spec.skill(kind)
+        how = (spec, handler, limit, worker.spec.skill(kind),
+               handler is not None and is_coroutine_handler(handler))
         self._hows[worker.name, kind] = how
         return how
 
@@ -541,7 +544,7 @@ class Supervisor:
                        task: Task) -> tuple[WorkerState, Task] | None:
         kind = task.kind
         how = self._hows.get((worker.name, kind))
-        spec, handler, limit, skill = how or self._how(worker, kind)
+        spec, handler, limit, skill, is_async = how or self._how(worker, kind)
         token = task.token
         tid = task.id
         deps = task.depends_on
@@ -561,7 +564,7 @@ class Supervisor:
             extras=self.extras, spawned=[],
         )
         try:
-            result = await run_attempt(spec, handler, task, ctx, limit)
+            result = await run_attempt(spec, handler, task, ctx, limit, is_async)
         except asyncio.CancelledError:
             raise
         except (TimeoutError, asyncio.TimeoutError) as exc:

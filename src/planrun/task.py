@@ -207,21 +207,16 @@ def advanced(task: Task, to: Status, changes: dict[str, Any]) -> Task:
         raise IllegalTransition(
             f"task {task.id!r}: {task.status.value} -> {to.value} is not allowed"
         )
-    new = object.__new__(Task)
-    state = new.__dict__
-    state.update(task.__dict__)
-    state.update(changes)
-    state["status"] = to
+    new = _new(Task)
+    _set(new, "__dict__", {**task.__dict__, **changes, "status": to})
     return new
 
 
 def revised(task: Task, changes: dict[str, Any]) -> Task:
     """A copy of ``task`` with ``changes`` (no status among them), for the scheduling core
     (its changes name fields in its own code)."""
-    new = object.__new__(Task)
-    state = new.__dict__
-    state.update(task.__dict__)
-    state.update(changes)
+    new = _new(Task)
+    _set(new, "__dict__", {**task.__dict__, **changes})
     return new
 
 
@@ -230,12 +225,13 @@ def _copy(task: Task, changes: dict[str, Any]) -> Task:
     # record at every transition, so this stays a plain dict copy of a frozen instance.
     if not changes.keys() <= _FIELDS:
         raise TypeError(f"Task has no field(s) {sorted(changes.keys() - _FIELDS)}")
-    new = object.__new__(Task)
-    state = new.__dict__
-    state.update(task.__dict__)
-    state.update(changes)
+    new = _new(Task)
+    _set(new, "__dict__", {**task.__dict__, **changes})
     return new
 
+
+_new = object.__new__
+_set = object.__setattr__  # a record's state is one new dict, set at once (it is frozen)
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
 

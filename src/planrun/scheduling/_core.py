@@ -578,7 +578,7 @@ class Scheduler:
             self._sink(new, E.COMPLETED, worker, detail, token)
         if addition is not None:
             self.grow(addition, now)
-        self.touch(now)
+        self.last_change = now  # touch
         return True
 
     # ---- growing at run time ---------------------------------------------------------------
@@ -788,8 +788,10 @@ class Scheduler:
     def wakes_before(self, at: float, now: float) -> bool:
         """True when the driver should look again before ``at``: the run is done or
         stopping, or something falls due before then (see :meth:`next_wakeup`)."""
+        f = self.facts  # stopping, in line
         return (not self.unfinished and not self.effects_pending and not self._replans_open
-                ) or self.stopping or self.next_wakeup(now) < at
+                ) or f.aborted_by is not None or f.budget_exhausted or f.deadline_reached \
+            or self.next_wakeup(now) < at
 
     def has_due(self, now: float) -> bool:
         """Effects due at ``now`` or replans to ask for (:meth:`effects_due`,
