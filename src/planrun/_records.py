@@ -17,7 +17,8 @@ class _Factory:
 
 def fast_init(cls: type[T]) -> type[T]:
     """Give a frozen dataclass an ``__init__`` with the same signature and defaults that
-    sets the instance's ``__dict__`` at once, as one new dict.
+    fills the instance's own ``__dict__`` in one update (it keeps sharing its keys with
+    the other instances': a new dict set in its place would take more memory).
 
     The frozen dataclass's own ``__init__`` sets each field through ``object.__setattr__``,
     about twice as slow; the records built once per task (a task, its report) use this.
@@ -27,8 +28,9 @@ def fast_init(cls: type[T]) -> type[T]:
         raise TypeError(f"fast_init: {cls.__name__} has __post_init__ or __slots__")
     params: list[str] = []
     lines: list[str] = []
-    env: dict[str, Any] = {"_MISSING": _Factory(), "_set": object.__setattr__}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    env: dict[str, Any] = {"_MISSING": _Factory()}
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    for f in fields:
         if f.default is not dataclasses.MISSING:
             env[f"_d_{f.name}"] = f.default
             params.append(f"{f.name}=_d_{f.name}")
@@ -40,8 +42,14 @@ def fast_init(cls: type[T]) -> type[T]:
         else:
             params.append(f.name)
             lines.append(f"{f.name!r}: {f.name}")
+    first, rest = fields[0].name, lines[1:]
+    # The first field on its own: an update into an empty instance dict would make it a
+    # copy of the literal (a dict of its own, twice the memory) instead of filling the
+    # instance's key-sharing dict.
     source = (f"def __init__(self, {', '.join(params)}):\n"
-              f"    _set(self, '__dict__', {{{', '.join(lines)}}})\n")
+              f"    state = self.__dict__\n"
+              f"    state[{first!r}] = {first}\n"
+              f"    state.update({{{', '.join(rest)}}})\n")
     exec(source, env)  # built from the dataclass's own field names
     init = env["__init__"]
     init.__qualname__ = f"{cls.__name__}.__init__"

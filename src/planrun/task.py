@@ -208,7 +208,10 @@ def advanced(task: Task, to: Status, changes: dict[str, Any]) -> Task:
             f"task {task.id!r}: {task.status.value} -> {to.value} is not allowed"
         )
     new = _new(Task)
-    _set(new, "__dict__", {**task.__dict__, **changes, "status": to})
+    state = new.__dict__  # the instance's own (key-sharing) dict: smaller than a new one
+    state.update(task.__dict__)
+    state.update(changes)
+    state["status"] = to
     return new
 
 
@@ -216,7 +219,9 @@ def revised(task: Task, changes: dict[str, Any]) -> Task:
     """A copy of ``task`` with ``changes`` (no status among them), for the scheduling core
     (its changes name fields in its own code)."""
     new = _new(Task)
-    _set(new, "__dict__", {**task.__dict__, **changes})
+    state = new.__dict__  # the instance's own (key-sharing) dict: smaller than a new one
+    state.update(task.__dict__)
+    state.update(changes)
     return new
 
 
@@ -226,12 +231,13 @@ def _copy(task: Task, changes: dict[str, Any]) -> Task:
     if not changes.keys() <= _FIELDS:
         raise TypeError(f"Task has no field(s) {sorted(changes.keys() - _FIELDS)}")
     new = _new(Task)
-    _set(new, "__dict__", {**task.__dict__, **changes})
+    state = new.__dict__  # the instance's own (key-sharing) dict: smaller than a new one
+    state.update(task.__dict__)
+    state.update(changes)
     return new
 
 
 _new = object.__new__
-_set = object.__setattr__  # a record's state is one new dict, set at once (it is frozen)
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
 
