@@ -310,6 +310,7 @@ class Supervisor:
         """
         if self._started:
             raise UsageError("tasks cannot be added once the run has started")
+        self._choose_sink()
         with _heap.frozen_heap(self.freeze_heap):  # a large batch: a record per task
             return self.core.add(list(tasks), self.clock.now(),
                                  default_attempts=self.max_attempts,
@@ -395,9 +396,7 @@ class Supervisor:
         if self.deadline_s is not None:
             self.core.deadline = started + self.deadline_s
         await self._open_run(started)
-        if self._dirty is None and self.on_event is None:
-            # Nobody reads an event as it happens: the core's changes are only noted.
-            self.core.use_sink(self.ledger.change_sink(self._now, self._reclaimed))
+        self._choose_sink()
         status = "failed"
         heap = _heap.frozen_heap(self.freeze_heap)
         heap.__enter__()
@@ -761,6 +760,14 @@ class Supervisor:
             self._wake_up()  # the loop reads the store for decisions while a task waits
         if event == E.STARTED and self.on_event is not None:
             self._start_contexts[task.id] = contextvars.copy_context()
+
+    def _choose_sink(self) -> None:
+        """With no store and no listener nobody reads an event as it happens: the core's
+        changes are only noted. Otherwise each goes through :meth:`_record`."""
+        if self.store is None and self.on_event is None:
+            self.core.use_sink(self.ledger.change_sink(self._now, self._reclaimed))
+        else:
+            self.core.use_sink(self._record)
 
     def _reclaimed(self, task: Task) -> None:
         zombie = self._running.pop(task.id, None)

@@ -207,21 +207,21 @@ def advanced(task: Task, to: Status, changes: dict[str, Any]) -> Task:
         raise IllegalTransition(
             f"task {task.id!r}: {task.status.value} -> {to.value} is not allowed"
         )
-    new = _new(Task)
-    state = new.__dict__  # the instance's own (key-sharing) dict: smaller than a new one
-    state.update(task.__dict__)
+    state = task.__dict__.copy()  # shares the class's keys, as the original's does
     state.update(changes)
     state["status"] = to
+    new = _new(Task)
+    _set(new, "__dict__", state)
     return new
 
 
 def revised(task: Task, changes: dict[str, Any]) -> Task:
     """A copy of ``task`` with ``changes`` (no status among them), for the scheduling core
     (its changes name fields in its own code)."""
-    new = _new(Task)
-    state = new.__dict__  # the instance's own (key-sharing) dict: smaller than a new one
-    state.update(task.__dict__)
+    state = task.__dict__.copy()  # shares the class's keys, as the original's does
     state.update(changes)
+    new = _new(Task)
+    _set(new, "__dict__", state)
     return new
 
 
@@ -230,14 +230,15 @@ def _copy(task: Task, changes: dict[str, Any]) -> Task:
     # record at every transition, so this stays a plain dict copy of a frozen instance.
     if not changes.keys() <= _FIELDS:
         raise TypeError(f"Task has no field(s) {sorted(changes.keys() - _FIELDS)}")
-    new = _new(Task)
-    state = new.__dict__  # the instance's own (key-sharing) dict: smaller than a new one
-    state.update(task.__dict__)
+    state = task.__dict__.copy()  # shares the class's keys, as the original's does
     state.update(changes)
+    new = _new(Task)
+    _set(new, "__dict__", state)
     return new
 
 
 _new = object.__new__
+_set = object.__setattr__  # a frozen record's state is set once, whole
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
 

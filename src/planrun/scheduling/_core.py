@@ -421,8 +421,10 @@ class Scheduler:
 
     def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
         """In-process: give every ready task to a worker's queue; return what starts now."""
-        self._ask(now)
-        if self.stopping:
+        if self._asking:
+            self._ask(now)
+        f = self.facts  # stopping, in line
+        if f.aborted_by is not None or f.budget_exhausted or f.deadline_reached:
             return []
         touched: list[WorkerState] = []
         if self._held_back and not self.paused:  # the pause is over: start what it held
@@ -891,6 +893,8 @@ class Scheduler:
     def _ask(self, now: float) -> None:
         """Ready tasks that need approval before they start go to ``waiting`` (every such
         task when workers claim alone)."""
+        if not self._asking:
+            return
         asking, self._asking = self._asking, []
         for tid in asking:
             task = self.tasks[tid]
