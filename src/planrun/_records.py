@@ -54,5 +54,6 @@ def fast_init(cls: type[T]) -> type[T]:
     init = env["__init__"]
     init.__qualname__ = f"{cls.__name__}.__init__"
     init.__doc__ = cls.__init__.__doc__
+    init.__annotations__ = {**{f.name: f.type for f in fields}, "return": None}
     cls.__init__ = init  # type: ignore[method-assign]
     return cls

@@ -284,14 +284,15 @@ class Plan:
         if bad:
             raise UsageError(f"to_tasks: cannot set {bad}; settable fields: {sorted(settable)}")
         ids = self.task_ids(id_prefix)
-        return [
-            Task(
-                id=ids[i],
-                kind=task.kind,
-                payload=_copied(task.payload),
-                depends_on=tuple(ids[d] for d in task.depends_on),
-                **defaults,
-            )
+        if defaults:
+            return [
+                Task(id=ids[i], kind=task.kind, payload=_copied(task.payload),
+                     depends_on=tuple([ids[d] for d in task.depends_on]), **defaults)
+                for i, task in enumerate(self.tasks)
+            ]
+        return [  # the same records, built without an empty ** per task
+            Task(ids[i], task.kind, _copied(task.payload),
+                 depends_on=tuple([ids[d] for d in task.depends_on]) if task.depends_on else ())
             for i, task in enumerate(self.tasks)
         ]
 
