@@ -34,7 +34,7 @@ async def run_attempt(spec: KindSpec, handler: Handler | None, task: Task, ctx: 
     """
     if handler is None:
         raise PermanentError(f"kind {task.kind!r} has no handler")
-    payload = dict(task.payload) if spec.payload_model is None else payload_for(spec, task)
+    payload = payload_for(spec, task)
     if is_async is None:
         is_async = _is_async(handler)
     if limit is None and is_async:

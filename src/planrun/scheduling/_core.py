@@ -421,10 +421,8 @@ class Scheduler:
 
     def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
         """In-process: give every ready task to a worker's queue; return what starts now."""
-        if self._asking:
-            self._ask(now)
-        f = self.facts  # stopping, in line
-        if f.aborted_by is not None or f.budget_exhausted or f.deadline_reached:
+        self._ask(now)
+        if self.stopping:
             return []
         touched: list[WorkerState] = []
         if self._held_back and not self.paused:  # the pause is over: start what it held
@@ -790,10 +788,7 @@ class Scheduler:
     def wakes_before(self, at: float, now: float) -> bool:
         """True when the driver should look again before ``at``: the run is done or
         stopping, or something falls due before then (see :meth:`next_wakeup`)."""
-        f = self.facts  # stopping, in line
-        return (not self.unfinished and not self.effects_pending and not self._replans_open
-                ) or f.aborted_by is not None or f.budget_exhausted or f.deadline_reached \
-            or self.next_wakeup(now) < at
+        return self.done or self.stopping or self.next_wakeup(now) < at
 
     def has_due(self, now: float) -> bool:
         """Effects due at ``now`` or replans to ask for (:meth:`effects_due`,
