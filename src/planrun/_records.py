@@ -17,7 +17,7 @@ class _Factory:
 
 def fast_init(cls: type[T]) -> type[T]:
     """Give a frozen dataclass an ``__init__`` with the same signature and defaults that
-    fills the instance's own ``__dict__`` in one update (it keeps sharing its keys with
+    fills the instance's own ``__dict__`` key by key (it keeps sharing its keys with
     the other instances': a new dict set in its place would take more memory).
 
     The frozen dataclass's own ``__init__`` sets each field through ``object.__setattr__``,
@@ -34,22 +34,21 @@ def fast_init(cls: type[T]) -> type[T]:
         if f.default is not dataclasses.MISSING:
             env[f"_d_{f.name}"] = f.default
             params.append(f"{f.name}=_d_{f.name}")
-            lines.append(f"{f.name!r}: {f.name}")
+            value = f.name
         elif f.default_factory is not dataclasses.MISSING:
             env[f"_f_{f.name}"] = f.default_factory
             params.append(f"{f.name}=_MISSING")
-            lines.append(f"{f.name!r}: _f_{f.name}() if {f.name} is _MISSING else {f.name}")
+            value = f"_f_{f.name}() if {f.name} is _MISSING else {f.name}"
         else:
             params.append(f.name)
-            lines.append(f"{f.name!r}: {f.name}")
-    first, rest = fields[0].name, lines[1:]
-    # The first field on its own: an update into an empty instance dict would make it a
-    # copy of the literal (a dict of its own, twice the memory) instead of filling the
-    # instance's key-sharing dict.
+            value = f.name
+        lines.append(f"    state[{f.name!r}] = {value}\n")
+    # One store per field, in the fields' order, into the instance's own dict: it keeps
+    # sharing its keys with the other instances' (a dict built apart and set in its place,
+    # or an update from a literal into the empty dict, would be a dict of its own, twice
+    # the memory), and is faster than building a literal to update from.
     source = (f"def __init__(self, {', '.join(params)}):\n"
-              f"    state = self.__dict__\n"
-              f"    state[{first!r}] = {first}\n"
-              f"    state.update({{{', '.join(rest)}}})\n")
+              f"    state = self.__dict__\n" + "".join(lines))
     exec(source, env)  # built from the dataclass's own field names
     init = env["__init__"]
     init.__qualname__ = f"{cls.__name__}.__init__"

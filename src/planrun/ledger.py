@@ -98,12 +98,17 @@ class Event:
         )
 
 
+_AUDITED = frozenset({EventName.COMPLETED, EventName.EFFECT})
+"""The events the audit reads."""
+
+
 class Ledger:
     """An append-only list of events with a running sequence number.
 
     :meth:`note` appends an event without building its :class:`Event` object: the entry is
     kept as a plain tuple and made an object only when someone reads the events (most runs
-    without a store or a listener never do, beyond the audit, which reads the tuples).
+    without a store or a listener never do). The events the audit reads (``completed`` and
+    ``effect``) are also listed apart as they are appended, so an audit reads those alone.
     """
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
@@ -112,6 +117,9 @@ class Ledger:
         self._events: list[Event | _Raw] = list(built)
         self._raw = False
         """Some entries are still tuples."""
+        self._audited: list[tuple[int, str, str]] = [
+            (e.seq, e.task, e.event) for e in built if e.event in _AUDITED]
+        """``(seq, task, event)`` of the ``completed`` and ``effect`` entries, in order."""
 
     def append(
         self,
@@ -125,6 +133,8 @@ class Ledger:
     ) -> Event:
         """Append one event and return it."""
         entry = Event(self._next, at, task, event, worker, attempt, detail or {})
+        if event in _AUDITED:
+            self._audited.append((self._next, task, event))
         self._next += 1
         self._events.append(entry)
         return entry
@@ -133,6 +143,8 @@ class Ledger:
              attempt: int = 0, detail: Mapping[str, Any] | None = None) -> None:
         """Append one event like :meth:`append`, building its object only when it is read."""
         self._events.append((self._next, at, task, event, worker, attempt, detail))
+        if event in _AUDITED:
+            self._audited.append((self._next, task, event))
         self._next += 1
         self._raw = True
 
@@ -144,12 +156,16 @@ class Ledger:
         ``on_reclaimed``. The attempt is the record's token, or for a rejected result the
         token it carried."""
         rejected, reclaimed = EventName.REJECTED, EventName.RECLAIMED
+        audited = self._audited
 
         def sink(task: Task, event: str, worker: str | None,
                  detail: Mapping[str, Any] | None, token: int) -> None:
-            self._events.append((self._next, now(), task.id, event, worker,
+            seq = self._next
+            self._events.append((seq, now(), task.id, event, worker,
                                  token if event == rejected else task.token, detail))
-            self._next += 1
+            if event in _AUDITED:
+                audited.append((seq, task.id, event))
+            self._next = seq + 1
             self._raw = True
             if event == reclaimed:
                 on_reclaimed(task)
@@ -168,6 +184,10 @@ class Ledger:
     def _names(self, only: frozenset[str]) -> list[tuple[int, str, str]]:
         """``(seq, task, event)`` of the entries named in ``only``, oldest first, without
         building objects."""
+        if only <= _AUDITED:  # listed apart as they were appended
+            if only == _AUDITED:
+                return list(self._audited)
+            return [entry for entry in self._audited if entry[2] in only]
         if not self._raw:
             return [(e.seq, e.task, e.event) for e in self._events  # type: ignore[union-attr]
                     if e.event in only]  # type: ignore[union-attr]
@@ -276,10 +296,6 @@ class Audit:
         return asdict(self)
 
 
-_AUDITED = frozenset({EventName.COMPLETED, EventName.EFFECT})
-"""The events the audit reads."""
-
-
 def analyze(
     tasks: Iterable[Task] | Mapping[str, Sequence[str]],
     events: Iterable[Event],
@@ -294,15 +310,12 @@ def analyze(
     of such a kind with no ``effect`` event is listed in ``missing_effects``.
     """
     kinds = frozenset(effect_kinds)
-    with_effect: list[str] = []
-    if kinds and not isinstance(tasks, Mapping):
-        tasks = list(tasks)
-        with_effect = [t.id for t in tasks if t.kind in kinds]
-    deps: dict[str, Sequence[str]]
+    pairs: Iterable[tuple[str, Sequence[str]]]
     if isinstance(tasks, Mapping):
-        deps = {str(k): list(v) for k, v in tasks.items()}
+        pairs = [(str(k), list(v)) for k, v in tasks.items()]
     else:
-        deps = {t.id: t.depends_on for t in tasks}
+        tasks = list(tasks)
+        pairs = _id_deps(tasks)
     first: dict[str, int] = {}
     completions = 0
     effects: Counter[str] = Counter()
@@ -320,16 +333,28 @@ def analyze(
         elif name == effect:
             effects[task_id] += 1
     violations = 0
-    for task_id, needs in deps.items():
-        if task_id not in first:
+    missing: list[str] = []
+    for task_id, needs in pairs:
+        at = first.get(task_id)
+        if at is None:
+            missing.append(task_id)
             continue
         for dep in needs:
-            if dep not in first or first[dep] > first[task_id]:
+            done = first.get(dep)
+            if done is None or done > at:
                 violations += 1
+    with_effect = ([t.id for t in tasks if t.kind in kinds]
+                   if kinds and not isinstance(tasks, Mapping) else [])
     return Audit(
         order_violations=violations,
         duplicates=completions - len(first),
-        missing=[t for t in deps if t not in first],
+        missing=missing,
         duplicate_effects=sum(n - 1 for n in effects.values() if n > 1),
         missing_effects=[t for t in with_effect if t in first and t not in effects],
     )
+
+
+def _id_deps(tasks: Sequence[Task]) -> Iterator[tuple[str, Sequence[str]]]:
+    """``(id, depends_on)`` of each record, read as the audit goes."""
+    for t in tasks:
+        yield t.id, t.depends_on

@@ -14,8 +14,10 @@ import contextvars
 import dataclasses
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from planrun import _heap
@@ -99,16 +101,21 @@ class RunResult:
     @property
     def counts(self) -> dict[str, int]:
         """Tasks by status (every status present, zero included)."""
-        counts = {s.value: 0 for s in Status}
-        for t in self.tasks.values():
-            counts[t.status] += 1  # a status is the key of its value (same hash, equal)
+        return dict(self._counts())
+
+    def _counts(self) -> dict[str, int]:
+        # Counted once (the records are final): repr, ok and counts all read it.
+        counts: dict[str, int] | None = self.__dict__.get("_counted")
+        if counts is None:
+            found = Counter(map(_STATUS, self.tasks.values()))
+            counts = {s.value: found[s] for s in Status}
+            object.__setattr__(self, "_counted", counts)
         return counts
 
     @property
     def ok(self) -> bool:
         """Every task completed and every effect applied."""
-        return not self.effects_failed and all(
-            t.status is Status.COMPLETED for t in self.tasks.values())
+        return not self.effects_failed and self._counts()["completed"] == len(self.tasks)
 
     @property
     def makespan(self) -> float:
@@ -127,10 +134,13 @@ class RunResult:
             raise DispatchError(f"run {self.run_id} finished with {bad}")
 
     def __repr__(self) -> str:
-        counts = {k: v for k, v in self.counts.items() if v}
+        counts = {k: v for k, v in self._counts().items() if v}
         return (f"RunResult(run_id={self.run_id!r}, counts={counts}, "
                 f"makespan={self.makespan:.3f}, events={len(self.events)})")
 
+
+_STATUS = attrgetter("status")
+_FINISHED_AT = attrgetter("finished_at")
 
 _How = tuple[KindSpec, "Handler | None", "float | None", float, bool]
 """How a worker runs a kind (see :meth:`Supervisor._how`)."""
@@ -796,7 +806,10 @@ class Supervisor:
 
     def _result(self, started: float) -> RunResult:
         tasks = dict(self.core.tasks)
-        finished = max((t.finished_at or started for t in tasks.values()), default=started)
+        ends = list(filter(None, map(_FINISHED_AT, tasks.values())))
+        finished = max(ends, default=started)
+        if len(ends) < len(tasks):  # a task with no end counts as ending at the start
+            finished = max(finished, started)
         facts = self.core.facts
         return RunResult(
             run_id=self.run_id,

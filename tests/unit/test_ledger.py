@@ -97,3 +97,31 @@ def test_the_audit_of_a_ledger_with_noted_events_is_that_of_its_events() -> None
     view = ledger.view()
     ledger.note(0.0, "c", "completed")  # a view keeps the events it was taken with
     assert len(view) == 4 and analyze(DEPS, view) == from_events
+
+
+def test_the_audit_reads_the_same_events_however_they_entered_the_ledger() -> None:
+    """The completions and effects the audit reads are listed apart as they are appended:
+    by append, note, a core's change sink, or a ledger built from stored events."""
+    ledger = Ledger()
+    ledger.append(0.0, "a", "created")
+    ledger.note(0.0, "b", "completed")
+    sink = ledger.change_sink(lambda: 1.0, lambda task: None)
+    sink(Task(id="a", kind="k"), "completed", "w", None, 0)
+    sink(Task(id="a", kind="k"), "started", "w", None, 0)
+    ledger.append(2.0, "c", "effect")
+    ledger.note(2.0, "c", "assigned")
+    sink(Task(id="c", kind="k"), "completed", None, None, 0)
+    audited = [(e.seq, e.task, e.event) for e in ledger.events
+               if e.event in ("completed", "effect")]
+    assert audited == [(1, "b", "completed"), (2, "a", "completed"), (4, "c", "effect"),
+                       (6, "c", "completed")]
+    tasks = [Task(id="a", kind="k"), Task(id="b", kind="k", depends_on=("a",)),
+             Task(id="c", kind="k", depends_on=("b",)), Task(id="d", kind="k")]
+    audit = analyze(tasks, ledger, effect_kinds=("k",))
+    assert audit == analyze(tasks, list(ledger.events), effect_kinds=("k",))
+    assert audit.order_violations == 1  # b completed before a
+    assert audit.missing == ["d"] and audit.missing_effects == ["a", "b"]
+    restored = Ledger(reversed(ledger.events))  # a resume's ledger, from the store
+    assert analyze(tasks, restored, effect_kinds=("k",)) == audit
+    restored.note(3.0, "d", "completed")
+    assert analyze(tasks, restored, effect_kinds=("k",)).missing == []

@@ -69,6 +69,9 @@ class ReplanRequest:
     number: int
     """1 for the run's first replan."""
 
+Entry = tuple[Any, ...]
+"""An entry of the ready heap: sort keys, then the task id (see ``Scheduler._entry``)."""
+
 Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None]
 """``sink(record, event, worker, detail, token)``: one decided change and its ledger event;
 ``token`` is the fencing token the change was decided under (the record's before it)."""
@@ -81,6 +84,9 @@ _INDEXED = _IN_FLIGHT | {Status.COMPLETED, Status.WAITING}
 _UNINDEXED = _IN_FLIGHT | {Status.WAITING}
 """The statuses :meth:`Scheduler._unindex` has something to undo for."""
 _CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED, Status.WAITING})
+
+_DEFAULT_ATTEMPTS: int = Task.__dataclass_fields__["max_attempts"].default  # type: ignore[assignment]
+"""``Task.max_attempts`` when it was not given."""
 
 EFFECT_RETRY = RetryPolicy(attempts=6, base=1.0, cap=30.0, jitter=0.25, max_retry_after=60.0)
 """How a failing effect is tried again: 6 tries, 1 s doubling to 30 s."""
@@ -104,6 +110,11 @@ def dependency_order(batch: Sequence[Task]) -> list[Task]:
         InvalidPlan: the batch has a dependency cycle.
         UsageError: duplicate ids in the batch.
     """
+    return _dependency_order(batch)[0]
+
+
+def _dependency_order(batch: Sequence[Task]) -> tuple[list[Task], dict[str, int]]:
+    """:func:`dependency_order`, and each id's position in ``batch``."""
     position = {t.id: i for i, t in enumerate(batch)}
     if len(position) != len(batch):
         raise UsageError("duplicate task ids in one batch")
@@ -111,7 +122,7 @@ def dependency_order(batch: Sequence[Task]) -> list[Task]:
     if all(get(d, -1) < i for i, t in enumerate(batch) if t.depends_on for d in t.depends_on):
         # Nothing waits for a later task of the batch: the order given is already the
         # smallest dependency order (and has no cycle), so there is nothing to sort.
-        return list(batch)
+        return list(batch), position
     by_id = {t.id: t for t in batch}
     sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
     for t in batch:
@@ -127,7 +138,7 @@ def dependency_order(batch: Sequence[Task]) -> list[Task]:
         ) from exc
     from planrun.plan import smallest_order
 
-    return [by_id[i] for i in smallest_order(sorter, position.__getitem__)]
+    return [by_id[i] for i in smallest_order(sorter, position.__getitem__)], position
 
 
 def replans_spent(events: Iterable[Any]) -> tuple[int, set[str]]:
@@ -235,8 +246,10 @@ class Scheduler:
         self._dependents: dict[str, list[str]] = {}
         """Task id -> the ids that depend on it (no entry when none does)."""
         self._waiting: dict[str, int] = {}
-        self._priority: dict[str, tuple[float, int]] = {}
-        self._ready: list[tuple[tuple[float, int], str]] = []
+        self._entry: dict[str, Entry] = {}
+        """Task id -> its entry in the ready heap: ``(order, id)``, or under a critical-path
+        router ``(-longest path to the end, order, id)`` (flat: cheaper to compare)."""
+        self._ready: list[Entry] = []
         self._queued: set[str] = set()
         self._delayed: list[tuple[float, str, int]] = []
         self._decided: set[str] = set()
@@ -273,41 +286,60 @@ class Scheduler:
             InvalidPlan: a dependency cycle in the batch.
             UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
         """
-        ordered = dependency_order([_with_joins(t) if t.joins else t for t in tasks])
-        new: list[Task] = []
-        seen: set[str] = set()
+        ordered, position = _dependency_order([_with_joins(t) if t.joins else t for t in tasks])
         have = self.tasks
         kinds: set[str] = set()
-        for task in ordered:
+        pending = Status.PENDING
+        for task in ordered:  # every check before any change: a refused batch adds nothing
             tid = task.id
-            if tid in have or tid in seen:
+            if tid in have:
                 raise UsageError(f"task id {tid!r} is already in this run")
-            for d in task.depends_on:
-                if d not in have and d not in seen:
-                    unknown = [d for d in task.depends_on if d not in have and d not in seen]
+            if task.depends_on:  # in dependency order: a dependency of the batch came first
+                unknown = [d for d in task.depends_on if d not in have and d not in position]
+                if unknown:
                     raise UsageError(
                         f"task {tid!r} depends on unknown or later task(s) {unknown}")
             if known is not None and task.kind not in kinds:
                 if not known(task.kind):
                     raise UsageError(f"task {tid!r}: kind {task.kind!r} is not registered")
                 kinds.add(task.kind)
-            if task.status is not Status.PENDING:
+            if task.status is not pending:
                 raise UsageError(f"task {tid!r} must be pending to be added")
-            seen.add(tid)
-        default = Task.__dataclass_fields__["max_attempts"].default
-        sink = self._sink
+        # What _insert does for a pending task (it has nothing to index), in one loop.
+        created = {"created_at": now}
+        both = {"created_at": now, "max_attempts": default_attempts}
+        default = _DEFAULT_ATTEMPTS if default_attempts is not None else None
+        sink, created_event = self._sink, E.CREATED
+        order, waiting_for, dependents = self._order, self._waiting, self._dependents
+        fifo = None if self.router.orders_by_critical_path else self._entry
+        number = len(order)
+        new: list[Task] = []
         for task in ordered:
-            changes: dict[str, Any] = {}
             if task.created_at is None:
-                changes["created_at"] = now
-            if default_attempts is not None and task.max_attempts == default:
-                changes["max_attempts"] = default_attempts
-            if changes:
-                task = revised(task, changes)
-            self._insert(task)
-            sink(task, E.CREATED, None, None, task.token)
+                task = revised(task, both if task.max_attempts == default else created)
+            elif task.max_attempts == default:
+                task = revised(task, {"max_attempts": default_attempts})
+            tid = task.id
+            have[tid] = task
+            order[tid] = number
+            if fifo is not None:
+                fifo[tid] = (number, tid)
+            number += 1
+            waiting = 0
+            for dep in task.depends_on:
+                if dep in dependents:
+                    dependents[dep].append(tid)
+                else:
+                    dependents[dep] = [tid]
+                other = have.get(dep)
+                if other is None or other.status is not Status.COMPLETED:
+                    waiting += 1
+            waiting_for[tid] = waiting
+            sink(task, created_event, None, None, task.token)
             new.append(task)
-        self._prioritise(new)
+        self.unfinished += len(new)
+        if fifo is None:
+            self._prioritise(new)
         if self.started:
             for task in new:
                 self._offer(task.id)
@@ -342,14 +374,14 @@ class Scheduler:
         for it; otherwise the order tasks were added in."""
         if not self.router.orders_by_critical_path:
             for t in batch:
-                self._priority[t.id] = (0.0, self._order[t.id])
+                self._entry[t.id] = (self._order[t.id], t.id)
             return
         path: dict[str, float] = {}
         for t in reversed(batch):
             below = max((path.get(d, 0.0) for d in self._dependents.get(t.id, ())),
                         default=0.0)
             path[t.id] = t.estimate_s + below
-            self._priority[t.id] = (-path[t.id], self._order[t.id])
+            self._entry[t.id] = (-path[t.id], self._order[t.id], t.id)
 
     # ---- workers ---------------------------------------------------------------------------
 
@@ -384,9 +416,19 @@ class Scheduler:
         """Begin: queue every ready task."""
         self.started = True
         self.last_change = now
-        for tid, task in self.tasks.items():
-            if task.status is Status.PENDING:
-                self._offer(tid)
+        if self.approvals or self.task_approvals or self.claims_alone or self._ready:
+            for tid, task in self.tasks.items():
+                if task.status is Status.PENDING:
+                    self._offer(tid)
+            return
+        # What _offer does for each, with no approval to ask for: the ready heap at once.
+        pending, waiting, entry = Status.PENDING, self._waiting, self._entry
+        queued = [tid for tid, task in self.tasks.items()
+                  if task.status is pending and not waiting[tid]]
+        self._queued.update(queued)
+        ready = [entry[tid] for tid in queued]
+        heapq.heapify(ready)
+        self._ready = ready
 
     def recover(self, now: float, reason: str | None = "supervisor restart") -> None:
         """Turn what a dead driver left into a state this one can run.
@@ -438,7 +480,7 @@ class Scheduler:
             worker = self._route(task, None)
             if worker is None:
                 self._queued.add(task.id)
-                heapq.heappush(self._ready, (self._priority[task.id], task.id))
+                heapq.heappush(self._ready, self._entry[task.id])
                 break  # no worker for it yet; _check_workers refuses this up front
             self._assign(task, worker, now)
             worker.queue.append(task.id)
@@ -467,11 +509,11 @@ class Scheduler:
             free[worker.name] -= 1
         for tid in later:
             self._queued.add(tid)
-            heapq.heappush(self._ready, (self._priority[tid], tid))
+            heapq.heappush(self._ready, self._entry[tid])
         return assigned
 
     def _pop_ready(self, now: float) -> Task | None:
-        _, tid = heapq.heappop(self._ready)
+        tid = heapq.heappop(self._ready)[-1]
         self._queued.discard(tid)
         task = self.tasks[tid]
         if task.status is not Status.PENDING or self._waiting[tid]:
@@ -1164,7 +1206,7 @@ class Scheduler:
             if self._waiting[tid]:
                 return
             self._queued.add(tid)
-            heapq.heappush(self._ready, (self._priority[tid], tid))
+            heapq.heappush(self._ready, self._entry[tid])
 
     def _change(self, task: Task, to: Status, event: str, worker: str | None,
                 detail: Mapping[str, Any] | None = None, **changes: Any) -> Task:
