@@ -377,11 +377,13 @@ class Scheduler:
                 self._entry[t.id] = (self._order[t.id], t.id)
             return
         path: dict[str, float] = {}
+        dependents, entry, order = self._dependents, self._entry, self._order
         for t in reversed(batch):
-            below = max((path.get(d, 0.0) for d in self._dependents.get(t.id, ())),
-                        default=0.0)
-            path[t.id] = t.estimate_s + below
-            self._entry[t.id] = (-path[t.id], self._order[t.id], t.id)
+            tid = t.id
+            below = dependents.get(tid)
+            longest = t.estimate_s + (max([path.get(d, 0.0) for d in below]) if below else 0.0)
+            path[tid] = longest
+            entry[tid] = (-longest, order[tid], tid)
 
     # ---- workers ---------------------------------------------------------------------------
 
