@@ -34,7 +34,8 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from itertools import chain, repeat
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
@@ -162,6 +163,17 @@ class Plan:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
 
+    if not TYPE_CHECKING:  # (an attribute mypy does not know stays an error)
+
+        def __getattr__(self, name: str) -> Any:
+            # A plan the validator read at once keeps its tasks as rows (no object per
+            # task) until ``tasks`` is first read; the records are then built once.
+            if name == "tasks":
+                rows = self.__dict__.get("_rows")
+                if rows is not None:
+                    return self.__dict__.setdefault("tasks", rows.plan_tasks())
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @classmethod
     def parse(
         cls,
@@ -251,11 +263,16 @@ class Plan:
 
     def task_ids(self, id_prefix: str = "t") -> list[str]:
         """The id each task gets: its own ``id``, else ``f"{id_prefix}{index}"`` (made unique)."""
-        taken = {t.id for t in self.tasks if t.id is not None}
+        rows = self._unread_rows()
+        own = [t.id for t in self.tasks] if rows is None else rows.ids
+        if own is None or own.count(None) == len(own):  # no task names itself
+            n = len(own) if own is not None else len(rows.kinds) if rows is not None else 0
+            return [f"{id_prefix}{i}" for i in range(n)]  # distinct: no clash to resolve
+        taken = {t for t in own if t is not None}
         ids: list[str] = []
-        for i, task in enumerate(self.tasks):
-            if task.id is not None:
-                ids.append(task.id)
+        for i, task_id in enumerate(own):
+            if task_id is not None:
+                ids.append(task_id)
                 continue
             candidate, k = f"{id_prefix}{i}", 1
             while candidate in taken:
@@ -284,6 +301,9 @@ class Plan:
         if bad:
             raise UsageError(f"to_tasks: cannot set {bad}; settable fields: {sorted(settable)}")
         ids = self.task_ids(id_prefix)
+        rows = self._unread_rows()
+        if rows is not None:
+            return rows.to_tasks(ids, defaults)
         if defaults:
             return [
                 Task(id=ids[i], kind=task.kind, payload=_copied(task.payload),
@@ -295,6 +315,19 @@ class Plan:
                  depends_on=tuple([ids[d] for d in task.depends_on]) if task.depends_on else ())
             for i, task in enumerate(self.tasks)
         ]
+
+    def _unread_rows(self) -> _PlanRows | None:
+        """The rows of a plan read at once whose ``tasks`` nobody has read yet, else None."""
+        state = self.__dict__
+        return None if "tasks" in state else state.get("_rows")
+
+    @classmethod
+    def _of_rows(cls, goal: str, rows: _PlanRows) -> Plan:
+        plan = _new_object(cls)
+        state = plan.__dict__
+        state["goal"] = goal
+        state["_rows"] = rows
+        return plan
 
     def to_document(self) -> dict[str, Any]:
         """The plan as the design's index-based document, ready for ``json.dumps``.
@@ -425,6 +458,64 @@ class _Draft:
     deps: list[int | str] = field(default_factory=list)
     id: str | None = None
     ok: bool = True
+
+
+class _PlanRows:
+    """A valid plan's tasks as the quick read (:func:`_plain_check`) leaves them, column by
+    column, with no object per task. A column that is None holds nothing for any task:
+    ``payloads`` (a payload that is None was empty; each record gets a new ``{}``), ``deps``
+    (index tuples) and ``ids``."""
+
+    __slots__ = ("deps", "ids", "kinds", "payloads")
+
+    def __init__(self, kinds: list[str], payloads: list[dict[str, Any] | None] | None,
+                 deps: list[tuple[int, ...]] | None, ids: list[str | None] | None) -> None:
+        self.kinds = kinds
+        self.payloads = payloads
+        self.deps = deps
+        self.ids = ids
+
+    def _columns(self) -> Iterator[tuple[str, dict[str, Any] | None, tuple[int, ...]]]:
+        payloads = self.payloads if self.payloads is not None else repeat(None)
+        deps = self.deps if self.deps is not None else repeat(())
+        return zip(self.kinds, payloads, deps, strict=False)  # a column may repeat
+
+    def plan_tasks(self) -> tuple[PlanTask, ...]:
+        """The tasks as :class:`PlanTask` records (what ``Plan(...)`` would hold)."""
+        ids = self.ids if self.ids is not None else repeat(None)
+        return tuple([_plan_task(kind, {} if payload is None else payload, deps, task_id)
+                      for (kind, payload, deps), task_id
+                      in zip(self._columns(), ids, strict=False)])
+
+    def to_tasks(self, ids: list[str], defaults: Mapping[str, Any]) -> list[Task]:
+        """What :meth:`Plan.to_tasks` builds from the plan's tasks, built from the rows."""
+        if self.payloads is None and self.deps is None and not defaults:
+            return [Task(tid, kind, {}) for tid, kind in zip(ids, self.kinds, strict=True)]
+        deep = copy.deepcopy
+        rows = zip(ids, self._columns(), strict=True)
+        if defaults:
+            return [Task(id=tid, kind=kind, payload={} if payload is None else deep(payload),
+                         depends_on=tuple([ids[d] for d in deps]), **defaults)
+                    for tid, (kind, payload, deps) in rows]
+        return [Task(tid, kind, {} if payload is None else deep(payload),
+                     depends_on=tuple([ids[d] for d in deps]) if deps else ())
+                for tid, (kind, payload, deps) in rows]
+
+
+_new_object: Final = object.__new__
+
+
+def _plan_task(kind: str, payload: dict[str, Any], depends_on: tuple[int, ...],
+               task_id: str | None) -> PlanTask:
+    """``PlanTask(kind, payload, depends_on, task_id)`` with ``depends_on`` already a tuple:
+    the fields stored in order, as the dataclass stores them, without its checks."""
+    task = _new_object(PlanTask)
+    state = task.__dict__
+    state["kind"] = kind
+    state["payload"] = payload
+    state["depends_on"] = depends_on
+    state["id"] = task_id
+    return task
 
 
 def _registry(kinds: KindsLike) -> Registry:
@@ -627,12 +718,12 @@ def _path_text(path: Sequence[object]) -> str:
     return text if len(text) <= 80 else text[:37] + "..." + text[-40:]
 
 
-def _within_bounds(doc: object) -> bool:
-    """True when ``doc`` nests no deeper than the bound, is made of dicts, lists and
+def _within_bounds(doc: object, limit: int = _MAX_DEPTH) -> bool:
+    """True when ``doc`` nests no deeper than ``limit`` levels, is made of dicts, lists and
     tuples, and has string keys only; level by level, no recursion."""
     level, depth = [doc], 1
     while level:
-        if depth > _MAX_DEPTH:
+        if depth > limit:
             return False
         below = []
         for value in level:
@@ -768,10 +859,10 @@ def _payload_fields(model: type[BaseModel]) -> str:
 
 
 def _check(
-    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True
 ) -> tuple[list[Problem], Plan | None]:
     with _collector_paused(raw):
-        return _check_now(raw, kinds, min_tasks, max_tasks)
+        return _check_now(raw, kinds, min_tasks, max_tasks, quick=quick)
 
 
 _LARGE_INPUT: Final = 1_000_000
@@ -802,8 +893,9 @@ def _collector_paused(raw: object) -> Iterator[None]:
 
 
 def _check_now(
-    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True
 ) -> tuple[list[Problem], Plan | None]:
+    """Validate ``raw``; ``quick=False`` skips :func:`_plain_check` (tests compare both)."""
     _check_bounds(min_tasks, max_tasks)
     registry = _registry(kinds)
     problems: list[Problem] = []
@@ -828,6 +920,11 @@ def _check_now(
         if doc is None:
             message = f"{why}; reply with the plan as JSON: {_SHAPE_HINT}"
             return [Problem(NOT_JSON, None, message)], None
+
+    if quick:
+        read = _plain_check(doc, registry, min_tasks, max_tasks, copy_payload=not parsed_here)
+        if read is not None:
+            return read
 
     strict, too_deep = _strict_problems(doc)
     if too_deep:
@@ -952,6 +1049,139 @@ def _check_now(
         for i, draft in enumerate(drafts)
     )
     return [], Plan(goal=goal, tasks=tasks)
+
+
+_TASK_FIELD_SET: Final = frozenset(_TASK_FIELDS)
+_NO_PAYLOAD: Final[dict[str, Any]] = {}
+_NO_DEPS: Final[list[Any]] = []
+_DOC_FIELD_SET: Final = frozenset(("goal", "tasks"))
+_ONLY_STR: Final = frozenset((str,))
+_ONLY_DICT: Final = frozenset((dict,))
+_ONLY_LIST: Final = frozenset((list,))
+_NO_ID: Final = object()
+
+
+def _encodes(text: str) -> bool:
+    """True when ``text`` is valid UTF-8 text (no lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain_check(
+    doc: object, registry: Registry, min_tasks: int, max_tasks: int, *, copy_payload: bool
+) -> tuple[list[Problem], Plan | None] | None:
+    """The usual plan read at once: what the careful path would return, or None when
+    anything about ``doc`` is unusual (the careful path then reads and explains it).
+
+    Taken only where the careful path would find nothing wrong but invalid payloads:
+    ``doc`` a list of task dicts (or a ``{"goal", "tasks"}`` dict holding one) of plain
+    types with plain string keys, only the task fields, known kinds, valid UTF-8 text,
+    integer dependencies on earlier tasks, unique ids, a task count within the bounds, and
+    payloads that nest within the bound and are strict JSON (the careful path's checks,
+    run over the payloads only). Each check runs over every task at once at C speed
+    (``map``, ``set``), so a plan of many small tasks costs a few passes; only
+    dependencies, ids and payloads, where there are some, are looked at task by task. The
+    payloads are then copied and checked against their kinds' models in task order, as the
+    careful path does, and its problems (only ``invalid_payload`` can be left) come back
+    in its order. The tasks of a valid plan stay in rows (:class:`_PlanRows`) until read.
+    """
+    goal = ""
+    if type(doc) is list:
+        entries: list[Any] = doc
+        payload_level = 3  # the list, a task, its payload
+    elif type(doc) is dict:
+        entries = doc.get("tasks")  # type: ignore[assignment]
+        if (type(entries) is not list or not doc.keys() <= _DOC_FIELD_SET
+                or not set(map(type, doc)) <= _ONLY_STR):
+            return None
+        if "goal" in doc:
+            goal = doc["goal"]
+            if type(goal) is not str or not _encodes(goal):
+                return None
+        payload_level = 4  # the document, its tasks, a task, its payload
+    else:
+        return None
+    n = len(entries)
+    if n < min_tasks or n > max_tasks or not set(map(type, entries)) <= _ONLY_DICT:
+        return None
+    keys = list(chain.from_iterable(entries))  # every task's keys
+    if not set(map(type, keys)) <= _ONLY_STR:  # plain str keys: no look-alike of a field
+        return None
+    fields = set(keys)
+    if not fields <= _TASK_FIELD_SET:
+        return None
+    specs = {spec.name: spec for spec in registry if _encodes(spec.name)}
+    kinds: list[Any] = [entry.get("kind") for entry in entries]
+    given: list[Any] = [entry.get("payload", _NO_PAYLOAD) for entry in entries]
+    wants: list[Any] = [entry.get("depends_on", _NO_DEPS) for entry in entries]
+    if (not set(map(type, kinds)) <= _ONLY_STR or not set(kinds).issubset(specs)
+            or not set(map(type, given)) <= _ONLY_DICT
+            or not set(map(type, wants)) <= _ONLY_LIST):
+        return None
+
+    ids: list[str | None] | None = None
+    if "id" in fields:
+        ids = []
+        seen: set[str] = set()
+        for task_id in [entry.get("id", _NO_ID) for entry in entries]:
+            if task_id is _NO_ID:
+                ids.append(None)
+                continue
+            if type(task_id) is not str or not task_id or task_id in seen \
+                    or not _encodes(task_id):
+                return None
+            seen.add(task_id)
+            ids.append(task_id)
+
+    deps: list[tuple[int, ...]] | None = None
+    if any(wants):
+        deps = []
+        for i, these in enumerate(wants):
+            if not these:
+                deps.append(())
+                continue
+            for dep in these:
+                if type(dep) is not int or not 0 <= dep < i:
+                    return None
+            deps.append((these[0],) if len(these) == 1 else tuple(dict.fromkeys(these)))
+
+    filled = list(filter(None, given))
+    if filled:
+        # The careful path's strict checks of the whole document, less what was checked
+        # above: the payloads, one level down in a list of them.
+        if not _within_bounds(filled, _MAX_DEPTH + 2 - payload_level):
+            return None
+        try:
+            json.dumps(filled, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        except (ValueError, TypeError, UnicodeEncodeError, RecursionError):
+            return None
+
+    payloads: list[dict[str, Any] | None] | None = None
+    problems: list[Problem] = []
+    modelled = {kind for kind in set(kinds) if specs[kind].payload_model is not None}
+    if filled or modelled:
+        # As the careful path reads each task: copy its payload, then check it.
+        payloads = []
+        for i, payload in enumerate(given):
+            copied = None
+            if payload:
+                copied = copy.deepcopy(payload) if copy_payload else dict(payload)
+            kind = kinds[i]
+            if kind in modelled:
+                spec = specs[kind]
+                assert spec.payload_model is not None
+                if copied is None:
+                    copied = {}  # what is checked is what the plan holds
+                _check_payload(i, spec, spec.payload_model, copied, problems)
+            payloads.append(copied)
+    if problems:
+        return problems, None
+    return [], Plan._of_rows(goal, _PlanRows(kinds, payloads, deps, ids))
 
 
 def _read_task(
@@ -1117,11 +1347,6 @@ def _read_plain_task(
     if check_payload and spec.payload_model is not None:
         _check_payload(i, spec, spec.payload_model, draft.payload, problems)
     return draft
-
-
-_TASK_FIELD_SET: Final = frozenset(_TASK_FIELDS)
-_NO_PAYLOAD: Final[dict[str, Any]] = {}
-_NO_DEPS: Final[list[Any]] = []
 
 
 def _check_payload(

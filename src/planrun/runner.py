@@ -17,6 +17,7 @@ import importlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from planrun import tracing
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from planrun.limits import SharedBudget
     from planrun.model import Model
     from planrun.stores.base import Store
-    from planrun.usage import Budget, PriceTable, Usage
+    from planrun.usage import Budget, PriceTable, Tally, Usage
 
 READY_PLAN_MAX_TASKS = 1_000_000
 """A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
@@ -173,9 +174,12 @@ class TaskReport:
         return dict(self.__dict__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunReport:
-    """Everything a run produced, for a person (``summary()``) or a program (``to_dict()``)."""
+    """Everything a run produced, for a person (``summary()``) or a program (``to_dict()``).
+
+    Its ``repr`` is a one-line summary (a large run's fields come to megabytes of text).
+    """
 
     run_id: str
     goal: str
@@ -190,6 +194,25 @@ class RunReport:
     aborted_by: str | None
     events: Sequence[Event]
     result: RunResult
+
+    if not TYPE_CHECKING:  # (an attribute mypy does not know stays an error)
+
+        def __getattr__(self, name: str) -> Any:
+            # A report made by plan_and_run builds its task reports when ``tasks`` is
+            # first read, from the run's records and what was fixed when it ended.
+            if name == "tasks":
+                ended = self.__dict__.get("_ended")
+                if ended is not None:
+                    return self.__dict__.setdefault("tasks", _task_reports(self.result, *ended))
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        # A summary, as RunResult's: on Python 3.11 ``asyncio.run`` (so plan_and_run) takes
+        # the repr of the result of what it ran, which with every field was megabytes.
+        counts = {k: v for k, v in self.counts.items() if v}
+        tasks = self.__dict__.get("tasks", self.result.tasks)
+        return (f"RunReport(run_id={self.run_id!r}, goal={self.goal!r}, counts={counts}, "
+                f"ok={self.ok}, duration_s={self.duration_s:.3f}, tasks={len(tasks)})")
 
     @property
     def ok(self) -> bool:
@@ -495,39 +518,53 @@ _TEXT = {s: s.value for s in Status}
 """A status as plain text (its ``value``, without the enum's descriptor)."""
 
 
+_ERROR = attrgetter("error")
+
+
 def _report(plan: Plan, result: RunResult, meter: Usage) -> RunReport:
-    by_key = meter.by_key()
-    tasks = []
+    """The run's report; its ``tasks`` are built when first read (most callers read the
+    counts, the audit or a few results), from what is fixed here: the usage per key as it
+    is now, and each error redacted with the secrets known now."""
+    errors = {task.id: redact(task.error)
+              for task in filter(_ERROR, result.tasks.values()) if task.error}
+    report = object.__new__(RunReport)
+    state = report.__dict__  # the dataclass's fields, in order, but ``tasks``
+    state["run_id"] = result.run_id
+    state["goal"] = plan.goal
+    state["plan"] = plan
+    state["counts"] = result.counts
+    state["audit"] = result.audit
+    state["usage"] = meter
+    state["started_at"] = result.started_at
+    state["finished_at"] = result.finished_at
+    state["budget_exhausted"] = result.budget_exhausted
+    state["aborted_by"] = result.aborted_by
+    state["events"] = result.events
+    state["result"] = result
+    state["_ended"] = (meter.by_key(), errors)
+    return report
+
+
+def _task_reports(
+    result: RunResult, by_key: Mapping[str, Tally], errors: Mapping[str, str]
+) -> list[TaskReport]:
+    """A report per task record of ``result``: usage from ``by_key``, errors as redacted."""
+    reports = []
     for task in result.tasks.values():
-        tally = by_key.get(f"task:{task.id}")
-        tasks.append(
+        tally = by_key.get(f"task:{task.id}") if by_key else None
+        reports.append(
             TaskReport(
-                id=task.id,
-                kind=task.kind,
-                status=_TEXT[task.status],
-                attempts=task.attempts,
-                result=task.result,
-                error=redact(task.error) if task.error else task.error,
-                cause=task.cause,
-                tokens=tally.total_tokens if tally else 0,
-                cost_usd=tally.cost_usd if tally else 0.0,
-                started_at=task.started_at,
-                finished_at=task.finished_at,
+                task.id,
+                task.kind,
+                _TEXT[task.status],
+                task.attempts,
+                task.result,
+                errors[task.id] if task.error else task.error,
+                task.cause,
+                tally.total_tokens if tally else 0,
+                tally.cost_usd if tally else 0.0,
+                task.started_at,
+                task.finished_at,
             )
         )
-    return RunReport(
-        run_id=result.run_id,
-        goal=plan.goal,
-        plan=plan,
-        tasks=tasks,
-        counts=result.counts,
-        audit=result.audit,
-        usage=meter,
-        started_at=result.started_at,
-        finished_at=result.finished_at,
-        budget_exhausted=result.budget_exhausted,
-        aborted_by=result.aborted_by,
-        events=result.events,
-        result=result,
-    )
-
+    return reports

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -184,3 +185,52 @@ def test_shared_usage_meter_is_used_when_given(tmp_path: Any) -> None:
     meter = Usage()
     report = plan_and_run(PLAN, plain_registry(), usage=meter)
     assert report.usage is meter
+
+
+def test_the_task_reports_are_built_when_read_from_what_the_run_ended_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = "hunter2-but-longer"
+    registry = plain_registry()
+
+    @registry.kind("leak")
+    def leak(payload: Any, ctx: TaskContext) -> None:
+        raise PermanentError(f"refused with {secret}")
+
+    monkeypatch.setenv("OPENAI_API_KEY", secret)  # a secret redact() knows while it is set
+    meter = Usage()
+    plan = {"goal": "g", "tasks": [*PLAN["tasks"], {"kind": "leak", "payload": {}}]}
+    report = plan_and_run(plan, App(registry), usage=meter)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    meter.record("gpt-4o-mini", prompt_tokens=10, keys=["task:t0"])  # after the run
+    assert "tasks" not in vars(report)  # not built yet (its repr does not build them)
+    assert repr(report) == (f"RunReport(run_id={report.run_id!r}, goal='g', "
+                            "counts={'completed': 3, 'dead': 1}, ok=False, "
+                            f"duration_s={report.duration_s:.3f}, tasks=4)")
+    assert "tasks" not in vars(report)
+    built = report.tasks
+    assert report.tasks is built
+    by_id = {t.id: t for t in built}
+    assert [t.id for t in built] == list(report.result.tasks)
+    assert by_id["t3"].status == "dead" and by_id["t3"].error is not None
+    assert secret not in by_id["t3"].error and "[redacted]" in by_id["t3"].error
+    assert by_id["t0"].tokens == 0  # what the meter held when the run ended
+    for task in report.result.tasks.values():
+        mine = by_id[task.id]
+        assert (mine.kind, mine.status, mine.attempts, mine.result, mine.cause) == (
+            task.kind, task.status.value, task.attempts, task.result, task.cause)
+        assert (mine.started_at, mine.finished_at) == (task.started_at, task.finished_at)
+        assert type(mine.status) is str
+    assert report.results() == {"t0": 2, "t1": 4, "t2": 6}
+    assert [f.name for f in dataclasses.fields(report)][3] == "tasks"
+    again = dataclasses.replace(report, goal="other")
+    assert again.tasks == built and again.goal == "other"
+    assert report.to_dict()["tasks"][3]["error"] == by_id["t3"].error
+    assert not hasattr(report, "nope")
+
+
+def test_a_report_made_directly_holds_the_tasks_it_is_given() -> None:
+    report = plan_and_run(PLAN, plain_registry())
+    fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
+    made = RunReport(**{**fields, "tasks": report.tasks[:1]})
+    assert made.tasks == report.tasks[:1] and made.results() == {"t0": 2}
