@@ -149,6 +149,13 @@ WRITE_STALL_S = 0.5
 """Seconds after which a store write still under way counts as failing: no new attempt
 starts until a write succeeds."""
 
+GATHER_S = 0.002
+"""Seconds a batch of changes for the store waits for more while they keep coming (attempts
+running): a task changed several times in one batch has its row written once."""
+
+GATHER_MAX_S = 0.1
+"""Seconds a batch gathers at most after its first wait, however fast changes come."""
+
 
 class Supervisor:
     """Owns a run's tasks and drives them to completion through registered workers.
@@ -681,6 +688,8 @@ class Supervisor:
 
         self._dirty = asyncio.Event()
         self._flush_lock = asyncio.Lock()
+        self._gathering: asyncio.Future[None] | None = None
+        self._flush_now = False
         if self._resumed:
             await self.store.set_run_status(self.run_id, "running")
         else:
@@ -697,6 +706,7 @@ class Supervisor:
             # Never cancel a write in flight: a cancelled batch may or may not have been
             # committed. Ask the flusher to drain and finish instead.
             self._closing = True
+            self._end_gathering(flush=True)
             self._dirty.set()
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self._flush()
@@ -706,10 +716,46 @@ class Supervisor:
         assert self._dirty is not None
         while True:
             await self._dirty.wait()
+            await self._gather()
             self._dirty.clear()
             await self._flush()
             if self._closing and not self._pending:
                 return
+
+    async def _gather(self) -> None:
+        """Let the next batch wait for more changes while they keep coming (attempts run),
+        so a task changed several times in it has its row written once: :data:`GATHER_S`
+        at a time, :data:`GATHER_MAX_S` at most. Closing the run, a waiting row (a person
+        reads it from the store) or a store that refuses writes ends the wait at once.
+
+        The store stays a log written behind the run: a crash keeps the batches committed
+        before it, and a resume puts back what was assigned or running. An effect does not
+        wait: :meth:`_apply_effect` flushes its task's completion itself.
+        """
+        loop = asyncio.get_running_loop()
+        until = loop.time() + GATHER_MAX_S
+        seen = -1
+        while seen != len(self._pending) and not self._flush_now and not self._store_down:
+            now = loop.time()
+            if now >= until:
+                break
+            seen = len(self._pending)
+            self._gathering = woken = loop.create_future()
+            timer = loop.call_later(min(GATHER_S, until - now), self._end_gathering)
+            try:
+                await woken
+            finally:
+                timer.cancel()
+                self._gathering = None
+        self._flush_now = False
+
+    def _end_gathering(self, flush: bool = False) -> None:
+        """Wake :meth:`_gather` (``flush``: and write the batch now)."""
+        if flush:
+            self._flush_now = True
+        woken = self._gathering
+        if woken is not None and not woken.done():
+            woken.set_result(None)
 
     async def _flush(self) -> None:
         """Write what changed, batch by batch; ride out a store that is briefly down.
@@ -763,6 +809,8 @@ class Supervisor:
         if self._dirty is not None:  # durable: the record and its event go together
             self._pending.append((task, entry))
             self._dirty.set()
+            if event == E.WAITING:
+                self._end_gathering(flush=True)  # a person reads the waiting row from the store
         if event == E.RECLAIMED:
             self._reclaimed(task)
         self._notify(entry, task)

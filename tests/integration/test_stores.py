@@ -533,6 +533,90 @@ async def test_a_batch_written_again_stores_its_events_once(store: Store) -> Non
     assert [t.status for t in state.tasks] == [Status.ASSIGNED, Status.ASSIGNED]
 
 
+async def test_values_like_the_sqlite_stand_ins_for_null_stay_themselves(store: Store) -> None:
+    # The SQLite store sends a missing text value as 0 and a missing number as '' (NULLIF
+    # turns them into NULL): a real "0", "", 0 or 0.0 is kept, and None stays None.
+    odd = Task("0", "k", {"": 0}, assigned_to="0", result="", error="", error_class="0",
+               cause="", depends_on=("",), resources=("0",), lease=0.0, not_before=0,
+               created_at=0.0, started_at=-0.0, finished_at=0.0, parent="0", joins=("",))
+    plain = Task("p", "k")
+    run_id = new_run_id()
+    await store.create_run(RunInfo(run_id, 1.0))
+    await store.add_tasks(run_id, [odd, plain], [Event(0, 0.0, "0", "created", worker="0"),
+                                                 Event(1, 0.0, "p", "created", worker="")])
+    again = transition(odd, Status.ASSIGNED, assigned_to="", token=1)
+    await store.write(run_id, [(again, Event(2, 0.0, "0", "assigned", "0", 1)),
+                               (plain, Event(3, 0.0, "p", "joined", None, 0, {"": ""}))])
+
+    state = await store.load(run_id)
+
+    assert state.tasks == [again, plain]
+    assert state.tasks[0].lease == 0.0 and state.tasks[0].not_before == 0
+    assert [(e.worker, e.detail) for e in state.events] == [("0", {}), ("", {}), ("0", {}),
+                                                            (None, {"": ""})]
+
+
+async def test_a_long_batch_is_written_whole_in_its_order(store: Store) -> None:
+    # More rows than one statement takes (the SQLite store writes 41 task rows or 124 events
+    # a statement), and not a multiple of it: every row and every event lands, in order.
+    tasks = [Task(f"t{i}", "k", {"i": i}) for i in range(75)]
+    run_id = await make_run(store, tasks)
+    batch: list[tuple[Task, Event]] = []
+    final: list[Task] = []
+    seq = len(tasks)
+    for task in tasks:
+        assigned = transition(task, Status.ASSIGNED, assigned_to=f"w{seq % 3}", token=1)
+        running = transition(assigned, Status.RUNNING, started_at=float(seq), lease=seq + 9.5)
+        done = transition(running, Status.COMPLETED, result=[seq], finished_at=seq + 1.0,
+                          lease=None)
+        for record, name in ((assigned, "assigned"), (running, "started"), (done, "completed")):
+            batch.append((record, Event(seq, float(seq), task.id, name, record.assigned_to, 1)))
+            seq += 1
+        final.append(done)
+    await store.write(run_id, batch)
+
+    state = await store.load(run_id)
+
+    assert state.tasks == final
+    assert [(e.seq, e.task, e.event) for e in state.events] == [
+        (i, t.id, "created") for i, t in enumerate(tasks)] + [
+        (e.seq, e.task, e.event) for _, e in batch]
+
+
+async def test_sqlite_a_batch_that_fails_midway_writes_none_of_it(tmp_path: Path) -> None:
+    # A batch is written in several statements; one failing after others have run (here a
+    # trigger refuses one event) leaves the store as the batches before it left it.
+    path = tmp_path / "store.db"
+    store = SQLiteStore(str(path))
+    await store.open()
+    try:
+        tasks = [Task(f"t{i}", "k") for i in range(150)]
+        run_id = await make_run(store, tasks)  # seqs 0-149
+        assigned = [transition(t, Status.ASSIGNED, assigned_to="w", token=1) for t in tasks]
+        await store.write(run_id, [(a, Event(150 + i, 2.0, a.id, "assigned", "w", 1))
+                                   for i, a in enumerate(assigned)])
+        before = await store.load(run_id)
+        running = [transition(a, Status.RUNNING, started_at=3.0) for a in assigned]
+        second = [(r, Event(300 + i, 3.0, r.id, "started", "w", 1))
+                  for i, r in enumerate(running)]
+        with sqlite3.connect(path) as other:  # an event of the batch's second statement
+            other.execute("CREATE TRIGGER refuse BEFORE INSERT ON planrun_events "
+                          "WHEN NEW.seq = 440 BEGIN SELECT RAISE(ABORT, 'refused'); END")
+
+        with pytest.raises(StoreError, match="refused"):
+            await store.write(run_id, second)
+        assert await store.load(run_id) == before
+
+        with sqlite3.connect(path) as other:
+            other.execute("DROP TRIGGER refuse")
+        await store.write(run_id, second)
+        state = await store.load(run_id)
+        assert state.tasks == running
+        assert [e.seq for e in state.events] == list(range(450))
+    finally:
+        await store.close()
+
+
 async def test_an_effect_and_its_event_are_recorded_once_together(connect: Connect) -> None:
     # Two processes finish the same effect (one died with its commit in flight, one
     # resumed): exactly one marks it applied, and only that one writes the event.

@@ -91,7 +91,7 @@ def test_the_row_mapping_covers_every_task_field() -> None:
 @pytest.mark.parametrize(
     ("backend", "writes"),
     [
-        ("sqlite", ("insert_task", "upsert_task", "fenced_update")),
+        ("sqlite", ("insert_tasks_rows", "upsert_tasks_rows", "fenced_update")),
         ("postgres", ("insert_tasks", "upsert_tasks", "fenced_update")),
     ],
 )
@@ -101,6 +101,14 @@ def test_the_sql_files_write_every_task_column(backend: str, writes: tuple[str, 
         missing = [c for c in TASK_COLUMNS if c not in queries[name]]
         assert not missing, (name, missing)
     assert all(sql and not sql.startswith("--") for sql in queries.values())
+
+
+def test_the_sqlite_rows_of_many_row_statements_hold_one_value_per_column() -> None:
+    queries = load_queries("sqlite")
+    assert queries["task_values_row"].count("?") == 1 + len(TASK_COLUMNS)  # run_id first
+    assert queries["event_values_row"].count("?") == 8
+    for name in ("insert_tasks_rows", "upsert_tasks_rows", "insert_events_rows"):
+        assert queries[name].count("{rows}") == 1 and "?" not in queries[name]
 
 
 def test_both_sql_files_share_their_core_queries() -> None:

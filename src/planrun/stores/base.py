@@ -662,35 +662,82 @@ def last_per_task(changes: Sequence[tuple[Task, Event]]) -> list[Task]:
     return list({t.id: t for t, _ in changes}.values())
 
 
+TASK_ROW_KEYS: tuple[str, ...] = ("run_id", *TASK_COLUMNS)
+"""The keys of :func:`task_row`, in the order of :func:`task_values`."""
+
+_STATUS_TEXT: dict[str, str] = {s.value: s.value for s in Status}
+"""A status (a :class:`Status` hashes and compares as its value) -> its plain text."""
+
+
+def _field_json(value: Any, task: Task, name: str) -> str:
+    """:func:`dump_json` of a task's field; the error's wording is built only on failure."""
+    if value is None:
+        return "null"
+    if not value and isinstance(value, dict | list | tuple):
+        return "{}" if isinstance(value, dict) else "[]"
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError):
+        return strict_json(value, f"task {task.id!r} {name}")  # raises UnstorableValue
+
+
+def task_values(run_id: str, task: Task, null_text: Any = None,
+                null_real: Any = None) -> tuple[Any, ...]:
+    """The row of ``task`` in run ``run_id`` as a tuple in :data:`TASK_ROW_KEYS` order: JSON
+    columns encoded, status as text (the values of :func:`task_row`).
+
+    ``null_text`` and ``null_real`` stand for a missing value of a nullable text column
+    (``assigned_to``, ``error``, ``error_class``, ``cause``, ``parent``) and of a nullable
+    number column (``lease``, ``not_before`` and the three times): a driver that binds
+    ``None`` slowly passes sentinels its statement turns back into NULL.
+    """
+    payload = task.payload
+    status = task.status
+    depends_on = task.depends_on
+    resources = task.resources
+    joins = task.joins
+    assigned_to = task.assigned_to
+    error = task.error
+    error_class = task.error_class
+    cause = task.cause
+    lease = task.lease
+    not_before = task.not_before
+    created_at = task.created_at
+    started_at = task.started_at
+    finished_at = task.finished_at
+    parent = task.parent
+    return (
+        run_id,
+        task.id,
+        task.kind,
+        "{}" if type(payload) is dict and not payload
+        else _field_json(dict(payload), task, "payload"),
+        _STATUS_TEXT.get(status) or Status(status).value,
+        null_text if assigned_to is None else assigned_to,
+        task.attempts,
+        task.max_attempts,
+        _field_json(task.result, task, "result"),
+        null_text if error is None else redact(error) if error else error,
+        null_text if error_class is None else error_class,
+        null_text if cause is None else cause,
+        "[]" if depends_on == () else _field_json(list(depends_on), task, "depends_on"),
+        task.estimate_s,
+        "[]" if resources == () else _field_json(list(resources), task, "resources"),
+        null_real if lease is None else lease,
+        task.token,
+        task.reclaims,
+        null_real if not_before is None else not_before,
+        null_real if created_at is None else created_at,
+        null_real if started_at is None else started_at,
+        null_real if finished_at is None else finished_at,
+        null_text if parent is None else parent,
+        "[]" if joins == () else _field_json(list(joins), task, "joins"),
+    )
+
+
 def task_row(run_id: str, task: Task) -> dict[str, Any]:
     """The row of ``task`` in run ``run_id``: JSON columns encoded, status as text."""
-    what = f"task {task.id!r}"
-    return {
-        "run_id": run_id,
-        "id": task.id,
-        "kind": task.kind,
-        "payload": dump_json(dict(task.payload), f"{what} payload"),
-        "status": Status(task.status).value,
-        "assigned_to": task.assigned_to,
-        "attempts": task.attempts,
-        "max_attempts": task.max_attempts,
-        "result": dump_json(task.result, f"{what} result"),
-        "error": redact(task.error) if task.error else task.error,
-        "error_class": task.error_class,
-        "cause": task.cause,
-        "depends_on": dump_json(list(task.depends_on), f"{what} depends_on"),
-        "estimate_s": task.estimate_s,
-        "resources": dump_json(list(task.resources), f"{what} resources"),
-        "lease": task.lease,
-        "token": task.token,
-        "reclaims": task.reclaims,
-        "not_before": task.not_before,
-        "created_at": task.created_at,
-        "started_at": task.started_at,
-        "finished_at": task.finished_at,
-        "parent": task.parent,
-        "joins": dump_json(list(task.joins), f"{what} joins"),
-    }
+    return dict(zip(TASK_ROW_KEYS, task_values(run_id, task), strict=False))
 
 
 def decision_row(run_id: str, task: Task | None, task_id: str, approve: bool,
@@ -743,18 +790,33 @@ def task_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Task:
     )
 
 
+EVENT_ROW_KEYS: tuple[str, ...] = (
+    "run_id", "seq", "at", "task", "event", "worker", "attempt", "detail")
+"""The keys of :func:`event_row`, in the order of :func:`event_values`."""
+
+
+def event_values(run_id: str, event: Event, seq: int | None = None,
+                 null_text: Any = None) -> tuple[Any, ...]:
+    """The row of ``event`` as a tuple in :data:`EVENT_ROW_KEYS` order (the values of
+    :func:`event_row`); ``null_text`` stands for a missing worker (see :func:`task_values`)."""
+    detail = event.detail
+    worker = event.worker
+    return (
+        run_id,
+        event.seq if seq is None else seq,
+        event.at,
+        event.task,
+        event.event,
+        null_text if worker is None else worker,
+        event.attempt,
+        "{}" if type(detail) is dict and not detail
+        else dump_json(_redacted(detail), f"event {event.event!r} detail"),
+    )
+
+
 def event_row(run_id: str, event: Event, seq: int | None = None) -> dict[str, Any]:
     """The row of ``event``; ``seq`` replaces the event's own when the store assigns it."""
-    return {
-        "run_id": run_id,
-        "seq": event.seq if seq is None else seq,
-        "at": event.at,
-        "task": event.task,
-        "event": event.event,
-        "worker": event.worker,
-        "attempt": event.attempt,
-        "detail": dump_json(_redacted(event.detail), f"event {event.event!r} detail"),
-    }
+    return dict(zip(EVENT_ROW_KEYS, event_values(run_id, event, seq), strict=False))
 
 
 def _redacted(detail: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ The file runs in WAL mode with ``synchronous=NORMAL`` (a commit survives a proce
 a power cut may lose the last few) and a busy timeout, so several processes can share it.
 Every write starts with ``BEGIN IMMEDIATE``: it takes the write lock up front, which makes
 :meth:`SQLiteStore.claim` atomic across processes and never turns a reader into a writer
-that deadlocks. Batches go through ``executemany``.
+that deadlocks. Batches of rows go through statements of many rows each (see
+:func:`_rows`), their values bound by position.
 
 sqlite3 blocks, so calls run on one private thread (the connection's only user) and the
 event loop stays free; ``inline=True`` runs them on the loop's thread instead, which keeps
@@ -14,10 +15,11 @@ a :class:`planrun.clock.VirtualClock` from advancing while a query runs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -33,7 +35,9 @@ from tenacity import (
 from planrun.errors import RunInUse, StoreError
 from planrun.ledger import Event
 from planrun.stores.base import (
+    EVENT_ROW_KEYS,
     SCHEMA_VERSION,
+    TASK_ROW_KEYS,
     Added,
     EffectRecord,
     LimiterState,
@@ -52,6 +56,7 @@ from planrun.stores.base import (
     effect_from_row,
     event_from_row,
     event_row,
+    event_values,
     last_per_task,
     limiter_from_row,
     load_queries,
@@ -66,6 +71,7 @@ from planrun.stores.base import (
     summarize,
     task_from_row,
     task_row,
+    task_values,
     unknown_run,
     widened_rows,
     worker_from_row,
@@ -133,10 +139,85 @@ def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
         raise unknown_run(run_id)
 
 
-def _raise_next_seq(conn: sqlite3.Connection, run_id: str, events: Sequence[Row]) -> None:
-    if events:
-        after = max(e["seq"] for e in events) + 1
-        conn.execute(Q["raise_next_seq"], {"run_id": run_id, "after": after})
+_NULL_TEXT = 0
+"""A missing value of a nullable text column in ``task_values_row`` and ``event_values_row``
+(their NULLIF turns it into NULL; sqlite3 binds None slowly)."""
+
+_NULL_REAL = ""
+"""A missing value of a nullable number column in ``task_values_row``."""
+
+
+_VALUES_AT_ONCE = 999
+"""Values bound per statement of :func:`_rows` at most: SQLite's lowest default limit. An
+event row in a statement of 124 costs about 40 % less than in a statement of its own, and a
+thread writing a batch while the event loop runs waits for the GIL once per statement."""
+
+_ROW_OF = {"insert_tasks_rows": "task_values_row", "upsert_tasks_rows": "task_values_row",
+           "insert_events_rows": "event_values_row"}
+"""The many-row statements and the row each repeats."""
+
+_EVENT_WIDTH = len(EVENT_ROW_KEYS)
+_WIDTH = {"task_values_row": len(TASK_ROW_KEYS), "event_values_row": _EVENT_WIDTH}
+"""Values per row."""
+
+
+@functools.cache
+def _rows_statement(name: str, count: int) -> str:
+    """Query ``name`` with its ``{rows}`` made ``count`` rows."""
+    return Q[name].replace("{rows}", ", ".join([Q[_ROW_OF[name]]] * count))
+
+
+def _task_params(run_id: str, tasks: Iterable[Task]) -> list[Any]:
+    """The values of the rows of ``tasks``, one row after another, for :func:`_rows`.
+
+    One flat list: each row's tuple is dropped as soon as it is copied, so a batch of
+    thousands of rows leaves the garbage collector no container per row to count and walk.
+    """
+    params: list[Any] = []
+    for task in tasks:
+        params += task_values(run_id, task, _NULL_TEXT, _NULL_REAL)
+    return params
+
+
+def _event_params(run_id: str, events: Iterable[Event], first: int | None = None) -> list[Any]:
+    """The values of the rows of ``events`` (numbered from ``first`` if given), one row after
+    another, for :func:`_rows` (see :func:`_task_params`)."""
+    params: list[Any] = []
+    if first is None:
+        for event in events:
+            params += event_values(run_id, event, None, _NULL_TEXT)
+    else:
+        for i, event in enumerate(events):
+            params += event_values(run_id, event, first + i, _NULL_TEXT)
+    return params
+
+
+def _rows(conn: sqlite3.Connection, name: str, params: list[Any]) -> None:
+    """Run query ``name`` (one of :data:`_ROW_OF`) over the rows whose values ``params``
+    holds one after another, in order, as many rows a statement as
+    :data:`_VALUES_AT_ONCE` allows."""
+    width = _WIDTH[_ROW_OF[name]]
+    at_once = _VALUES_AT_ONCE // width
+    rows = len(params) // width
+    whole = rows - rows % at_once
+    if whole:
+        statement = _rows_statement(name, at_once)
+        step = at_once * width
+        for start in range(0, whole * width, step):
+            conn.execute(statement, params[start:start + step])
+    if whole < rows:
+        conn.execute(_rows_statement(name, rows - whole), params[whole * width:])
+
+
+def _raise_next_seq(conn: sqlite3.Connection, run_id: str, last: int | None) -> None:
+    """After events with caller-assigned seqs, the highest being ``last`` (None: none)."""
+    if last is not None:
+        conn.execute(Q["raise_next_seq"], {"run_id": run_id, "after": last + 1})
+
+
+def _last_seq(params: list[Any]) -> int | None:
+    """The highest seq of the event rows in ``params`` (see :func:`_event_params`), or None."""
+    return max(params[1::_EVENT_WIDTH]) if params else None
 
 
 def _take_seqs(conn: sqlite3.Connection, run_id: str, n: int) -> int:
@@ -150,8 +231,8 @@ def _append_started(
     conn: sqlite3.Connection, run_id: str, tasks: Sequence[Task], now: float
 ) -> None:
     first = _take_seqs(conn, run_id, len(tasks))
-    rows = [event_row(run_id, started_event(t, now, first + i)) for i, t in enumerate(tasks)]
-    conn.executemany(Q["insert_event"], rows)
+    started = [started_event(t, now, first + i) for i, t in enumerate(tasks)]
+    _rows(conn, "insert_events_rows", _event_params(run_id, started))
 
 
 def _tasks_by_ids(conn: sqlite3.Connection, run_id: str, ids: str) -> list[Task]:
@@ -204,8 +285,9 @@ class SQLiteStore:
         try:
             conn.row_factory = _dict_row
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            _enable_wal(conn, self.busy_timeout)
+            # Before the switch to WAL: a new file's switch then syncs it once less.
             conn.execute("PRAGMA synchronous = NORMAL")
+            _enable_wal(conn, self.busy_timeout)
             conn.execute("PRAGMA foreign_keys = ON")
             self._migrate(conn)
         except BaseException:
@@ -404,15 +486,15 @@ class SQLiteStore:
 
     async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
         """Insert new task rows and their events in one transaction."""
-        task_rows = [task_row(run_id, t) for t in tasks]
-        event_rows = [event_row(run_id, e) for e in events]
+        task_rows = _task_params(run_id, tasks)
+        event_rows = _event_params(run_id, events)
 
         def go(conn: sqlite3.Connection) -> None:
             with _transaction(conn):
                 _require_run(conn, run_id)
-                conn.executemany(Q["insert_task"], task_rows)
-                conn.executemany(Q["insert_event"], event_rows)
-                _raise_next_seq(conn, run_id, event_rows)
+                _rows(conn, "insert_tasks_rows", task_rows)
+                _rows(conn, "insert_events_rows", event_rows)
+                _raise_next_seq(conn, run_id, _last_seq(event_rows))
 
         await self._with_conn(go)
         self._waiters.notify(run_id)
@@ -422,15 +504,15 @@ class SQLiteStore:
         if not changes:
             return
         # A task changed several times in one batch needs only its last row written.
-        task_rows = [task_row(run_id, t) for t in last_per_task(changes)]
-        event_rows = [event_row(run_id, e) for _, e in changes]
+        task_rows = _task_params(run_id, last_per_task(changes))
+        event_rows = _event_params(run_id, (e for _, e in changes))
 
         def go(conn: sqlite3.Connection) -> None:
             with _transaction(conn):
                 _require_run(conn, run_id)
-                conn.executemany(Q["upsert_task"], task_rows)
-                conn.executemany(Q["insert_event"], event_rows)
-                _raise_next_seq(conn, run_id, event_rows)
+                _rows(conn, "upsert_tasks_rows", task_rows)
+                _rows(conn, "insert_events_rows", event_rows)
+                _raise_next_seq(conn, run_id, _last_seq(event_rows))
 
         await self._with_conn(go)
         self._waiters.notify(run_id)
@@ -491,7 +573,7 @@ class SQLiteStore:
             with _transaction(conn):
                 _require_run(conn, run_id)
                 seq = _take_seqs(conn, run_id, 1)
-                conn.execute(Q["insert_event"], event_row(run_id, event, seq))
+                _rows(conn, "insert_events_rows", _event_params(run_id, [event], seq))
 
         await self._with_conn(go)
         self._waiters.notify(run_id)
@@ -534,7 +616,7 @@ class SQLiteStore:
                     if numbered["seq"] < 0:
                         numbered["seq"] = _take_seqs(conn, run_id, 1)
                     conn.execute(Q["insert_event"], numbered)
-                    _raise_next_seq(conn, run_id, [numbered])
+                    _raise_next_seq(conn, run_id, numbered["seq"])
                 return True
 
         applied = await self._with_conn(go)
@@ -808,8 +890,7 @@ def _grow(conn: sqlite3.Connection, run_id: str, event: Event, added: Added,
         if held and held[0]["status"] not in _FINAL_TEXT:
             raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
     if added:
-        conn.executemany(Q["insert_task"], [task_row(run_id, t) for t, _ in added])
+        _rows(conn, "insert_tasks_rows", _task_params(run_id, [t for t, _ in added]))
         events.extend(added_events(added))
     seq = _take_seqs(conn, run_id, len(events))
-    conn.executemany(Q["insert_event"], [event_row(run_id, e, seq + i)
-                                         for i, e in enumerate(events)])
+    _rows(conn, "insert_events_rows", _event_params(run_id, events, seq))

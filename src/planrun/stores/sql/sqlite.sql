@@ -253,28 +253,24 @@ ORDER BY created_at, id;
 -- name: count_tasks
 SELECT run_id, status, count(*) AS n FROM planrun_tasks GROUP BY run_id, status;
 
--- name: insert_task
+-- name: insert_tasks_rows
+-- New task rows, many at once, by position: {rows} stands for one task_values_row per row
+-- (planrun.stores.sqlite._rows). One statement of many rows costs less per row than a
+-- one-row statement run once per row (each run is a statement of its own).
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
     not_before, created_at, started_at, finished_at, parent, joins
-) VALUES (
-    :run_id, :id, :kind, :payload, :status, :assigned_to, :attempts, :max_attempts, :result,
-    :error, :error_class, :cause, :depends_on, :estimate_s, :resources, :lease, :token,
-    :reclaims, :not_before, :created_at, :started_at, :finished_at, :parent, :joins
-);
+) VALUES {rows};
 
--- name: upsert_task
--- Every column of the record; a row keeps its rowid (its place in claim order).
+-- name: upsert_tasks_rows
+-- Every column of each row (see insert_tasks_rows); a row keeps its rowid (its place in
+-- claim order). The rows' ids are distinct.
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
     not_before, created_at, started_at, finished_at, parent, joins
-) VALUES (
-    :run_id, :id, :kind, :payload, :status, :assigned_to, :attempts, :max_attempts, :result,
-    :error, :error_class, :cause, :depends_on, :estimate_s, :resources, :lease, :token,
-    :reclaims, :not_before, :created_at, :started_at, :finished_at, :parent, :joins
-)
+) VALUES {rows}
 ON CONFLICT (run_id, id) DO UPDATE SET
     kind = excluded.kind, payload = excluded.payload, status = excluded.status,
     assigned_to = excluded.assigned_to, attempts = excluded.attempts,
@@ -285,6 +281,16 @@ ON CONFLICT (run_id, id) DO UPDATE SET
     reclaims = excluded.reclaims, not_before = excluded.not_before,
     created_at = excluded.created_at, started_at = excluded.started_at,
     finished_at = excluded.finished_at, parent = excluded.parent, joins = excluded.joins;
+
+-- name: task_values_row
+-- One row of insert_tasks_rows / upsert_tasks_rows: the values of
+-- planrun.stores.base.task_values in their order. sqlite3 binds None slowly (it looks for an
+-- adapter first, about 0.35 us a value, and a task row has up to ten), so a missing value of
+-- a nullable text column comes as 0 and one of a nullable number column as '', and NULLIF
+-- turns it back into NULL: a text value never equals 0, nor a number ''.
+(?, ?, ?, ?, ?, NULLIF(?, 0), ?, ?, ?, NULLIF(?, 0), NULLIF(?, 0), NULLIF(?, 0), ?, ?, ?,
+ NULLIF(?, ''), ?, ?, NULLIF(?, ''), NULLIF(?, ''), NULLIF(?, ''), NULLIF(?, ''),
+ NULLIF(?, 0), ?)
 
 -- name: record_decision
 -- A person's decision on a waiting row, written once: only over the cause it was read with.
@@ -326,6 +332,18 @@ SELECT max(seq) AS seq FROM planrun_events WHERE run_id = :run_id AND seq > :aft
 INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, detail)
 VALUES (:run_id, :seq, :at, :task, :event, :worker, :attempt, :detail)
 ON CONFLICT (run_id, seq) DO NOTHING;
+
+-- name: insert_events_rows
+-- insert_event for many rows at once, by position: {rows} stands for one event_values_row
+-- per row (see insert_tasks_rows); an event already stored under its seq is kept as it is.
+INSERT INTO planrun_events (run_id, seq, at, task, event, worker, attempt, detail)
+VALUES {rows}
+ON CONFLICT (run_id, seq) DO NOTHING;
+
+-- name: event_values_row
+-- One row of insert_events_rows: the values of planrun.stores.base.event_values in their
+-- order; a missing worker comes as 0 (see task_values_row).
+(?, ?, ?, ?, ?, NULLIF(?, 0), ?, ?)
 
 -- name: get_events
 SELECT seq, at, task, event, worker, attempt, detail FROM planrun_events
