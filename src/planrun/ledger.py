@@ -101,6 +101,30 @@ class Event:
 _AUDITED = frozenset({EventName.COMPLETED, EventName.EFFECT})
 """The events the audit reads."""
 
+_SLOTS = tuple(Event.__dict__[name].__set__ for name in Event.__slots__)
+if Event.__slots__ != ("seq", "at", "task", "event", "worker", "attempt", "detail"):
+    raise ImportError("planrun.ledger._event must set every field of Event, in order")
+(_set_seq, _set_at, _set_task, _set_event, _set_worker, _set_attempt, _set_detail) = _SLOTS
+
+
+def _event(seq: int, at: float, task: str, event: str, worker: str | None, attempt: int,
+           detail: Mapping[str, Any]) -> Event:
+    """``Event(seq, at, task, event, worker, attempt, detail)``, each slot set directly
+    (the frozen dataclass's ``__init__`` goes through ``object.__setattr__`` per field, at
+    twice the cost; a durable run builds four events per task)."""
+    entry = _new_object(Event)
+    _set_seq(entry, seq)
+    _set_at(entry, at)
+    _set_task(entry, task)
+    _set_event(entry, event)
+    _set_worker(entry, worker)
+    _set_attempt(entry, attempt)
+    _set_detail(entry, detail)
+    return entry
+
+
+_new_object = object.__new__
+
 
 class Ledger:
     """An append-only list of events with a running sequence number.
@@ -132,7 +156,7 @@ class Ledger:
         detail: Mapping[str, Any] | None = None,
     ) -> Event:
         """Append one event and return it."""
-        entry = Event(self._next, at, task, event, worker, attempt, detail or {})
+        entry = _event(self._next, at, task, event, worker, attempt, detail or {})
         if event in _AUDITED:
             self._audited.append((self._next, task, event))
         self._next += 1
@@ -175,7 +199,7 @@ class Ledger:
     def _built(self) -> list[Event | _Raw]:
         if self._raw:
             self._events = [
-                Event(e[0], e[1], e[2], e[3], e[4], e[5], e[6] or {}) if type(e) is tuple else e
+                _event(e[0], e[1], e[2], e[3], e[4], e[5], e[6] or {}) if type(e) is tuple else e
                 for e in self._events
             ]
             self._raw = False

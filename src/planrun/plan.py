@@ -336,6 +336,9 @@ class Plan:
         dependencies all point backwards) so that every ``depends_on`` index is an earlier
         one; a task's ``id`` is kept when it has one.
         """
+        rows = self._unread_rows()
+        if rows is not None:
+            return {"goal": self.goal, "tasks": rows.documents()}
         order = self.topological_order()
         position = {old: new for new, old in enumerate(order)}
         tasks: list[dict[str, Any]] = []
@@ -486,6 +489,19 @@ class _PlanRows:
         return tuple([_plan_task(kind, {} if payload is None else payload, deps, task_id)
                       for (kind, payload, deps), task_id
                       in zip(self._columns(), ids, strict=False)])
+
+    def documents(self) -> list[dict[str, Any]]:
+        """What :meth:`Plan.to_document` writes for the tasks, from the rows (whose
+        dependencies all point backwards: the order given is the document's)."""
+        ids = self.ids if self.ids is not None else repeat(None)
+        documents: list[dict[str, Any]] = []
+        for (kind, payload, deps), task_id in zip(self._columns(), ids, strict=False):
+            doc: dict[str, Any] = {} if task_id is None else {"id": task_id}
+            doc["kind"] = kind
+            doc["payload"] = {} if payload is None else _copied(payload)
+            doc["depends_on"] = list(deps)
+            documents.append(doc)
+        return documents
 
     def to_tasks(self, ids: list[str], defaults: Mapping[str, Any]) -> list[Task]:
         """What :meth:`Plan.to_tasks` builds from the plan's tasks, built from the rows."""

@@ -412,32 +412,31 @@ class Supervisor:
         started = self.clock.now()
         if self.deadline_s is not None:
             self.core.deadline = started + self.deadline_s
-        await self._open_run(started)
-        self._choose_sink()
-        status = "failed"
-        heap = _heap.frozen_heap(self.freeze_heap)
-        heap.__enter__()
-        try:
-            self.core.start(started)
-            if self._resumed:
-                self._recover(started)
-            self._advance(started)
-            await self._loop()
-            status = "aborted" if self.core.facts.aborted_by else "finished"
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            status = "interrupted"
-            raise
-        finally:
+        # The store's first and last batches (every record) are built while it is frozen too.
+        with _heap.frozen_heap(self.freeze_heap):
+            await self._open_run(started)
+            self._choose_sink()
+            status = "failed"
             try:
-                leftovers = [*self._running.values(), *self._background, *self._zombies]
-                for handle in leftovers:
-                    handle.cancel()
-                if leftovers:
-                    await asyncio.gather(*leftovers, return_exceptions=True)
+                self.core.start(started)
+                if self._resumed:
+                    self._recover(started)
+                self._advance(started)
+                await self._loop()
+                status = "aborted" if self.core.facts.aborted_by else "finished"
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                status = "interrupted"
+                raise
             finally:
-                heap.__exit__(None, None, None)
-            await self._close_run(status)
-        return self._result(started)
+                try:
+                    leftovers = [*self._running.values(), *self._background, *self._zombies]
+                    for handle in leftovers:
+                        handle.cancel()
+                    if leftovers:
+                        await asyncio.gather(*leftovers, return_exceptions=True)
+                finally:
+                    await self._close_run(status)
+            return self._result(started)
 
     async def aresume(self) -> RunResult:
         """Carry on the run ``run_id`` from the store after a crash or a stop.
@@ -804,7 +803,7 @@ class Supervisor:
             if event == E.RECLAIMED:
                 self._reclaimed(task)
             return
-        entry = self.ledger.append(self.clock.now(), task.id, event, worker=worker,
+        entry = self.ledger.append(self._now(), task.id, event, worker=worker,
                                    attempt=attempt, detail=detail)
         if self._dirty is not None:  # durable: the record and its event go together
             self._pending.append((task, entry))

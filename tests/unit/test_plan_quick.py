@@ -75,6 +75,8 @@ def both(raw: Any, kinds: Any = REGISTRY, min_tasks: int = 1,
 def same_plan(quick: Plan, careful: Plan) -> None:
     # What can be read before the tasks are (from the rows), then the tasks themselves.
     assert quick.goal == careful.goal
+    assert quick.to_document() == careful.to_document()  # from the rows
+    assert "tasks" not in vars(quick) or "_rows" not in vars(quick)
     assert quick.task_ids() == careful.task_ids()
     assert quick.task_ids("x_") == careful.task_ids("x_")
     assert quick.to_tasks() == careful.to_tasks()
