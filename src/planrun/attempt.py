@@ -21,8 +21,8 @@ from planrun.registry import Handler, KindSpec, TaskContext
 from planrun.stores.base import strict_json
 from planrun.task import Task
 
-__all__ = ["call_handler", "is_coroutine_handler", "jsonable", "payload_for", "result_for",
-           "run_attempt"]
+__all__ = ["call", "call_handler", "checked", "is_coroutine_handler", "jsonable",
+           "payload_for", "result_for", "run_attempt"]
 
 
 async def run_attempt(spec: KindSpec, handler: Handler | None, task: Task, ctx: TaskContext,
@@ -32,19 +32,41 @@ async def run_attempt(spec: KindSpec, handler: Handler | None, task: Task, ctx: 
     ``is_async``: whether ``handler`` is a coroutine function, when the caller knows.
     A timeout raises ``TimeoutError``; :func:`planrun.scheduling.timed_out` names it.
     """
+    return checked(spec, task, await call(spec, handler, task, ctx, limit, is_async))
+
+
+def call(spec: KindSpec, handler: Handler | None, task: Task, ctx: TaskContext,
+         limit: float | None, is_async: bool | None = None) -> Awaitable[Any]:
+    """The handler called on the task's payload, as one awaitable to hand to
+    :func:`checked` once awaited (:func:`run_attempt` does both): for a coroutine function
+    with no time limit, the handler's own coroutine (nothing in between to create, or to
+    pass through each time it resumes); otherwise one that runs a plain function on a
+    thread and bounds the call by ``limit``.
+
+    Raises:
+        PermanentError: the kind has no handler, or its payload model refuses the payload.
+    """
     if handler is None:
         raise PermanentError(f"kind {task.kind!r} has no handler")
     payload = payload_for(spec, task)
     if is_async is None:
         is_async = _is_async(handler)
     if limit is None and is_async:
-        outcome = await handler(payload, ctx)  # call_handler's first case, one frame less
-    else:
-        work = call_handler(handler, payload, ctx)
-        outcome = await (asyncio.wait_for(work, limit) if limit is not None else work)
+        return handler(payload, ctx)
+    work = call_handler(handler, payload, ctx)
+    return asyncio.wait_for(work, limit) if limit is not None else work
+
+
+def checked(spec: KindSpec, task: Task, outcome: Any) -> Any:
+    """What the handler returned, as the attempt's result: checked by the kind's result
+    model, JSON-ready.
+
+    Raises:
+        PermanentError: the kind's result model refuses it.
+        UnstorableValue: a result no store, ledger or report can carry (raised at once,
+            naming the type, rather than a write failing later).
+    """
     result = result_for(spec, outcome)
-    # A result every store, ledger and report can carry; else the task fails at once
-    # (UnstorableValue is permanent) naming the type, rather than a write failing later.
     if result is not None:  # null is JSON; anything else is checked
         strict_json(result, f"task {task.id!r} result")
     return result

@@ -21,7 +21,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from planrun import _heap
-from planrun.attempt import is_coroutine_handler, jsonable, maybe_await, run_attempt
+from planrun.attempt import call, checked, is_coroutine_handler, jsonable, maybe_await
 from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import DispatchError, RunAborted, StallError, StoreError, UsageError
 from planrun.ledger import Audit, Event, Ledger, analyze
@@ -209,6 +209,9 @@ class Supervisor:
         approval_poll: seconds between reads of the store for decisions another process
             wrote (only while a task waits, and only with a store).
     """
+
+    _settling: bool = False
+    """An outcome asked for :meth:`_settle` and it has not run yet."""
 
     freeze_heap: bool = _heap.ENABLED
     """While a run goes on, keep the objects the process had when it began out of the garbage
@@ -534,13 +537,33 @@ class Supervisor:
 
     async def _attempt(self, worker: WorkerState, task: Task) -> None:
         """Run the attempt, then each start its outcome frees that this asyncio task can
-        carry on (one with a context of its own gets a task of its own)."""
-        carried: tuple[WorkerState, Task] | None = (worker, task)
+        carry on (one with a context of its own gets a task of its own).
+
+        One coroutine runs them all: an attempt adds only its handler's coroutine, and
+        nothing of ours stands between the loop and the handler when it resumes."""
         runs = 0
-        while carried is not None:
-            carried = await self._run_one(*carried)
+        while True:
+            kind = task.kind
+            how = self._hows.get((worker.name, kind))
+            spec, handler, limit, skill, is_async = how or self._how(worker, kind)
+            token = task.token
+            ctx = self._run_one(worker, task, skill)
+            try:
+                result = checked(spec, task,
+                                 await call(spec, handler, task, ctx, limit, is_async))
+            except asyncio.CancelledError:
+                raise
+            except (TimeoutError, asyncio.TimeoutError) as exc:
+                carried = self._outcome(worker, task, token, None, timed_out(exc, limit))
+            except Exception as exc:
+                carried = self._outcome(worker, task, token, None, exc)
+            else:
+                carried = self._outcome(worker, task, token, result, None, ctx.spawned)
+            if carried is None:
+                return
+            worker, task = carried
             runs += 1
-            if carried is not None and not runs % 16:
+            if not runs % 16:
                 # Handlers that never wait would keep the loop from its timers and others.
                 await asyncio.sleep(0)
 
@@ -555,38 +578,27 @@ class Supervisor:
         self._hows[worker.name, kind] = how
         return how
 
-    async def _run_one(self, worker: WorkerState,
-                       task: Task) -> tuple[WorkerState, Task] | None:
-        kind = task.kind
-        how = self._hows.get((worker.name, kind))
-        spec, handler, limit, skill, is_async = how or self._how(worker, kind)
-        token = task.token
+    def _run_one(self, worker: WorkerState, task: Task, skill: float) -> TaskContext:
+        """What the handler of one attempt is given: its context."""
         tid = task.id
+        token = task.token
+        inputs: dict[str, Any] = {}
         deps = task.depends_on
         if deps:
             tasks = self.core.tasks
-            inputs = {d: tasks[d].result for d in deps}
-        else:
-            inputs = {}
+            for d in deps:
+                inputs[d] = tasks[d].result
         # Every field given (checked at import): the frozen __init__'s setattr per field
         # is skipped.
         ctx = object.__new__(TaskContext)
         ctx.__dict__.update(
-            run_id=self.run_id, task_id=tid, kind=kind, attempt=token,
+            run_id=self.run_id, task_id=tid, kind=task.kind, attempt=token,
             worker=worker.name, skill=skill, payload=task.payload,
             estimate_s=task.estimate_s, inputs=inputs,
             heartbeat=lambda: self.core.heartbeat(tid, token, self._now()),
             extras=self.extras, spawned=[],
         )
-        try:
-            result = await run_attempt(spec, handler, task, ctx, limit, is_async)
-        except asyncio.CancelledError:
-            raise
-        except (TimeoutError, asyncio.TimeoutError) as exc:
-            return self._outcome(worker, task, token, None, timed_out(exc, limit))
-        except Exception as exc:
-            return self._outcome(worker, task, token, None, exc)
-        return self._outcome(worker, task, token, result, None, ctx.spawned)
+        return ctx
 
     def _outcome(self, worker: WorkerState, task: Task, token: int, result: Any,
                  exc: BaseException | None, spawned: Sequence[SpawnRequest] = (),
@@ -607,16 +619,25 @@ class Supervisor:
         if handle is not None and starts and starts[0][1].id not in self._start_contexts:
             carried = starts[0]
             self._running[carried[1].id] = handle
-            starts = starts[1:]
-        if starts:
+            if len(starts) > 1:
+                self._launch(starts[1:])
+        elif starts:
             self._launch(starts)
         if core.has_due(now):
             for due in core.effects_due(now):
                 self._spawn(self._apply_effect(due))
             self._ask_replans()
-        if core.wakes_before(self._timer_at, now):
-            self._wake_up()  # the loop sleeps until a time that is no longer the next one
+        if not self._settling:  # once for all the outcomes of this pass of the event loop
+            self._settling = True
+            asyncio.get_running_loop().call_soon(self._settle)
         return carried
+
+    def _settle(self) -> None:
+        """After outcomes: wake :meth:`_loop` if it sleeps until a time that is no longer
+        the next one (the run ended, a lease or retry falls due sooner)."""
+        self._settling = False
+        if self.core.wakes_before(self._timer_at, self._now()):
+            self._wake_up()
 
     # ---- replans -----------------------------------------------------------------------------
 

@@ -317,6 +317,33 @@ def test_heartbeats_keep_a_long_task_alive() -> None:
     assert "reclaimed" not in events_of(result, "t")
 
 
+def test_a_heartbeat_renews_its_own_attempt_only() -> None:
+    # One slot: the asyncio task that ran a carries on with b; a's heartbeat, called while
+    # b runs, is a finished attempt's and leaves b's lease alone.
+    beats: list[Callable[[], None]] = []
+    leases: list[tuple[float | None, float | None]] = []
+
+    async def work(payload: Any, ctx: TaskContext) -> str:
+        if ctx.task_id == "a":
+            beats.append(ctx.heartbeat)
+            return "a"
+        before = sup.core.tasks["b"].lease
+        await asyncio.sleep(5)
+        beats[0]()
+        leases.append((before, sup.core.tasks["b"].lease))
+        ctx.heartbeat()
+        leases.append((before, sup.core.tasks["b"].lease))
+        return "b"
+
+    sup = supervisor({"k": work}, [WorkerSpec("w", None, 1)], stale_after=30.0)
+    sup.add_tasks([Task(id="a", kind="k"), Task(id="b", kind="k")])
+    result = sup.run()
+    assert result.ok
+    (before, after_a), (_, after_b) = leases
+    assert before is not None and after_a == before
+    assert after_b == pytest.approx(before + 5.0)
+
+
 def test_task_that_kills_every_worker_ends_dead_after_the_reclaim_cap() -> None:
     async def poison(payload: Any, ctx: TaskContext) -> None:
         await asyncio.Event().wait()

@@ -465,7 +465,8 @@ class Scheduler:
 
     def dispatch(self, now: float) -> list[tuple[WorkerState, Task]]:
         """In-process: give every ready task to a worker's queue; return what starts now."""
-        self._ask(now)
+        if self._asking:
+            self._ask(now)
         if self.stopping:
             return []
         touched: list[WorkerState] = []
@@ -1241,10 +1242,14 @@ class Scheduler:
         elif now_is not in FINAL:
             self.unfinished += 1  # a mirror that ran ahead of the store, corrected
         if now_is is Status.COMPLETED and was is not Status.COMPLETED:
-            for dep in self._dependents.get(tid, ()):
-                self._waiting[dep] -= 1
-                if not self._waiting[dep] and self.started:
-                    self._offer(dep)
+            dependents = self._dependents.get(tid)
+            if dependents:
+                waiting = self._waiting
+                for dep in dependents:
+                    left = waiting[dep] - 1
+                    waiting[dep] = left
+                    if not left and self.started:
+                        self._offer(dep)
 
     def _index(self, task: Task) -> None:
         status = task.status
@@ -1268,16 +1273,19 @@ class Scheduler:
             self.awaiting.discard(task.id)
         if status not in _IN_FLIGHT:
             return
+        worker = self.workers.get(task.assigned_to or "")
+        if worker is not None:
+            load = worker.load_s - worker.cost(task)
+            worker.load_s = load if load > 0.0 else 0.0
+            if status is Status.RUNNING:
+                worker.active -= 1
+        if not task.resources:
+            return
         freed: list[str] = []
         for r in task.resources:
             if self._locks.get(r) == task.id:
                 del self._locks[r]
                 freed.append(r)
-        worker = self.workers.get(task.assigned_to or "")
-        if worker is not None:
-            worker.load_s = max(0.0, worker.load_s - worker.cost(task))
-            if status is Status.RUNNING:
-                worker.active -= 1
         for r in freed:
             for tid in self._parked.pop(r, ()):
                 self._offer(tid)
@@ -1290,7 +1298,8 @@ class Scheduler:
         if task.started_at is not None:
             worker.busy_s += now - task.started_at
         starts = self.dispatch(now) if self._ready else []
-        self._pump(worker, now, starts)
+        if worker.queue and worker.active < worker.spec.capacity:  # else nothing to start
+            self._pump(worker, now, starts)
         return starts
 
 
