@@ -305,41 +305,20 @@ class Scheduler:
                 kinds.add(task.kind)
             if task.status is not pending:
                 raise UsageError(f"task {tid!r} must be pending to be added")
-        # What _insert does for a pending task (it has nothing to index), in one loop.
         created = {"created_at": now}
         both = {"created_at": now, "max_attempts": default_attempts}
         default = _DEFAULT_ATTEMPTS if default_attempts is not None else None
-        sink, created_event = self._sink, E.CREATED
-        order, waiting_for, dependents = self._order, self._waiting, self._dependents
-        fifo = None if self.router.orders_by_critical_path else self._entry
-        number = len(order)
+        sink, created_event, insert = self._sink, E.CREATED, self._insert
         new: list[Task] = []
         for task in ordered:
             if task.created_at is None:
                 task = revised(task, both if task.max_attempts == default else created)
             elif task.max_attempts == default:
                 task = revised(task, {"max_attempts": default_attempts})
-            tid = task.id
-            have[tid] = task
-            order[tid] = number
-            if fifo is not None:
-                fifo[tid] = (number, tid)
-            number += 1
-            waiting = 0
-            for dep in task.depends_on:
-                if dep in dependents:
-                    dependents[dep].append(tid)
-                else:
-                    dependents[dep] = [tid]
-                other = have.get(dep)
-                if other is None or other.status is not Status.COMPLETED:
-                    waiting += 1
-            waiting_for[tid] = waiting
+            insert(task)
             sink(task, created_event, None, None, task.token)
             new.append(task)
-        self.unfinished += len(new)
-        if fifo is None:
-            self._prioritise(new)
+        self._prioritise(new)
         if self.started:
             for task in new:
                 self._offer(task.id)
@@ -355,29 +334,43 @@ class Scheduler:
         self._prioritise(ordered)
 
     def _insert(self, task: Task) -> None:
+        """Take ``task`` into the run: its place in the order, who waits for whom, how many
+        of its dependencies it still waits for, and the indexes of its status."""
         tid = task.id
-        self.tasks[tid] = task
-        self._order[tid] = len(self._order)
+        have = self.tasks
+        have[tid] = task
+        order = self._order
+        order[tid] = len(order)
         waiting = 0
-        for dep in task.depends_on:
-            self._dependents.setdefault(dep, []).append(tid)
-            other = self.tasks.get(dep)
-            if other is None or other.status is not Status.COMPLETED:
-                waiting += 1
+        if task.depends_on:
+            dependents = self._dependents
+            for dep in task.depends_on:
+                if dep in dependents:
+                    dependents[dep].append(tid)
+                else:
+                    dependents[dep] = [tid]
+                other = have.get(dep)
+                if other is None or other.status is not Status.COMPLETED:
+                    waiting += 1
         self._waiting[tid] = waiting
-        if task.status not in FINAL:
+        status = task.status
+        if status is not Status.PENDING:  # a pending task has nothing to index
+            if status not in FINAL:
+                self.unfinished += 1
+            self._index(task)
+        else:
             self.unfinished += 1
-        self._index(task)
 
     def _prioritise(self, batch: Sequence[Task]) -> None:
         """Longest path to the end of the graph (critical path) first, when the router asks
         for it; otherwise the order tasks were added in."""
+        entry, order = self._entry, self._order
         if not self.router.orders_by_critical_path:
             for t in batch:
-                self._entry[t.id] = (self._order[t.id], t.id)
+                entry[t.id] = (order[t.id], t.id)
             return
         path: dict[str, float] = {}
-        dependents, entry, order = self._dependents, self._entry, self._order
+        dependents = self._dependents
         for t in reversed(batch):
             tid = t.id
             below = dependents.get(tid)
