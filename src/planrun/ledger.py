@@ -101,6 +101,8 @@ class Event:
 _AUDITED = frozenset({EventName.COMPLETED, EventName.EFFECT})
 """The events the audit reads."""
 
+_new_object = object.__new__
+
 _SLOTS = tuple(Event.__dict__[name].__set__ for name in Event.__slots__)
 if Event.__slots__ != ("seq", "at", "task", "event", "worker", "attempt", "detail"):
     raise ImportError("planrun.ledger._event must set every field of Event, in order")
@@ -121,9 +123,6 @@ def _event(seq: int, at: float, task: str, event: str, worker: str | None, attem
     _set_attempt(entry, attempt)
     _set_detail(entry, detail)
     return entry
-
-
-_new_object = object.__new__
 
 
 class Ledger:

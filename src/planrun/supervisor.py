@@ -60,7 +60,7 @@ EffectFn = Callable[[Task, str], Any | Awaitable[Any]]
 if {f.name for f in dataclasses.fields(TaskContext)} != {
         "run_id", "task_id", "kind", "attempt", "worker", "skill", "payload", "estimate_s",
         "inputs", "heartbeat", "extras", "spawned"}:  # pragma: no cover - a field was added
-    raise ImportError("Supervisor._run_one must give every field of TaskContext")
+    raise ImportError("Supervisor._context must give every field of TaskContext")
 
 Replanner = Callable[[ReplanRequest], Awaitable[Sequence[SpawnRequest]]]
 """``await replanner(request)``: the tasks that replace a dead task and its cancelled
@@ -210,9 +210,6 @@ class Supervisor:
             wrote (only while a task waits, and only with a store).
     """
 
-    _settling: bool = False
-    """An outcome asked for :meth:`_settle` and it has not run yet."""
-
     freeze_heap: bool = _heap.ENABLED
     """While a run goes on, keep the objects the process had when it began out of the garbage
     collector's passes (``gc.freeze``, undone when the last run ends; see ``planrun._heap``).
@@ -309,6 +306,8 @@ class Supervisor:
         self._flusher: asyncio.Task[None] | None = None
         self._store_down = False
         self._timer_at = float("inf")
+        self._settling = False
+        """An outcome asked for :meth:`_settle` and it has not run yet."""
         self._start_contexts: dict[str, contextvars.Context] = {}
 
     # ---- setup -----------------------------------------------------------------------------
@@ -547,7 +546,7 @@ class Supervisor:
             how = self._hows.get((worker.name, kind))
             spec, handler, limit, skill, is_async = how or self._how(worker, kind)
             token = task.token
-            ctx = self._run_one(worker, task, skill)
+            ctx = self._context(worker, task, skill)
             try:
                 result = checked(spec, task,
                                  await call(spec, handler, task, ctx, limit, is_async))
@@ -578,7 +577,7 @@ class Supervisor:
         self._hows[worker.name, kind] = how
         return how
 
-    def _run_one(self, worker: WorkerState, task: Task, skill: float) -> TaskContext:
+    def _context(self, worker: WorkerState, task: Task, skill: float) -> TaskContext:
         """What the handler of one attempt is given: its context."""
         tid = task.id
         token = task.token
