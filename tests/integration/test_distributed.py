@@ -5,6 +5,7 @@ replies."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -288,6 +289,84 @@ def test_after_the_first_read_a_coordinator_reads_only_what_changed() -> None:
     # Whole-run reads: the first build and the final report, however many rounds ran, and
     # the worker's one read of the run's approval rules (its meta) at its first result.
     assert len(store.calls_to("load")) == 3
+
+
+class _Behind:
+    """The coordinator's store while the coordinator falls behind: it reads no change (its
+    cursor stays where it was) until ``caught_up`` is set, as a coordinator on a loaded
+    machine reads late while peer workers go on."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.caught_up = store, asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
+        if after >= 0 and not self.caught_up.is_set():
+            return [], after
+        changed: tuple[list[Task], int] = await self.store.load_changed(run_id, after)
+        return changed
+
+
+async def _spawns_two(payload: Any, ctx: Any) -> str:
+    if ctx.task_id == "p":
+        ctx.spawn("child", {"fails": "permanently"})
+        ctx.spawn("child", {"fails": "once"})
+    return "spawned"
+
+
+async def _child(payload: Any, ctx: Any) -> str:
+    if payload["fails"] == "permanently":
+        raise PermanentError("this child cannot be done")
+    if ctx.attempt == 1:
+        raise TransientError("the first try of this child times out")
+    return "done on a retry"
+
+
+def test_spawned_tasks_peers_failed_before_the_coordinator_read_them_are_decided(
+        db_url: str) -> None:
+    """A peer worker claims a spawned task as soon as its spawner's completion commits; a
+    coordinator reading late first sees it already failed, and decides it then: dead (its
+    join cancelled) for a permanent error, retried for a transient one."""
+    work = Registry([KindSpec("spawn", handler=_spawns_two), KindSpec("child", handler=_child),
+                     KindSpec("after", handler=_spawns_two)])
+
+    async def go() -> RunResult:
+        stores = [await opened(db_url) for _ in range(2)]
+        behind = _Behind(stores[0])
+        worker = WorkerProcess(work, stores[1], name="w", capacity=2, mode="peer", poll=0.01)
+        serving = asyncio.ensure_future(worker.arun())
+        retry = RetryPolicy(attempts=3, base=0.05, jitter=0.0)
+        coordinator = Coordinator(work, behind, mode="peer", poll=0.01,  # type: ignore[arg-type]
+                                  stall_after=20, retry=retry)
+
+        async def catch_up() -> None:
+            while True:  # both children failed, read from the store's own rows
+                await asyncio.sleep(0.02)
+                with contextlib.suppress(StoreError):
+                    rows = {t.id: t.status for t in (await stores[1].load_tasks(
+                        coordinator.run_id)).tasks}
+                    if rows.get("p/0") is Status.FAILED and rows.get("p/1") is Status.FAILED:
+                        break
+            behind.caught_up.set()
+
+        watcher = asyncio.ensure_future(catch_up())
+        try:
+            return await asyncio.wait_for(coordinator.arun(
+                [Task("p", "spawn"), Task("j", "after", joins=("p",))]), 30)
+        finally:
+            watcher.cancel()
+            worker.stop()
+            await serving
+            for s in stores:
+                await s.close()
+
+    tasks = asyncio.run(go()).tasks
+    assert tasks["p"].status is Status.COMPLETED
+    assert tasks["p/0"].status is Status.DEAD and tasks["p/0"].attempts == 1
+    assert tasks["p/1"].status is Status.COMPLETED and tasks["p/1"].attempts == 2
+    assert tasks["j"].status is Status.CANCELLED and tasks["j"].cause == "p/0"
 
 
 class _SlowHeartbeat:

@@ -358,6 +358,8 @@ class Scheduler:
             if status not in FINAL:
                 self.unfinished += 1
             self._index(task)
+            if status is Status.COMPLETED and tid in self._dependents:
+                self._released(tid)  # a join widened to it before it was seen, completed
         else:
             self.unfinished += 1
 
@@ -879,12 +881,13 @@ class Scheduler:
         """A record as the store has it now (written by a worker, or by this driver)."""
         old = self.tasks.get(new.id)
         if old is None:
+            # A task added elsewhere (a worker's spawn, a replan), seen now in whatever state
+            # it reached meanwhile: peer workers may have claimed, run and failed it already.
             self._insert(new)
             self._prioritise([new])
-            if self.started and new.status is Status.PENDING:
-                self._offer(new.id)
-            elif new.status is Status.WAITING:
-                self._observed_wait(new, now)
+            if new.status is not Status.PENDING:
+                self.touch(now)
+            self._settle(None, new, now)
             return
         if old is new or (old.status is new.status and old.token == new.token
                           and old.attempts == new.attempts):
@@ -901,15 +904,23 @@ class Scheduler:
             self._rewire(old, old.evolve(depends_on=new.depends_on))
         self._replace(old, new)
         self.touch(now)
-        if new.status is Status.FAILED:
+        self._settle(old, new, now)
+
+    def _settle(self, old: Task | None, new: Task, now: float) -> None:
+        """Decide what an observed record's status asks for (``old``: the record this
+        core had, None for one it never saw): a failure's retry or death, what a death
+        cancels, a budget stop, a start, a wait."""
+        status = new.status
+        if status is Status.FAILED:
             self._decide_failed(new, now)
-        elif new.status is Status.DEAD and old.status is not Status.DEAD:
+        elif status is Status.DEAD and (old is None or old.status is not Status.DEAD):
             self._after_death(new, now)
-        elif new.status is Status.CANCELLED and new.cause == "budget":
+        elif status is Status.CANCELLED and new.cause == "budget":
             self._budget_stop(now)
-        elif new.status is Status.PENDING:
-            self._offer(new.id)
-        elif new.status is Status.WAITING:
+        elif status is Status.PENDING:
+            if old is not None or self.started:
+                self._offer(new.id)
+        elif status is Status.WAITING:
             self._observed_wait(new, now)
 
     # ---- approvals -------------------------------------------------------------------------
@@ -1235,14 +1246,18 @@ class Scheduler:
         elif now_is not in FINAL:
             self.unfinished += 1  # a mirror that ran ahead of the store, corrected
         if now_is is Status.COMPLETED and was is not Status.COMPLETED:
-            dependents = self._dependents.get(tid)
-            if dependents:
-                waiting = self._waiting
-                for dep in dependents:
-                    left = waiting[dep] - 1
-                    waiting[dep] = left
-                    if not left and self.started:
-                        self._offer(dep)
+            self._released(tid)
+
+    def _released(self, tid: str) -> None:
+        """``tid`` completed: each dependent waits for one dependency less."""
+        dependents = self._dependents.get(tid)
+        if dependents:
+            waiting = self._waiting
+            for dep in dependents:
+                left = waiting[dep] - 1
+                waiting[dep] = left
+                if not left and self.started:
+                    self._offer(dep)
 
     def _index(self, task: Task) -> None:
         status = task.status

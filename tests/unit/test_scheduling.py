@@ -1,0 +1,381 @@
+"""The scheduling core on its own: no driver, no store, no event loop, time given by hand.
+
+Every call passes ``now``, so these tests run in virtual time by construction: a retry
+"at 2.5 s" is checked by ticking the core at 2.4 and at 2.5. The behaviour suites
+(``tests/integration/test_drivers*.py``) run the same rules through every driver; these
+pin down the core's own answers, including the records it is fed in an order no driver
+of today happens to produce.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planrun.errors import ErrorClass, UsageError
+from planrun.ledger import EventName as E
+from planrun.registry import KindSpec, Registry, WorkerSpec
+from planrun.routing import get_router
+from planrun.scheduling import Failure, RetryPolicy, Scheduler
+from planrun.task import Status, Task, transition
+
+EXACT = RetryPolicy(attempts=3, base=1.0, cap=4.0, jitter=0.0, max_retry_after=10.0)
+
+
+class Recorder:
+    """The core's sink: every decided change, in order."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, str, str | None]] = []
+
+    def __call__(self, task: Task, event: str, worker: str | None, detail: Any,
+                 token: int) -> None:
+        self.changes.append((task.id, event, worker))
+
+    def events(self, task_id: str) -> list[str]:
+        return [e for t, e, _ in self.changes if t == task_id]
+
+
+def core(strategy: str = "balanced", workers: int = 1, capacity: int = 2,
+         **options: Any) -> tuple[Scheduler, Recorder]:
+    sink = Recorder()
+    options.setdefault("retry", EXACT)
+    s = Scheduler(router=get_router(strategy), sink=sink,
+                  kinds=Registry([KindSpec("k"), KindSpec("other")]), **options)
+    for i in range(workers):
+        s.add_worker(WorkerSpec(f"w{i + 1}", None, capacity))
+    return s, sink
+
+
+def transient(msg: str = "timeout", retry_after: float | None = None) -> Failure:
+    return Failure(f"TransientError: {msg}", ErrorClass.TRANSIENT, retry_after)
+
+
+def permanent(msg: str = "bad") -> Failure:
+    return Failure(f"PermanentError: {msg}", ErrorClass.PERMANENT)
+
+
+def started(s: Scheduler, now: float) -> dict[str, Task]:
+    return {t.id: t for _, t in s.dispatch(now)}
+
+
+# ---- readiness and order -----------------------------------------------------------------
+
+
+def test_a_task_is_ready_only_when_every_dependency_completed() -> None:
+    s, _ = core(capacity=4)
+    s.add([Task("c", "k", depends_on=("a", "b")), Task("a", "k"), Task("b", "k")], 0.0)
+    s.start(0.0)
+    first = started(s, 0.0)
+    assert set(first) == {"a", "b"}
+    s.complete("a", first["a"].token, 1, 1.0, "w1")
+    assert started(s, 1.0) == {}  # c still waits for b
+    s.complete("b", first["b"].token, 2, 2.0, "w1")
+    assert set(started(s, 2.0)) == {"c"}
+
+
+def test_the_critical_path_goes_first_under_balanced() -> None:
+    s, _ = core(capacity=1)
+    s.add([Task("short", "k", estimate_s=1.0), Task("long", "k", estimate_s=1.0),
+           Task("tail", "k", estimate_s=5.0, depends_on=("long",))], 0.0)
+    s.start(0.0)
+    assert set(started(s, 0.0)) == {"long"}  # 6 s below it against 1 s
+
+
+def test_round_robin_alternates_and_least_loaded_fills_the_idle_worker() -> None:
+    s, sink = core("round_robin", workers=2, capacity=4)
+    s.add([Task(f"t{i}", "k") for i in range(4)], 0.0)
+    s.start(0.0)
+    s.dispatch(0.0)
+    assert [w for _, e, w in sink.changes if e == E.ASSIGNED] == ["w1", "w2", "w1", "w2"]
+    s, sink = core("least_loaded", workers=2, capacity=4)
+    s.add([Task("big", "k", estimate_s=10.0), Task("a", "k"), Task("b", "k")], 0.0)
+    s.start(0.0)
+    s.dispatch(0.0)
+    assigned = {t: w for t, e, w in sink.changes if e == E.ASSIGNED}
+    assert assigned["big"] != assigned["a"] and assigned["a"] == assigned["b"]
+
+
+def test_a_kind_no_worker_does_waits_in_the_heap() -> None:
+    s, _ = core()
+    s.workers.clear()
+    s.add_worker(WorkerSpec("only-k", {"k": 1.0}, 2))
+    s.add([Task("x", "other"), Task("y", "k")], 0.0)
+    s.start(0.0)
+    assert not started(s, 0.0) or "x" not in started(s, 0.0)
+    assert s.tasks["x"].status is Status.PENDING and not s.done
+
+
+# ---- failures --------------------------------------------------------------------------
+
+
+def test_a_transient_failure_is_retried_at_its_backoff_then_dead_at_max_attempts() -> None:
+    s, sink = core()
+    s.add([Task("t", "k", max_attempts=3)], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)["t"]
+    s.fail("t", run.token, transient(), 0.0, "w1")
+    assert s.tasks["t"].status is Status.FAILED and s.tasks["t"].not_before == 1.0
+    s.tick(0.99)
+    assert s.tasks["t"].status is Status.FAILED
+    s.tick(1.0)
+    assert s.tasks["t"].status is Status.PENDING
+    run = started(s, 1.0)["t"]
+    s.fail("t", run.token, transient(), 1.0, "w1")
+    assert s.tasks["t"].not_before == 3.0  # the second retry waits 2 s
+    s.tick(3.0)
+    run = started(s, 3.0)["t"]
+    s.fail("t", run.token, transient(), 3.0, "w1")
+    assert s.tasks["t"].status is Status.DEAD and s.tasks["t"].attempts == 3
+    assert sink.events("t").count(E.RETRY) == 2 and s.done
+
+
+def test_retry_after_is_honoured_up_to_the_clamp() -> None:
+    s, _ = core()
+    s.add([Task("a", "k"), Task("b", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)
+    s.fail("a", run["a"].token, transient(retry_after=5.0), 0.0, "w1")
+    s.fail("b", run["b"].token, transient(retry_after=3600.0), 0.0, "w1")
+    assert s.tasks["a"].not_before == 5.0
+    assert s.tasks["b"].not_before == 10.0  # max_retry_after
+
+
+def test_the_retry_budget_is_shared_by_the_run() -> None:
+    s, _ = core(retry_budget=1)
+    s.add([Task("a", "k"), Task("b", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)
+    s.fail("a", run["a"].token, transient(), 0.0, "w1")
+    s.fail("b", run["b"].token, transient(), 0.0, "w1")
+    assert s.tasks["a"].status is Status.FAILED
+    b = s.tasks["b"]
+    assert b.status is Status.DEAD and "retry budget exhausted" in (b.error or "")
+
+
+def test_a_permanent_error_is_dead_at_once_and_cancels_every_transitive_dependent() -> None:
+    s, _ = core()
+    s.add([Task("a", "k"), Task("b", "k", depends_on=("a",)),
+           Task("c", "k", depends_on=("b",)), Task("free", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)
+    s.fail("a", run["a"].token, permanent(), 0.0, "w1")
+    assert s.tasks["a"].status is Status.DEAD and s.tasks["a"].attempts == 1
+    assert [s.tasks[t].cause for t in "bc"] == ["a", "a"]
+    assert s.tasks["free"].status is Status.RUNNING
+
+
+def test_abort_run_cancels_everything_not_started() -> None:
+    s, _ = core(on_dead="abort_run", capacity=1)
+    s.add([Task("a", "k"), Task("x", "k"), Task("y", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)
+    s.fail("a", run["a"].token, permanent(), 0.0, "w1")
+    assert s.facts.aborted_by == "a"
+    assert {s.tasks[t].status for t in "xy"} == {Status.CANCELLED}
+    assert s.dispatch(1.0) == []
+
+
+def test_a_budget_refusal_cancels_what_has_not_started_with_cause_budget() -> None:
+    s, _ = core(capacity=1)
+    s.add([Task("a", "k"), Task("b", "k", depends_on=("a",)), Task("c", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)
+    s.fail("a", run["a"].token, Failure("BudgetExceeded: spent", ErrorClass.PERMANENT,
+                                        budget=True), 0.0, "w1")
+    assert s.facts.budget_exhausted
+    assert {t.id: t.cause for t in s.tasks.values()} == {"a": "budget", "b": "budget",
+                                                         "c": "budget"}
+    assert s.done
+
+
+# ---- what others wrote (the coordinator's mirror) ---------------------------------------
+
+
+def peer_core() -> tuple[Scheduler, Recorder]:
+    s, sink = core()
+    s.claims_alone = True
+    s.add([Task("p", "k"), Task("j", "k", depends_on=("p",))], 0.0)
+    s.start(0.0)
+    return s, sink
+
+
+def spawned(status: Status, **fields: Any) -> Task:
+    """``p/0`` as a peer worker left it: claimed (started), then ``status``."""
+    task = Task("p/0", "k", parent="p", created_at=1.0)
+    if status in (Status.DEAD, Status.CANCELLED):
+        return transition(task, status, **fields)
+    running = transition(task, Status.RUNNING, assigned_to="w2", token=1, started_at=1.5)
+    return transition(running, status, assigned_to=None, **fields)
+
+
+def test_a_spawned_task_first_seen_failed_permanently_is_decided_dead() -> None:
+    # A peer worker claimed and failed a spawned task before the coordinator read it.
+    s, sink = peer_core()
+    s.observe(spawned(Status.FAILED, attempts=1, error="PermanentError: no",
+                      error_class=ErrorClass.PERMANENT, token=1), 2.0)
+    assert s.tasks["p/0"].status is Status.DEAD
+    assert sink.events("p/0") == [E.DEAD]
+
+
+def test_a_spawned_task_first_seen_failed_transiently_is_retried() -> None:
+    s, sink = peer_core()
+    s.observe(spawned(Status.FAILED, attempts=1, error="TransientError: slow",
+                      error_class=ErrorClass.TRANSIENT, token=1), 2.0)
+    assert s.tasks["p/0"].status is Status.FAILED and s.next_wakeup(2.0) == 3.0
+    s.tick(3.0)
+    assert s.tasks["p/0"].status is Status.PENDING and sink.events("p/0") == [E.RETRY]
+
+
+def test_a_spawned_task_first_seen_dead_cancels_its_known_joiner() -> None:
+    s, _ = peer_core()
+    s.observe(s.tasks["j"].evolve(depends_on=("p", "p/0")), 1.0)  # the join widened first
+    s.observe(spawned(Status.DEAD, error="PermanentError: no", token=1), 2.0)
+    assert s.tasks["j"].status is Status.CANCELLED and s.tasks["j"].cause == "p/0"
+
+
+def test_a_spawned_task_first_seen_completed_releases_its_known_joiner() -> None:
+    s, _ = core()  # push mode: the core counts what the joiner waits for
+    s.add([Task("p", "k"), Task("j", "k", depends_on=("p",))], 0.0)
+    s.start(0.0)
+    p = started(s, 0.0)["p"]
+    s.observe(s.tasks["j"].evolve(depends_on=("p", "p/0")), 1.0)
+    s.observe(transition(p, Status.COMPLETED, result=1, attempts=1), 1.0)
+    assert started(s, 1.0) == {}
+    s.observe(spawned(Status.COMPLETED, result=2, attempts=1), 2.0)
+    assert set(started(s, 2.0)) == {"j"}
+
+
+def test_a_spawned_task_first_seen_cancelled_for_the_budget_stops_the_run() -> None:
+    s, _ = peer_core()
+    s.observe(spawned(Status.CANCELLED, cause="budget", token=1), 2.0)
+    assert s.facts.budget_exhausted
+    assert s.tasks["p"].status is Status.CANCELLED and s.tasks["p"].cause == "budget"
+
+
+# ---- leases, stall, effects --------------------------------------------------------------
+
+
+def test_an_expired_lease_is_reclaimed_with_a_new_token_then_dead_past_max_reclaims() -> None:
+    s, sink = core(stale_after=5.0, max_reclaims=1)
+    s.add([Task("t", "k")], 0.0)
+    s.start(0.0)
+    first = started(s, 0.0)["t"]
+    s.tick(4.9)
+    assert s.tasks["t"].status is Status.RUNNING
+    s.tick(5.0)
+    assert s.tasks["t"].status is Status.PENDING and s.tasks["t"].token > first.token
+    assert not s.complete("t", first.token, "late", 5.1, "w1")  # fenced off
+    second = started(s, 5.1)["t"]
+    s.tick(10.1)
+    assert s.tasks["t"].status is Status.DEAD and "reclaimed 1 times" in (
+        s.tasks["t"].error or "")
+    assert E.REJECTED in sink.events("t")
+    del second
+
+
+def test_a_heartbeat_keeps_the_lease() -> None:
+    s, _ = core(stale_after=5.0)
+    s.add([Task("t", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)["t"]
+    s.heartbeat("t", run.token, 4.0)
+    s.tick(6.0)
+    assert s.tasks["t"].status is Status.RUNNING
+
+
+def test_a_stall_is_no_change_for_stall_after_and_a_known_retry_time_is_none() -> None:
+    s, _ = core(stall_after=10.0)
+    s.add([Task("t", "k")], 0.0)
+    s.start(0.0)
+    s.workers.clear()  # nobody will take it
+    assert not s.stalled(9.9) and s.stalled(10.0)
+    slow = RetryPolicy(attempts=2, base=100.0, cap=100.0, jitter=0.0)
+    s, _ = core(stall_after=10.0, stale_after=1000.0, retry=slow)
+    s.add([Task("t", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)["t"]
+    s.fail("t", run.token, transient(), 0.0, "w1")
+    assert not s.stalled(50.0) and s.next_wakeup(50.0) == 100.0
+
+
+def test_an_effect_is_due_once_after_the_completion_and_retried_while_it_fails() -> None:
+    s, _ = core(effects={"k"}, effect_retry=RetryPolicy(attempts=2, base=1.0, jitter=0.0))
+    s.add([Task("t", "k")], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)["t"]
+    s.complete("t", run.token, "r", 1.0, "w1")
+    assert not s.done
+    assert [t.id for t in s.effects_due(1.0)] == ["t"]
+    assert s.effects_due(1.0) == []  # handed out once until it reports
+    assert s.effect_failed("t", "503", 1.0) == 2.0
+    assert s.effects_due(1.5) == [] and [t.id for t in s.effects_due(2.0)] == ["t"]
+    assert s.effect_failed("t", "503", 2.0) is None  # given up on, recorded
+    assert s.facts.effects_failed == {"t": "503"} and s.done
+
+
+def test_the_deadline_cancels_what_has_not_started() -> None:
+    s, _ = core(capacity=1, deadline=5.0)
+    s.add([Task("a", "k"), Task("b", "k")], 0.0)
+    s.start(0.0)
+    started(s, 0.0)
+    s.tick(5.0)
+    assert s.facts.deadline_reached and s.tasks["b"].cause == "deadline"
+    assert s.tasks["a"].status is Status.RUNNING
+
+
+def test_resource_locks_keep_two_holders_apart() -> None:
+    s, _ = core(capacity=4)
+    s.add([Task("a", "k", resources=("db",)), Task("b", "k", resources=("db",)),
+           Task("c", "k")], 0.0)
+    s.start(0.0)
+    first = started(s, 0.0)
+    assert set(first) == {"a", "c"}
+    s.complete("a", first["a"].token, 1, 1.0, "w1")
+    assert set(t.id for _, t in s.release(s.workers["w1"], s.tasks["a"], 1.0)) == {"b"}
+
+
+def test_a_bad_policy_is_refused_with_one_line() -> None:
+    with pytest.raises(UsageError, match="on_dead"):
+        core(on_dead="explode")  # type: ignore[arg-type]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at its top or inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_core_imports_no_store_model_prompt_or_event_loop() -> None:
+    import planrun
+
+    root = Path(planrun.__file__).parent
+    todo = [p for p in (root / "scheduling").glob("*.py")]
+    seen: set[Path] = set()
+    reached: set[str] = set()
+    while todo:  # the core's modules and every planrun module they reach
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imports(path):
+            reached.add(name)
+            if name.startswith("planrun."):
+                parts = name.split(".")[1:]
+                module = root.joinpath(*parts)
+                todo += [q for q in (module.with_suffix(".py"), module / "__init__.py")
+                         if q.exists()]
+    io = ("planrun.stores", "planrun.model", "planrun.prompts", "planrun.supervisor",
+          "planrun.distributed", "asyncio", "sqlite3", "psycopg", "openai", "httpx", "socket")
+    assert sorted(n for n in reached if n.split(".")[0] in io or n.startswith(io)) == []
+    assert any(p.name == "_core.py" for p in seen) and len(seen) > 6
+    for path in (root / "scheduling").glob("*.py"):  # it reads no clock: ``now`` is given
+        assert not {"time", "datetime"} & _imports(path), path.name
