@@ -66,6 +66,8 @@ def checked(spec: KindSpec, task: Task, outcome: Any) -> Any:
         UnstorableValue: a result no store, ledger or report can carry (raised at once,
             naming the type, rather than a write failing later).
     """
+    if outcome is None and spec.result_model is None:
+        return None  # null is JSON, and there is no model to check it with
     result = result_for(spec, outcome)
     if result is not None:  # null is JSON; anything else is checked
         strict_json(result, f"task {task.id!r} result")

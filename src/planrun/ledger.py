@@ -32,8 +32,9 @@ from planrun.task import Task
 
 __all__ = ["Audit", "Event", "EventName", "Ledger", "analyze", "read_jsonl"]
 
-_Raw = tuple[int, float, str, str, "str | None", int, "Mapping[str, Any] | None"]
-"""An event noted but not yet built: the fields of :class:`Event` in order."""
+_Raw = tuple[float, str, str, "str | None", int, "Mapping[str, Any] | None"]
+"""An event noted but not yet built: ``(at, task, event, worker, attempt, detail)``, the
+fields of :class:`Event` after ``seq`` (its seq is its place in the ledger)."""
 
 
 class EventName:
@@ -128,21 +129,27 @@ def _event(seq: int, at: float, task: str, event: str, worker: str | None, attem
 class Ledger:
     """An append-only list of events with a running sequence number.
 
-    :meth:`note` appends an event without building its :class:`Event` object: the entry is
-    kept as a plain tuple and made an object only when someone reads the events (most runs
-    without a store or a listener never do). The events the audit reads (``completed`` and
-    ``effect``) are also listed apart as they are appended, so an audit reads those alone.
+    Events appended here are numbered by their place: the first gets the seq after the
+    last event the ledger was made with (0 for a new one), each next one the seq after.
+    :meth:`note` (and the list append :meth:`raw_appender` hands out) keeps an entry as a
+    plain tuple, made an :class:`Event` only when someone reads the events (most runs
+    without a store or a listener never do).
     """
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
         built = sorted(events, key=lambda e: e.seq)
-        self._next = built[-1].seq + 1 if built else 0
         self._events: list[Event | _Raw] = list(built)
-        self._raw = False
-        """Some entries are still tuples."""
-        self._audited: list[tuple[int, str, str]] = [
-            (e.seq, e.task, e.event) for e in built if e.event in _AUDITED]
-        """``(seq, task, event)`` of the ``completed`` and ``effect`` entries, in order."""
+        """Entries in seq order: events, and tuples (:data:`_Raw`) not built yet. Never
+        replaced: :meth:`raw_appender` hands out its ``append``."""
+        self._offset = (built[-1].seq + 1 if built else 0) - len(built)
+        """The seq of the entry at place ``i`` (past the events given) is ``i + offset``."""
+        self._upto = len(built)
+        """Entries before this place are built."""
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event gets."""
+        return len(self._events) + self._offset
 
     def append(
         self,
@@ -155,21 +162,21 @@ class Ledger:
         detail: Mapping[str, Any] | None = None,
     ) -> Event:
         """Append one event and return it."""
-        entry = _event(self._next, at, task, event, worker, attempt, detail or {})
-        if event in _AUDITED:
-            self._audited.append((self._next, task, event))
-        self._next += 1
-        self._events.append(entry)
+        events = self._events
+        entry = _event(len(events) + self._offset, at, task, event, worker, attempt,
+                       detail or {})
+        events.append(entry)
         return entry
 
     def note(self, at: float, task: str, event: str, worker: str | None = None,
              attempt: int = 0, detail: Mapping[str, Any] | None = None) -> None:
         """Append one event like :meth:`append`, building its object only when it is read."""
-        self._events.append((self._next, at, task, event, worker, attempt, detail))
-        if event in _AUDITED:
-            self._audited.append((self._next, task, event))
-        self._next += 1
-        self._raw = True
+        self._events.append((at, task, event, worker, attempt, detail))
+
+    def raw_appender(self) -> Callable[[_Raw], None]:
+        """``append(entry)`` for entries ``(at, task, event, worker, attempt, detail)``,
+        each noted as :meth:`note` notes it (a C call, for a driver's hot path)."""
+        return self._events.append
 
     def change_sink(
         self, now: Callable[[], float], on_reclaimed: Callable[[Task], None],
@@ -179,45 +186,72 @@ class Ledger:
         ``on_reclaimed``. The attempt is the record's token, or for a rejected result the
         token it carried."""
         rejected, reclaimed = EventName.REJECTED, EventName.RECLAIMED
-        audited = self._audited
+        add = self._events.append
 
         def sink(task: Task, event: str, worker: str | None,
                  detail: Mapping[str, Any] | None, token: int) -> None:
-            seq = self._next
-            self._events.append((seq, now(), task.id, event, worker,
-                                 token if event == rejected else task.token, detail))
-            if event in _AUDITED:
-                audited.append((seq, task.id, event))
-            self._next = seq + 1
-            self._raw = True
+            add((now(), task.id, event, worker,
+                 token if event == rejected else task.token, detail))
             if event == reclaimed:
                 on_reclaimed(task)
 
         return sink
 
     def _built(self) -> list[Event | _Raw]:
-        if self._raw:
-            self._events = [
-                _event(e[0], e[1], e[2], e[3], e[4], e[5], e[6] or {}) if type(e) is tuple else e
-                for e in self._events
-            ]
-            self._raw = False
-        return self._events
+        """The entries, every one an :class:`Event` (built in place)."""
+        events = self._events
+        end = len(events)
+        if self._upto < end:
+            offset = self._offset
+            for i in range(self._upto, end):
+                e = events[i]
+                if type(e) is tuple:
+                    events[i] = _event(i + offset, e[0], e[1], e[2], e[3], e[4], e[5] or {})
+            self._upto = end
+        return events
 
-    def _names(self, only: frozenset[str]) -> list[tuple[int, str, str]]:
-        """``(seq, task, event)`` of the entries named in ``only``, oldest first, without
-        building objects."""
-        if only <= _AUDITED:  # listed apart as they were appended
-            if only == _AUDITED:
-                return list(self._audited)
-            return [entry for entry in self._audited if entry[2] in only]
-        if not self._raw:
-            return [(e.seq, e.task, e.event) for e in self._events  # type: ignore[union-attr]
-                    if e.event in only]  # type: ignore[union-attr]
-        return [(e[0], e[2], e[3]) if type(e) is tuple
-                else (e.seq, e.task, e.event)  # type: ignore[union-attr]
-                for e in self._events
-                if (e[3] if type(e) is tuple else e.event) in only]  # type: ignore[union-attr]
+    def _names(self, only: frozenset[str], size: int | None = None
+               ) -> list[tuple[int, str, str]]:
+        """``(seq, task, event)`` of the first ``size`` entries named in ``only``, oldest
+        first, without building objects."""
+        events = self._events
+        end = len(events) if size is None else size
+        upto = min(self._upto, end)
+        found = [(e.seq, e.task, e.event) for e in events[:upto]  # type: ignore[union-attr]
+                 if e.event in only]  # type: ignore[union-attr]
+        offset = self._offset
+        for i in range(upto, end):
+            e = events[i]
+            if type(e) is tuple:
+                if e[2] in only:
+                    found.append((i + offset, e[1], e[2]))
+            elif e.event in only:  # type: ignore[union-attr]
+                found.append((e.seq, e.task, e.event))  # type: ignore[union-attr]
+        return found
+
+    def _completions(self, size: int | None = None
+                     ) -> tuple[dict[str, int], int, Counter[str]]:
+        """What the audit reads of the first ``size`` entries, in one pass and without
+        building objects: the seq of each task's first ``completed`` event, the number of
+        ``completed`` events, and the ``effect`` events per task."""
+        events = self._events if size is None else self._events[:size]
+        first: dict[str, int] = {}
+        effects: Counter[str] = Counter()
+        completions = 0
+        offset = self._offset
+        completed, effect = EventName.COMPLETED, EventName.EFFECT
+        for i, e in enumerate(events):
+            if type(e) is tuple:
+                name, task, seq = e[2], e[1], i + offset
+            else:
+                name, task, seq = e.event, e.task, e.seq  # type: ignore[union-attr]
+            if name == completed:
+                completions += 1
+                if task not in first:
+                    first[task] = seq
+            elif name == effect:
+                effects[task] += 1
+        return first, completions, effects
 
     @property
     def events(self) -> Sequence[Event]:
@@ -261,9 +295,14 @@ class _EventView(Sequence[Event]):
         return self._events
 
     def _names(self, only: frozenset[str]) -> list[tuple[int, str, str]]:
-        if self._ledger is not None and len(self._ledger) == self._size:
-            return self._ledger._names(only)
+        if self._ledger is not None:
+            return self._ledger._names(only, self._size)
         return [(e.seq, e.task, e.event) for e in self._all() if e.event in only]
+
+    def _completions(self) -> tuple[dict[str, int], int, Counter[str]]:
+        if self._ledger is not None:
+            return self._ledger._completions(self._size)
+        return _completions_of(self._all())
 
     def __len__(self) -> int:
         return self._size
@@ -333,39 +372,35 @@ def analyze(
     of such a kind with no ``effect`` event is listed in ``missing_effects``.
     """
     kinds = frozenset(effect_kinds)
-    pairs: Iterable[tuple[str, Sequence[str]]]
-    if isinstance(tasks, Mapping):
-        pairs = [(str(k), list(v)) for k, v in tasks.items()]
-    else:
-        tasks = list(tasks)
-        pairs = _id_deps(tasks)
-    first: dict[str, int] = {}
-    completions = 0
-    effects: Counter[str] = Counter()
-    names: Iterable[tuple[int, str, str]]
     if isinstance(events, Ledger | _EventView):  # in order already; no object needed
-        names = events._names(_AUDITED)
+        first, completions, effects = events._completions()
     else:
-        names = ((e.seq, e.task, e.event) for e in sorted(events, key=lambda ev: ev.seq))
-    completed, effect = EventName.COMPLETED, EventName.EFFECT
-    for seq, task_id, name in names:
-        if name == completed:
-            completions += 1
-            if task_id not in first:
-                first[task_id] = seq
-        elif name == effect:
-            effects[task_id] += 1
+        first, completions, effects = _completions_of(sorted(events, key=lambda ev: ev.seq))
     violations = 0
     missing: list[str] = []
-    for task_id, needs in pairs:
-        at = first.get(task_id)
-        if at is None:
-            missing.append(task_id)
-            continue
-        for dep in needs:
-            done = first.get(dep)
-            if done is None or done > at:
-                violations += 1
+    seen = first.get
+    if isinstance(tasks, Mapping):
+        for key, needs in tasks.items():
+            task_id = str(key)
+            at = seen(task_id)
+            if at is None:
+                missing.append(task_id)
+                continue
+            for dep in needs:
+                done = seen(dep)
+                if done is None or done > at:
+                    violations += 1
+    else:
+        tasks = list(tasks)
+        for t in tasks:
+            at = seen(t.id)
+            if at is None:
+                missing.append(t.id)
+                continue
+            for dep in t.depends_on:
+                done = seen(dep)
+                if done is None or done > at:
+                    violations += 1
     with_effect = ([t.id for t in tasks if t.kind in kinds]
                    if kinds and not isinstance(tasks, Mapping) else [])
     return Audit(
@@ -377,7 +412,17 @@ def analyze(
     )
 
 
-def _id_deps(tasks: Sequence[Task]) -> Iterator[tuple[str, Sequence[str]]]:
-    """``(id, depends_on)`` of each record, read as the audit goes."""
-    for t in tasks:
-        yield t.id, t.depends_on
+def _completions_of(events: Iterable[Event]) -> tuple[dict[str, int], int, Counter[str]]:
+    """:meth:`Ledger._completions` of events in seq order."""
+    first: dict[str, int] = {}
+    effects: Counter[str] = Counter()
+    completions = 0
+    completed, effect = EventName.COMPLETED, EventName.EFFECT
+    for e in events:
+        if e.event == completed:
+            completions += 1
+            if e.task not in first:
+                first[e.task] = e.seq
+        elif e.event == effect:
+            effects[e.task] += 1
+    return first, completions, effects

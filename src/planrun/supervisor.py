@@ -140,9 +140,11 @@ class RunResult:
 
 
 _STATUS = attrgetter("status")
+_new_object = object.__new__
+_set_attr = object.__setattr__
 _FINISHED_AT = attrgetter("finished_at")
 
-_How = tuple[KindSpec, "Handler | None", "float | None", float, bool]
+_How = tuple[KindSpec, "Handler | None", "float | None", dict[str, Any], bool]
 """How a worker runs a kind (see :meth:`Supervisor._how`)."""
 
 WRITE_STALL_S = 0.5
@@ -544,9 +546,9 @@ class Supervisor:
         while True:
             kind = task.kind
             how = self._hows.get((worker.name, kind))
-            spec, handler, limit, skill, is_async = how or self._how(worker, kind)
+            spec, handler, limit, same, is_async = how or self._how(worker, kind)
             token = task.token
-            ctx = self._context(worker, task, skill)
+            ctx = self._context(task, same)
             try:
                 result = checked(spec, task,
                                  await call(spec, handler, task, ctx, limit, is_async))
@@ -567,18 +569,20 @@ class Supervisor:
                 await asyncio.sleep(0)
 
     def _how(self, worker: WorkerState, kind: str) -> _How:
-        """How ``worker`` runs ``kind``: its spec, handler, time limit, skill, and whether
-        the handler is a coroutine function."""
+        """How ``worker`` runs ``kind``: its spec, handler, time limit, the context fields
+        every attempt of it shares, and whether the handler is a coroutine function."""
         spec = self.registry[kind]
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         handler = worker.spec.handlers.get(kind) or spec.handler
-        how = (spec, handler, limit, worker.spec.skill(kind),
-               handler is not None and is_coroutine_handler(handler))
+        same = {"run_id": self.run_id, "kind": kind, "worker": worker.name,
+                "skill": worker.spec.skill(kind), "extras": self.extras}
+        how = (spec, handler, limit, same, handler is not None and is_coroutine_handler(handler))
         self._hows[worker.name, kind] = how
         return how
 
-    def _context(self, worker: WorkerState, task: Task, skill: float) -> TaskContext:
-        """What the handler of one attempt is given: its context."""
+    def _context(self, task: Task, same: dict[str, Any]) -> TaskContext:
+        """What the handler of one attempt is given: its context (``same``: the fields
+        every attempt of its worker and kind shares, see :meth:`_how`)."""
         tid = task.id
         token = task.token
         inputs: dict[str, Any] = {}
@@ -587,16 +591,18 @@ class Supervisor:
             tasks = self.core.tasks
             for d in deps:
                 inputs[d] = tasks[d].result
-        # Every field given (checked at import): the frozen __init__'s setattr per field
-        # is skipped.
-        ctx = object.__new__(TaskContext)
-        ctx.__dict__.update(
-            run_id=self.run_id, task_id=tid, kind=task.kind, attempt=token,
-            worker=worker.name, skill=skill, payload=task.payload,
-            estimate_s=task.estimate_s, inputs=inputs,
-            heartbeat=lambda: self.core.heartbeat(tid, token, self._now()),
-            extras=self.extras, spawned=[],
-        )
+        # Every field given (checked at import), stored one by one into a copy of the
+        # shared ones: the frozen __init__'s setattr per field is skipped.
+        state = same.copy()
+        state["task_id"] = tid
+        state["attempt"] = token
+        state["payload"] = task.payload
+        state["estimate_s"] = task.estimate_s
+        state["inputs"] = inputs
+        state["heartbeat"] = lambda: self.core.heartbeat(tid, token, self._now())
+        state["spawned"] = []
+        ctx = _new_object(TaskContext)
+        _set_attr(ctx, "__dict__", state)
         return ctx
 
     def _outcome(self, worker: WorkerState, task: Task, token: int, result: Any,
@@ -843,8 +849,10 @@ class Supervisor:
         changes are only noted. Otherwise each goes through :meth:`_record`."""
         if self.store is None and self.on_event is None:
             self.core.use_sink(self.ledger.change_sink(self._now, self._reclaimed))
+            self.core.use_log(self.ledger.raw_appender())
         else:
             self.core.use_sink(self._record)
+            self.core.use_log(None)
 
     def _reclaimed(self, task: Task) -> None:
         zombie = self._running.pop(task.id, None)

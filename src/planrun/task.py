@@ -215,6 +215,68 @@ def advanced(task: Task, to: Status, changes: dict[str, Any]) -> Task:
     return new
 
 
+def assigned(task: Task, worker: str, lease: float | None) -> Task:
+    """``task`` given to ``worker`` under a new fencing token (the core's assignment):
+    :func:`advanced` with its fields stored one by one, as the hot path needs."""
+    if _ASSIGNED not in _ALLOWED[task.status]:
+        raise IllegalTransition(
+            f"task {task.id!r}: {task.status.value} -> assigned is not allowed")
+    state = task.__dict__.copy()
+    state["status"] = _ASSIGNED
+    state["assigned_to"] = worker
+    state["token"] = task.token + 1
+    state["lease"] = lease
+    new = _new(Task)
+    _set(new, "__dict__", state)
+    return new
+
+
+def started(task: Task, now: float, lease: float) -> Task:
+    """``task`` started at ``now`` by the worker it was assigned to, its lease until
+    ``lease`` (:func:`advanced` for the core's start)."""
+    if _RUNNING not in _ALLOWED[task.status]:
+        raise IllegalTransition(
+            f"task {task.id!r}: {task.status.value} -> running is not allowed")
+    state = task.__dict__.copy()
+    state["status"] = _RUNNING
+    state["started_at"] = now
+    state["lease"] = lease
+    new = _new(Task)
+    _set(new, "__dict__", state)
+    return new
+
+
+def completed(task: Task, result: Any, now: float) -> Task:
+    """``task`` completed at ``now`` with ``result``: one attempt more, no lease, no error
+    (:func:`advanced` for the core's completion)."""
+    if _COMPLETED not in _ALLOWED[task.status]:
+        raise IllegalTransition(
+            f"task {task.id!r}: {task.status.value} -> completed is not allowed")
+    state = task.__dict__.copy()
+    state["status"] = _COMPLETED
+    state["result"] = result
+    state["finished_at"] = now
+    state["attempts"] = task.attempts + 1
+    state["lease"] = None
+    if task.error is not None or task.error_class is not None:
+        state["error"] = state["error_class"] = None
+    new = _new(Task)
+    _set(new, "__dict__", state)
+    return new
+
+
+def created(task: Task, now: float, max_attempts: int | None = None) -> Task:
+    """``task`` as a run takes it in: created at ``now``, and with ``max_attempts`` when
+    one is given (no status change)."""
+    state = task.__dict__.copy()
+    state["created_at"] = now
+    if max_attempts is not None:
+        state["max_attempts"] = max_attempts
+    new = _new(Task)
+    _set(new, "__dict__", state)
+    return new
+
+
 def revised(task: Task, changes: dict[str, Any]) -> Task:
     """A copy of ``task`` with ``changes`` (no status among them), for the scheduling core
     (its changes name fields in its own code)."""
@@ -239,6 +301,7 @@ def _copy(task: Task, changes: dict[str, Any]) -> Task:
 
 _new = object.__new__
 _set = object.__setattr__  # a frozen record's state is set once, whole
+_ASSIGNED, _RUNNING, _COMPLETED = Status.ASSIGNED, Status.RUNNING, Status.COMPLETED
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
 

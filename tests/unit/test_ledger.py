@@ -100,8 +100,9 @@ def test_the_audit_of_a_ledger_with_noted_events_is_that_of_its_events() -> None
 
 
 def test_the_audit_reads_the_same_events_however_they_entered_the_ledger() -> None:
-    """The completions and effects the audit reads are listed apart as they are appended:
-    by append, note, a core's change sink, or a ledger built from stored events."""
+    """The audit reads the completions and effects without building events, whatever way
+    they entered the ledger: append, note, a core's change sink, or a ledger built from
+    stored events."""
     ledger = Ledger()
     ledger.append(0.0, "a", "created")
     ledger.note(0.0, "b", "completed")
@@ -125,3 +126,34 @@ def test_the_audit_reads_the_same_events_however_they_entered_the_ledger() -> No
     assert analyze(tasks, restored, effect_kinds=("k",)) == audit
     restored.note(3.0, "d", "completed")
     assert analyze(tasks, restored, effect_kinds=("k",)).missing == []
+
+
+def test_entries_a_core_appends_raw_are_numbered_by_place_and_built_when_read() -> None:
+    ledger = Ledger()
+    add = ledger.raw_appender()
+    add((0.5, "a", "created", None, 0, None))
+    add((0.6, "a", "assigned", "w", 1, None))
+    first = ledger.events  # read mid-run: what is there is built
+    assert [(e.seq, e.event, e.detail) for e in first] == [(0, "created", {}),
+                                                          (1, "assigned", {})]
+    add((0.7, "a", "started", "w", 1, None))  # after a read: still found and built
+    entry = ledger.append(0.8, "a", "completed", worker="w", attempt=1)
+    add((0.9, "a", "effect", None, 1, {"key": "r:a"}))
+    assert entry.seq == 3 and ledger.next_seq == 5
+    events = list(ledger)
+    assert [(e.seq, e.event) for e in events] == [
+        (0, "created"), (1, "assigned"), (2, "started"), (3, "completed"), (4, "effect")]
+    assert events[4].detail == {"key": "r:a"} and events[2].worker == "w"
+    assert ledger.events[0] is first[0]  # built once, in place
+
+
+def test_a_ledger_made_from_stored_events_with_gaps_numbers_on_from_the_last() -> None:
+    stored = [Event(7, 0.0, "a", "created"), Event(2, 0.0, "a", "assigned"),
+              Event(12, 1.0, "a", "started")]  # store-made seqs are increasing, not dense
+    ledger = Ledger(stored)
+    ledger.raw_appender()((2.0, "a", "completed", "w", 1, None))
+    assert ledger.append(3.0, "a", "effect").seq == 14
+    assert [e.seq for e in ledger.events] == [2, 7, 12, 13, 14]
+    audit = analyze([Task(id="a", kind="k")], ledger, effect_kinds=("k",))
+    assert audit.clean and audit == analyze([Task(id="a", kind="k")], list(ledger.events),
+                                            effect_kinds=("k",))

@@ -142,3 +142,35 @@ def test_fast_init_refuses_what_it_cannot_build() -> None:
 
     with pytest.raises(TypeError, match="__post_init__"):
         fast_init(Checked)
+
+
+def test_the_cores_transitions_are_the_tables_and_change_only_their_fields() -> None:
+    """The scheduling core's hot transitions (assign, start, complete, take in) are the
+    table's: each refuses a move the table refuses, and copies the record with its own
+    fields only, sharing the class's keys."""
+    from planrun.task import assigned, completed, created, started
+
+    task = Task("a", "k", payload={"x": 1}, error="TransientError: before", error_class="transient")
+    taken = created(task, 5.0, max_attempts=7)
+    assert (taken.created_at, taken.max_attempts, taken.status) == (5.0, 7, Status.PENDING)
+    assert created(task, 5.0).max_attempts == task.max_attempts
+    given = assigned(taken, "w", None)
+    assert (given.status, given.assigned_to, given.token, given.lease) == (
+        Status.ASSIGNED, "w", 1, None)
+    running = started(given, 6.0, 16.0)
+    assert (running.status, running.started_at, running.lease, running.token) == (
+        Status.RUNNING, 6.0, 16.0, 1)
+    done = completed(running, {"r": 1}, 7.0)
+    assert (done.status, done.result, done.finished_at, done.attempts, done.lease) == (
+        Status.COMPLETED, {"r": 1}, 7.0, 1, None)
+    assert done.error is None and done.error_class is None  # an earlier failure is cleared
+    for record in (taken, given, running, done):
+        assert sys.getsizeof(record.__dict__) < sys.getsizeof(dict(record.__dict__)) / 2
+        assert record.payload == {"x": 1} and record.id == "a"
+    assert task.status is Status.PENDING and task.created_at is None  # untouched
+    with pytest.raises(IllegalTransition, match="completed -> assigned"):
+        assigned(done, "w", None)
+    with pytest.raises(IllegalTransition, match="pending -> completed"):
+        completed(taken, 1, 8.0)
+    with pytest.raises(IllegalTransition, match="completed -> running"):
+        started(done, 8.0, 9.0)

@@ -48,7 +48,17 @@ from planrun.scheduling._approval import (
 from planrun.scheduling._outcome import Failure
 from planrun.scheduling._retry import RetryPolicy
 from planrun.scheduling._spawn import Addition, SpawnLimits, expand
-from planrun.task import FINAL, Status, Task, advanced, revised
+from planrun.task import (
+    FINAL,
+    Status,
+    Task,
+    advanced,
+    assigned,
+    completed,
+    created,
+    revised,
+    started,
+)
 
 __all__ = ["OnDead", "ReplanRequest", "RunFacts", "Scheduler", "Sink", "dependency_order",
            "replans_spent", "retries_spent"]
@@ -72,18 +82,33 @@ class ReplanRequest:
 Entry = tuple[Any, ...]
 """An entry of the ready heap: sort keys, then the task id (see ``Scheduler._entry``)."""
 
+Note = Callable[[tuple[float, str, str, "str | None", int, "Mapping[str, Any] | None"]], Any]
+"""``note((at, task id, event, worker, attempt, detail))``: a change's event alone (see
+:meth:`Scheduler.use_log`)."""
+
 Sink = Callable[[Task, str, "str | None", "Mapping[str, Any] | None", int], None]
 """``sink(record, event, worker, detail, token)``: one decided change and its ledger event;
 ``token`` is the fencing token the change was decided under (the record's before it)."""
 
-_IN_FLIGHT = frozenset({Status.ASSIGNED, Status.RUNNING})
+# The statuses as module constants: an attribute of an Enum class is looked up through
+# EnumType.__getattr__ (some 1,000 instructions each); a module constant costs a global.
+_PENDING = Status.PENDING
+_ASSIGNED = Status.ASSIGNED
+_RUNNING = Status.RUNNING
+_COMPLETED = Status.COMPLETED
+_FAILED = Status.FAILED
+_DEAD = Status.DEAD
+_CANCELLED = Status.CANCELLED
+_WAITING = Status.WAITING
+
+_IN_FLIGHT = frozenset({_ASSIGNED, _RUNNING})
 _STATELESS = frozenset({LeastLoaded, Capability, Balanced})
 """Built-in routers whose pick among one candidate is that candidate, with no state kept."""
-_INDEXED = _IN_FLIGHT | {Status.COMPLETED, Status.WAITING}
+_INDEXED = _IN_FLIGHT | {_COMPLETED, _WAITING}
 """The statuses :meth:`Scheduler._index` has something to do for."""
-_UNINDEXED = _IN_FLIGHT | {Status.WAITING}
+_UNINDEXED = _IN_FLIGHT | {_WAITING}
 """The statuses :meth:`Scheduler._unindex` has something to undo for."""
-_CANCELLABLE = frozenset({Status.PENDING, Status.ASSIGNED, Status.FAILED, Status.WAITING})
+_CANCELLABLE = frozenset({_PENDING, _ASSIGNED, _FAILED, _WAITING})
 
 _DEFAULT_ATTEMPTS: int = Task.__dataclass_fields__["max_attempts"].default  # type: ignore[assignment]
 """``Task.max_attempts`` when it was not given."""
@@ -240,6 +265,8 @@ class Scheduler:
         self._replans_due: list[ReplanRequest] = []
         self._replans_open: set[str] = set()
         self._sink = sink
+        self._note: Note | None = None
+        """Where the common changes' events go as tuples, when a driver asks (:meth:`use_log`)."""
         self._rng = random.Random(seed)
         self.tasks: dict[str, Task] = {}
         self._order: dict[str, int] = {}
@@ -250,6 +277,9 @@ class Scheduler:
         """Task id -> its entry in the ready heap: ``(order, id)``, or under a critical-path
         router ``(-longest path to the end, order, id)`` (flat: cheaper to compare)."""
         self._ready: list[Entry] = []
+        self._first: list[Entry] = []
+        """The entries that were ready at :meth:`start`, sorted last first: taken from the
+        end while they go before the heap's head (a sorted batch costs no heap)."""
         self._queued: set[str] = set()
         self._delayed: list[tuple[float, str, int]] = []
         self._decided: set[str] = set()
@@ -289,7 +319,7 @@ class Scheduler:
         ordered, position = _dependency_order([_with_joins(t) if t.joins else t for t in tasks])
         have = self.tasks
         kinds: set[str] = set()
-        pending = Status.PENDING
+        pending = _PENDING
         for task in ordered:  # every check before any change: a refused batch adds nothing
             tid = task.id
             if tid in have:
@@ -305,18 +335,20 @@ class Scheduler:
                 kinds.add(task.kind)
             if task.status is not pending:
                 raise UsageError(f"task {tid!r} must be pending to be added")
-        created = {"created_at": now}
-        both = {"created_at": now, "max_attempts": default_attempts}
         default = _DEFAULT_ATTEMPTS if default_attempts is not None else None
-        sink, created_event, insert = self._sink, E.CREATED, self._insert
+        sink, note, created_event, insert = self._sink, self._note, E.CREATED, self._insert
         new: list[Task] = []
         for task in ordered:
             if task.created_at is None:
-                task = revised(task, both if task.max_attempts == default else created)
+                task = created(task, now, default_attempts if task.max_attempts == default
+                               else None)
             elif task.max_attempts == default:
                 task = revised(task, {"max_attempts": default_attempts})
             insert(task)
-            sink(task, created_event, None, None, task.token)
+            if note is None:
+                sink(task, created_event, None, None, task.token)
+            else:
+                note((now, task.id, created_event, None, task.token, None))
             new.append(task)
         self._prioritise(new)
         if self.started:
@@ -329,7 +361,7 @@ class Scheduler:
         ordered = dependency_order(tasks)
         for task in ordered:
             self._insert(task)
-            if task.status is Status.WAITING and task.not_before is not None:
+            if task.status is _WAITING and task.not_before is not None:
                 heapq.heappush(self._approval_timeouts, (task.not_before, task.id))
         self._prioritise(ordered)
 
@@ -350,15 +382,15 @@ class Scheduler:
                 else:
                     dependents[dep] = [tid]
                 other = have.get(dep)
-                if other is None or other.status is not Status.COMPLETED:
+                if other is None or other.status is not _COMPLETED:
                     waiting += 1
         self._waiting[tid] = waiting
         status = task.status
-        if status is not Status.PENDING:  # a pending task has nothing to index
+        if status is not _PENDING:  # a pending task has nothing to index
             if status not in FINAL:
                 self.unfinished += 1
             self._index(task)
-            if status is Status.COMPLETED and tid in self._dependents:
+            if status is _COMPLETED and tid in self._dependents:
                 self._released(tid)  # a join widened to it before it was seen, completed
         else:
             self.unfinished += 1
@@ -413,19 +445,20 @@ class Scheduler:
         """Begin: queue every ready task."""
         self.started = True
         self.last_change = now
-        if self.approvals or self.task_approvals or self.claims_alone or self._ready:
+        if (self.approvals or self.task_approvals or self.claims_alone or self._ready
+                or self._first):
             for tid, task in self.tasks.items():
-                if task.status is Status.PENDING:
+                if task.status is _PENDING:
                     self._offer(tid)
             return
         # What _offer does for each, with no approval to ask for: the ready heap at once.
-        pending, waiting, entry = Status.PENDING, self._waiting, self._entry
+        pending, waiting, entry = _PENDING, self._waiting, self._entry
         queued = [tid for tid, task in self.tasks.items()
                   if task.status is pending and not waiting[tid]]
         self._queued.update(queued)
         ready = [entry[tid] for tid in queued]
-        heapq.heapify(ready)
-        self._ready = ready
+        ready.sort(reverse=True)  # in the order added, or by critical path: a run or two
+        self._first = ready
 
     def recover(self, now: float, reason: str | None = "supervisor restart") -> None:
         """Turn what a dead driver left into a state this one can run.
@@ -438,16 +471,16 @@ class Scheduler:
         """
         for task in list(self.tasks.values()):
             if task.status in _IN_FLIGHT and reason is not None:
-                self._change(task, Status.PENDING, E.RECLAIMED, task.assigned_to,
+                self._change(task, _PENDING, E.RECLAIMED, task.assigned_to,
                              {"reason": reason}, assigned_to=None, lease=None)
                 self._offer(task.id)
-            elif task.status is Status.FAILED:
+            elif task.status is _FAILED:
                 self._decide_failed(self.tasks[task.id], now)
-            elif task.status is Status.DEAD:
+            elif task.status is _DEAD:
                 self._after_death(task, now)
-            elif task.status is Status.CANCELLED and task.cause == "budget":
+            elif task.status is _CANCELLED and task.cause == "budget":
                 self._budget_stop(now)
-            elif task.status is Status.WAITING:
+            elif task.status is _WAITING:
                 self.take_decision(task, now)
 
     # ---- assigning -------------------------------------------------------------------------
@@ -469,9 +502,9 @@ class Scheduler:
             self._held_back = False
             touched = [w for w in self.workers.values()
                        if w.queue and w.active < w.spec.capacity]
-        elif not self._ready:  # nothing in the loop below changes the facts
+        elif not self._ready and not self._first:  # nothing below changes the facts
             return []
-        while self._ready and not self.paused:
+        while (self._ready or self._first) and not self.paused:
             task = self._pop_ready(now)
             if task is None:
                 continue
@@ -494,7 +527,7 @@ class Scheduler:
         self._ask(now)
         assigned: list[Task] = []
         later: list[str] = []
-        while (self._ready and not self.stopping and not self.paused
+        while ((self._ready or self._first) and not self.stopping and not self.paused
                and any(n > 0 for n in free.values())):
             task = self._pop_ready(now)
             if task is None:
@@ -511,10 +544,14 @@ class Scheduler:
         return assigned
 
     def _pop_ready(self, now: float) -> Task | None:
-        tid = heapq.heappop(self._ready)[-1]
+        first, heap = self._first, self._ready
+        if first and (not heap or first[-1] <= heap[0]):
+            tid = first.pop()[-1]
+        else:
+            tid = heapq.heappop(heap)[-1]
         self._queued.discard(tid)
         task = self.tasks[tid]
-        if task.status is not Status.PENDING or self._waiting[tid]:
+        if task.status is not _PENDING or self._waiting[tid]:
             return None  # stale entry
         if task.not_before is not None and task.not_before > now:
             heapq.heappush(self._delayed, (task.not_before, tid, task.token))
@@ -545,13 +582,18 @@ class Scheduler:
                 lease: float | None = None) -> Task:
         self.last_change = now
         name = worker.name
-        new = advanced(task, Status.ASSIGNED, {"assigned_to": name, "token": task.token + 1,
-                                               "lease": lease})
-        self.tasks[task.id] = new
+        token = task.token
+        new = assigned(task, name, lease)
+        tid = task.id
+        self.tasks[tid] = new
         for r in new.resources:  # what _replace's _index does for a pending task
-            self._locks[r] = task.id
+            self._locks[r] = tid
         worker.load_s += worker.cost(new)
-        self._sink(new, E.ASSIGNED, name, None, task.token)
+        note = self._note
+        if note is None:
+            self._sink(new, E.ASSIGNED, name, None, token)
+        else:
+            note((now, tid, E.ASSIGNED, name, token + 1, None))
         return new
 
     def _pump(self, worker: WorkerState, now: float,
@@ -559,17 +601,22 @@ class Scheduler:
         queue = worker.queue
         while worker.active < worker.spec.capacity and queue and not self.paused:
             task = self.tasks[queue.popleft()]
-            if task.status is not Status.ASSIGNED or task.assigned_to != worker.name:
+            if task.status is not _ASSIGNED or task.assigned_to != worker.name:
                 continue
             lease = now + self.stale_after
             old = task
-            task = advanced(old, Status.RUNNING, {"started_at": now, "lease": lease})
+            task = started(old, now, lease)
             # A start on the worker it was assigned to: its locks and its load stay, one
             # more is active (what _replace's _unindex and _index come to, in line).
-            self.tasks[task.id] = task
+            tid = task.id
+            self.tasks[tid] = task
             worker.active += 1
-            self._sink(task, E.STARTED, worker.name, None, old.token)
-            heapq.heappush(self._leases, (lease, task.id, task.token))
+            note = self._note
+            if note is None:
+                self._sink(task, E.STARTED, worker.name, None, old.token)
+            else:
+                note((now, tid, E.STARTED, worker.name, old.token, None))
+            heapq.heappush(self._leases, (lease, tid, old.token))
             starts.append((worker, task))
             self.last_change = now
         if self.paused and queue and worker.active < worker.spec.capacity:
@@ -580,7 +627,7 @@ class Scheduler:
     def current(self, task_id: str, token: int, worker: str | None) -> bool:
         """True when ``token`` is the task's running attempt; else log the refusal."""
         task = self.tasks[task_id]
-        if task.token == token and task.status is Status.RUNNING:
+        if task.token == token and task.status is _RUNNING:
             return True
         self._sink(task, E.REJECTED, worker,
                    {"reason": "stale fencing token", "current": task.token}, token)
@@ -596,7 +643,7 @@ class Scheduler:
         driver writes both together.
         """
         task = self.tasks[task_id]
-        if task.token != token or task.status is not Status.RUNNING:
+        if task.token != token or task.status is not _RUNNING:
             return self.current(task_id, token, worker)  # logs the refusal
         addition = None
         if spawned:
@@ -611,11 +658,13 @@ class Scheduler:
             self._wait(task, "effect", now, worker, result=result, attempts=task.attempts + 1,
                        lease=None, error=None, error_class=None)
         else:
-            new = advanced(task, Status.COMPLETED, {
-                "result": result, "finished_at": now, "attempts": task.attempts + 1,
-                "lease": None, "error": None, "error_class": None})
+            new = completed(task, result, now)
             self._replace(task, new)
-            self._sink(new, E.COMPLETED, worker, detail, token)
+            note = self._note
+            if note is None:
+                self._sink(new, E.COMPLETED, worker, detail, token)
+            else:
+                note((now, task_id, E.COMPLETED, worker, token, detail))
         if addition is not None:
             self.grow(addition, now)
         self.last_change = now  # touch
@@ -663,7 +712,7 @@ class Scheduler:
         self.tasks[tid] = new
         self._waiting[tid] = sum(
             1 for d in new.depends_on
-            if (t := self.tasks.get(d)) is None or t.status is not Status.COMPLETED)
+            if (t := self.tasks.get(d)) is None or t.status is not _COMPLETED)
         if self.started:
             self._offer(tid)
 
@@ -674,7 +723,7 @@ class Scheduler:
             return False
         task = self.tasks[task_id]
         if failure.budget:
-            self._change(task, Status.CANCELLED, E.CANCELLED, worker, cause="budget",
+            self._change(task, _CANCELLED, E.CANCELLED, worker, cause="budget",
                          error=failure.error, error_class=failure.error_class,
                          finished_at=now, lease=None, detail={"cause": "budget"})
             self._budget_stop(now)
@@ -684,12 +733,12 @@ class Scheduler:
         at, error = self._decision(task, attempts, failure.error_class, failure.error,
                                    server_at, now)
         if at is None:
-            dead = self._change(task, Status.DEAD, E.DEAD, worker, error=error,
+            dead = self._change(task, _DEAD, E.DEAD, worker, error=error,
                                 error_class=failure.error_class, attempts=attempts,
                                 finished_at=now, lease=None, detail={"error": error})
             self._after_death(dead, now)
         else:
-            self._change(task, Status.FAILED, E.FAILED, worker, error=error,
+            self._change(task, _FAILED, E.FAILED, worker, error=error,
                          error_class=failure.error_class, attempts=attempts, lease=None,
                          not_before=at, detail={"error": error, "retry_at": at})
             self._schedule_retry(task_id, at, worker)
@@ -699,7 +748,7 @@ class Scheduler:
     def heartbeat(self, task_id: str, token: int, now: float) -> None:
         """The attempt ``token`` of ``task_id`` is alive: extend its lease."""
         task = self.tasks[task_id]
-        if task.token != token or task.status is not Status.RUNNING:
+        if task.token != token or task.status is not _RUNNING:
             return
         lease = now + self.stale_after
         self.tasks[task_id] = task.evolve(lease=lease)
@@ -733,7 +782,7 @@ class Scheduler:
         at, error = self._decision(task, task.attempts, task.error_class or ErrorClass.TRANSIENT,
                                    task.error, task.not_before, now)
         if at is None:
-            dead = self._change(task, Status.DEAD, E.DEAD, task.assigned_to, error=error,
+            dead = self._change(task, _DEAD, E.DEAD, task.assigned_to, error=error,
                                 finished_at=now, lease=None, detail={"error": error})
             self._after_death(dead, now)
             return
@@ -750,7 +799,7 @@ class Scheduler:
         while self._leases and self._leases[0][0] <= now:
             _, tid, token = heapq.heappop(self._leases)
             task = self.tasks[tid]
-            if task.token != token or task.status is not Status.RUNNING:
+            if task.token != token or task.status is not _RUNNING:
                 continue
             if task.lease is not None and task.lease > now:
                 continue  # renewed; a newer heap entry stands for it
@@ -760,18 +809,18 @@ class Scheduler:
             task = self.tasks[tid]
             if task.token != token:
                 continue
-            if task.status is Status.FAILED:
+            if task.status is _FAILED:
                 self._decided.discard(tid)
-                self._change(task, Status.PENDING, E.RETRY, None, None, assigned_to=None,
+                self._change(task, _PENDING, E.RETRY, None, None, assigned_to=None,
                              not_before=None)
                 self._offer(tid)
                 self.touch(now)  # a record changed: the stall clock starts again
-            elif task.status is Status.PENDING:
+            elif task.status is _PENDING:
                 self._offer(tid)
         while self._approval_timeouts and self._approval_timeouts[0][0] <= now:
             at, tid = heapq.heappop(self._approval_timeouts)
             task = self.tasks[tid]
-            if task.status is Status.WAITING and task.not_before == at:
+            if task.status is _WAITING and task.not_before == at:
                 self._timed_out(task, now)
         self._ask(now)
 
@@ -785,13 +834,13 @@ class Scheduler:
         self.touch(now)
         if task.reclaims >= self.max_reclaims:
             error = f"reclaimed {task.reclaims} times without a result; giving up"
-            dead = self._change(task, Status.DEAD, E.DEAD, worker, error=error,
+            dead = self._change(task, _DEAD, E.DEAD, worker, error=error,
                                 error_class=ErrorClass.TRANSIENT, finished_at=now, lease=None,
                                 detail={"error": error})
             self._after_death(dead, now)
             return
         # The token moves on: the reclaimed attempt's result can no longer be written.
-        self._change(task, Status.PENDING, E.RECLAIMED, worker, {"reason": "lease expired"},
+        self._change(task, _PENDING, E.RECLAIMED, worker, {"reason": "lease expired"},
                      reclaims=task.reclaims + 1, assigned_to=None, lease=None,
                      token=task.token + 1)
         if worker is not None:
@@ -841,6 +890,14 @@ class Scheduler:
         what its first sink did)."""
         self._sink = sink
 
+    def use_log(self, note: Note | None) -> None:
+        """Hand the events of the common changes (a task created, assigned, started,
+        completed) to ``note`` as tuples ``(at, task id, event, worker, attempt, detail)``
+        instead of to the sink; None: to the sink again. For a driver that only logs those
+        changes (nothing to write, nobody listening): ``note`` may be a list's ``append``.
+        Every other change still goes to the sink."""
+        self._note = note
+
     def touch(self, now: float) -> None:
         """Something changed at ``now`` (the stall clock starts again)."""
         self.last_change = now
@@ -864,7 +921,7 @@ class Scheduler:
     def stall_message(self, run_id: str, now: float) -> str:
         """Why :meth:`stalled` is true, naming a few stuck tasks."""
         stuck = [t for t in self.tasks.values()
-                 if t.status not in FINAL and t.status is not Status.WAITING]
+                 if t.status not in FINAL and t.status is not _WAITING]
         sample = ", ".join(f"{t.id} ({t.status.value})" for t in stuck[:5])
         more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
         return (f"run {run_id} stalled: no task changed for {now - self.last_change:.0f} s "
@@ -885,7 +942,7 @@ class Scheduler:
             # it reached meanwhile: peer workers may have claimed, run and failed it already.
             self._insert(new)
             self._prioritise([new])
-            if new.status is not Status.PENDING:
+            if new.status is not _PENDING:
                 self.touch(now)
             self._settle(None, new, now)
             return
@@ -897,7 +954,7 @@ class Scheduler:
                     self.touch(now)
                 else:
                     self.tasks[new.id] = new
-                if new.status is Status.WAITING:
+                if new.status is _WAITING:
                     self.take_decision(new, now)
             return
         if old.depends_on != new.depends_on:
@@ -911,16 +968,16 @@ class Scheduler:
         core had, None for one it never saw): a failure's retry or death, what a death
         cancels, a budget stop, a start, a wait."""
         status = new.status
-        if status is Status.FAILED:
+        if status is _FAILED:
             self._decide_failed(new, now)
-        elif status is Status.DEAD and (old is None or old.status is not Status.DEAD):
+        elif status is _DEAD and (old is None or old.status is not _DEAD):
             self._after_death(new, now)
-        elif status is Status.CANCELLED and new.cause == "budget":
+        elif status is _CANCELLED and new.cause == "budget":
             self._budget_stop(now)
-        elif status is Status.PENDING:
+        elif status is _PENDING:
             if old is not None or self.started:
                 self._offer(new.id)
-        elif status is Status.WAITING:
+        elif status is _WAITING:
             self._observed_wait(new, now)
 
     # ---- approvals -------------------------------------------------------------------------
@@ -942,7 +999,7 @@ class Scheduler:
         asking, self._asking = self._asking, []
         for tid in asking:
             task = self.tasks[tid]
-            if task.status is Status.PENDING and not self.stopping \
+            if task.status is _PENDING and not self.stopping \
                     and (not self._waiting[tid] or self.claims_alone):
                 self._wait(task, "start", now, None)
 
@@ -953,7 +1010,7 @@ class Scheduler:
             return
         for task in tasks:
             current = self.tasks[task.id]
-            if current.status is Status.PENDING and self._needs_start_approval(current) \
+            if current.status is _PENDING and self._needs_start_approval(current) \
                     and not self.stopping:
                 self._wait(current, "start", now, None)
 
@@ -973,10 +1030,10 @@ class Scheduler:
         if rule is not None and rule.applies(task):
             return
         if stage_of(task) == "effect":
-            self._change(task, Status.COMPLETED, E.COMPLETED, None, {"approved": False},
+            self._change(task, _COMPLETED, E.COMPLETED, None, {"approved": False},
                          cause=None, error=None, not_before=None, finished_at=now)
         else:  # written waiting by a worker that cannot run the rule's condition
-            self._change(task, Status.PENDING, E.APPROVED, None,
+            self._change(task, _PENDING, E.APPROVED, None,
                          {"for": "start", "note": "no approval needed", "by": "rule"},
                          cause=APPROVED, error=None, not_before=None)
             self._offer(task.id)
@@ -985,7 +1042,7 @@ class Scheduler:
               **changes: Any) -> Task:
         rule = self.approval_for(task)
         at = None if rule is None or rule.timeout_s is None else now + rule.timeout_s
-        new = self._change(task, Status.WAITING, E.WAITING, worker,
+        new = self._change(task, _WAITING, E.WAITING, worker,
                            {"for": stage, "timeout_at": at}, cause=waiting_cause(stage),
                            not_before=at, **changes)
         if at is not None:
@@ -997,7 +1054,7 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is None:
             raise UsageError(f"no task {task_id!r} in this run")
-        if task.status is not Status.WAITING:
+        if task.status is not _WAITING:
             raise UsageError(
                 f"task {task_id!r} is not waiting for approval (it is {task.status.value})")
         return task
@@ -1015,10 +1072,10 @@ class Scheduler:
         if stage == "effect":
             # The approval, then the completion it allows (the audit reads completions).
             self._sink(task, E.APPROVED, by, detail, task.token)
-            new = self._change(task, Status.COMPLETED, E.COMPLETED, by, {"approved": True},
+            new = self._change(task, _COMPLETED, E.COMPLETED, by, {"approved": True},
                                cause=APPROVED, error=None, not_before=None, finished_at=now)
         else:
-            new = self._change(task, Status.PENDING, E.APPROVED, by, detail, cause=APPROVED,
+            new = self._change(task, _PENDING, E.APPROVED, by, detail, cause=APPROVED,
                                error=None, not_before=None)
             self._offer(task_id)
         self.touch(now)
@@ -1035,7 +1092,7 @@ class Scheduler:
             raise UsageError("a rejection needs a reason")
         task = self._waiting_record(task_id)
         error = f"rejected: {reason}"
-        dead = self._change(task, Status.DEAD, E.DEAD, by,
+        dead = self._change(task, _DEAD, E.DEAD, by,
                             {"cause": REJECTED, "for": stage_of(task), "reason": reason},
                             cause=REJECTED, error=error, error_class="permanent",
                             not_before=None, finished_at=now, lease=None)
@@ -1049,7 +1106,7 @@ class Scheduler:
         if decision is None:
             return False
         current = self.tasks.get(record.id)
-        if current is None or current.status is not Status.WAITING:
+        if current is None or current.status is not _WAITING:
             return False
         approved, note = decision
         if approved:
@@ -1098,9 +1155,9 @@ class Scheduler:
         self.replanned.add(dead.id)
         self.replans_used += 1
         cancelled = tuple(self.tasks[d] for d in sorted(downstream, key=self._order.__getitem__)
-                          if self.tasks[d].status is Status.CANCELLED
+                          if self.tasks[d].status is _CANCELLED
                           and self.tasks[d].cause == dead.id)
-        results = {t.id: t.result for t in self.tasks.values() if t.status is Status.COMPLETED}
+        results = {t.id: t.result for t in self.tasks.values() if t.status is _COMPLETED}
         self._replans_due.append(ReplanRequest(dead, cancelled, results, self.replans_used))
         self._replans_open.add(dead.id)
 
@@ -1139,7 +1196,7 @@ class Scheduler:
         return False
 
     def _cancel(self, task: Task, cause: str, now: float) -> None:
-        self._change(task, Status.CANCELLED, E.CANCELLED, None, {"cause": cause}, cause=cause,
+        self._change(task, _CANCELLED, E.CANCELLED, None, {"cause": cause}, cause=cause,
                      finished_at=now, lease=None)
 
     def _cancel_all(self, cause: str, now: float) -> None:
@@ -1205,7 +1262,7 @@ class Scheduler:
         if tid in self._queued:
             return
         task = self.tasks[tid]
-        if task.status is Status.PENDING and (not self._waiting[tid] or self.claims_alone):
+        if task.status is _PENDING and (not self._waiting[tid] or self.claims_alone):
             if (self.approvals or self.task_approvals) and self._needs_start_approval(task):
                 if tid not in self._asking:
                     self._asking.append(tid)
@@ -1227,7 +1284,7 @@ class Scheduler:
         tid = new.id
         self.tasks[tid] = new
         was, now_is = old.status, new.status
-        if (was is Status.ASSIGNED and now_is is Status.RUNNING and not old.resources
+        if (was is _ASSIGNED and now_is is _RUNNING and not old.resources
                 and not new.resources and old.assigned_to == new.assigned_to
                 and old.kind == new.kind and old.estimate_s == new.estimate_s):
             # A start on the worker it was assigned to: its load stays, one more is active
@@ -1238,14 +1295,14 @@ class Scheduler:
             return
         if was in _UNINDEXED:
             self._unindex(old)
-        if now_is in _INDEXED and (now_is is not Status.COMPLETED or self.effect_kinds):
+        if now_is in _INDEXED and (now_is is not _COMPLETED or self.effect_kinds):
             self._index(new)
         if was not in FINAL:
             if now_is in FINAL:
                 self.unfinished -= 1
         elif now_is not in FINAL:
             self.unfinished += 1  # a mirror that ran ahead of the store, corrected
-        if now_is is Status.COMPLETED and was is not Status.COMPLETED:
+        if now_is is _COMPLETED and was is not _COMPLETED:
             self._released(tid)
 
     def _released(self, tid: str) -> None:
@@ -1261,7 +1318,7 @@ class Scheduler:
 
     def _index(self, task: Task) -> None:
         status = task.status
-        if status is Status.WAITING:
+        if status is _WAITING:
             self.awaiting.add(task.id)
         elif status in _IN_FLIGHT:
             for r in task.resources:
@@ -1269,15 +1326,15 @@ class Scheduler:
             worker = self.workers.get(task.assigned_to or "")
             if worker is not None:
                 worker.load_s += worker.cost(task)
-                if status is Status.RUNNING:
+                if status is _RUNNING:
                     worker.active += 1
-        elif status is Status.COMPLETED and task.kind in self.effect_kinds \
+        elif status is _COMPLETED and task.kind in self.effect_kinds \
                 and task.id not in self.effects_applied:
             heapq.heappush(self._effects_due, (task.finished_at or 0.0, task.id))
 
     def _unindex(self, task: Task) -> None:
         status = task.status
-        if status is Status.WAITING:
+        if status is _WAITING:
             self.awaiting.discard(task.id)
         if status not in _IN_FLIGHT:
             return
@@ -1285,7 +1342,7 @@ class Scheduler:
         if worker is not None:
             load = worker.load_s - worker.cost(task)
             worker.load_s = load if load > 0.0 else 0.0
-            if status is Status.RUNNING:
+            if status is _RUNNING:
                 worker.active -= 1
         if not task.resources:
             return
@@ -1301,11 +1358,11 @@ class Scheduler:
     def release(self, worker: WorkerState, task: Task,
                 now: float) -> list[tuple[WorkerState, Task]]:
         """After an attempt ended on ``worker``: what starts now (queued work, freed locks)."""
-        if task.status is Status.COMPLETED:
+        if task.status is _COMPLETED:
             worker.done += 1
         if task.started_at is not None:
             worker.busy_s += now - task.started_at
-        starts = self.dispatch(now) if self._ready else []
+        starts = self.dispatch(now) if self._ready or self._first else []
         if worker.queue and worker.active < worker.spec.capacity:  # else nothing to start
             self._pump(worker, now, starts)
         return starts
