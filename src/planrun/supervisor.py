@@ -310,6 +310,10 @@ class Supervisor:
         self._timer_at = float("inf")
         self._settling = False
         """An outcome asked for :meth:`_settle` and it has not run yet."""
+        self._passes = 0
+        """Passes of the event loop that had outcomes (:meth:`_settle` counts them): an
+        attempt that ends in the pass its predecessor on the same asyncio task ended in
+        never let the loop go round."""
         self._start_contexts: dict[str, contextvars.Context] = {}
 
     # ---- setup -----------------------------------------------------------------------------
@@ -543,6 +547,7 @@ class Supervisor:
         One coroutine runs them all: an attempt adds only its handler's coroutine, and
         nothing of ours stands between the loop and the handler when it resumes."""
         runs = 0
+        seen = self._passes
         while True:
             kind = task.kind
             how = self._hows.get((worker.name, kind))
@@ -563,9 +568,13 @@ class Supervisor:
             if carried is None:
                 return
             worker, task = carried
+            if self._passes != seen:  # the loop went round since: the handler waited
+                seen, runs = self._passes, 0
+                continue
             runs += 1
-            if not runs % 16:
+            if runs >= 16:
                 # Handlers that never wait would keep the loop from its timers and others.
+                runs = 0
                 await asyncio.sleep(0)
 
     def _how(self, worker: WorkerState, kind: str) -> _How:
@@ -619,7 +628,10 @@ class Supervisor:
         if not ok:
             return None  # fenced off: a reclaimed attempt's late outcome
         handle = self._running.pop(task.id, None)
-        starts = core.release(worker, core.tasks[task.id], now)
+        # What became ready is given out once per pass of the loop (_settle): the next
+        # attempt of this worker starts first, and the other attempts that end in this
+        # pass start theirs sooner.
+        starts = core.release(worker, core.tasks[task.id], now, dispatch=False)
         carried = None
         if handle is not None and starts and starts[0][1].id not in self._start_contexts:
             carried = starts[0]
@@ -638,10 +650,14 @@ class Supervisor:
         return carried
 
     def _settle(self) -> None:
-        """After outcomes: wake :meth:`_loop` if it sleeps until a time that is no longer
-        the next one (the run ended, a lease or retry falls due sooner)."""
+        """After the outcomes of a pass of the event loop: start what they made ready, and
+        wake :meth:`_loop` if it sleeps until a time that is no longer the next one (the
+        run ended, a lease or retry falls due sooner)."""
         self._settling = False
-        if self.core.wakes_before(self._timer_at, self._now()):
+        self._passes += 1
+        now = self._now()
+        self._launch(self.core.dispatch(now))
+        if self.core.wakes_before(self._timer_at, now):
             self._wake_up()
 
     # ---- replans -----------------------------------------------------------------------------

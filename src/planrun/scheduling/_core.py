@@ -1355,14 +1355,19 @@ class Scheduler:
             for tid in self._parked.pop(r, ()):
                 self._offer(tid)
 
-    def release(self, worker: WorkerState, task: Task,
-                now: float) -> list[tuple[WorkerState, Task]]:
-        """After an attempt ended on ``worker``: what starts now (queued work, freed locks)."""
+    def release(self, worker: WorkerState, task: Task, now: float, *,
+                dispatch: bool = True) -> list[tuple[WorkerState, Task]]:
+        """After an attempt ended on ``worker``: what starts now (queued work, freed locks).
+
+        ``dispatch=False``: only what ``worker`` has queued starts; what became ready (a
+        dependent, a task a freed lock held back) waits for the driver's next
+        :meth:`dispatch`, which gives the ready tasks of several outcomes out at once.
+        """
         if task.status is _COMPLETED:
             worker.done += 1
         if task.started_at is not None:
             worker.busy_s += now - task.started_at
-        starts = self.dispatch(now) if self._ready or self._first else []
+        starts = self.dispatch(now) if dispatch and (self._ready or self._first) else []
         if worker.queue and worker.active < worker.spec.capacity:  # else nothing to start
             self._pump(worker, now, starts)
         return starts
