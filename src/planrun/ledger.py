@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from planrun.task import Task
 
-__all__ = ["Audit", "Event", "EventName", "Ledger", "analyze", "read_jsonl"]
+__all__ = ["Audit", "Event", "EventName", "EventRow", "Ledger", "analyze", "as_event",
+           "read_jsonl"]
 
 _Raw = tuple[float, str, str, "str | None", int, "Mapping[str, Any] | None"]
 """An event noted but not yet built: ``(at, task, event, worker, attempt, detail)``, the
 fields of :class:`Event` after ``seq`` (its seq is its place in the ledger)."""
+
+EventRow = tuple[int, float, str, str, "str | None", int, "Mapping[str, Any] | None"]
+"""An event as a plain tuple: the fields of :class:`Event` in order, ``seq`` first; a
+detail of None is an empty one (what a driver hands a store's ``write_batch``)."""
 
 
 class EventName:
@@ -126,21 +131,27 @@ def _event(seq: int, at: float, task: str, event: str, worker: str | None, attem
     return entry
 
 
+def as_event(row: EventRow) -> Event:
+    """The :class:`Event` of an :data:`EventRow`."""
+    return _event(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {})
+
+
 class Ledger:
     """An append-only list of events with a running sequence number.
 
     Events appended here are numbered by their place: the first gets the seq after the
     last event the ledger was made with (0 for a new one), each next one the seq after.
-    :meth:`note` (and the list append :meth:`raw_appender` hands out) keeps an entry as a
-    plain tuple, made an :class:`Event` only when someone reads the events (most runs
-    without a store or a listener never do).
+    An entry is kept as a plain tuple (:data:`_Raw`) and made an :class:`Event` only when
+    someone reads the events (most runs without a store or a listener never do);
+    :meth:`raw_appender` hands out the list's ``append`` for a driver's hot path.
     """
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
         built = sorted(events, key=lambda e: e.seq)
         self._events: list[Event | _Raw] = list(built)
-        """Entries in seq order: events, and tuples (:data:`_Raw`) not built yet. Never
-        replaced: :meth:`raw_appender` hands out its ``append``."""
+        """Entries in seq order: :class:`Event` objects before place :attr:`_upto`, tuples
+        (:data:`_Raw`) from there on. Never replaced: :meth:`raw_appender` hands out its
+        ``append``."""
         self._offset = (built[-1].seq + 1 if built else 0) - len(built)
         """The seq of the entry at place ``i`` (past the events given) is ``i + offset``."""
         self._upto = len(built)
@@ -161,16 +172,15 @@ class Ledger:
         attempt: int = 0,
         detail: Mapping[str, Any] | None = None,
     ) -> Event:
-        """Append one event and return it."""
+        """Append one event and return it (the ledger builds its own copy when read)."""
         events = self._events
-        entry = _event(len(events) + self._offset, at, task, event, worker, attempt,
-                       detail or {})
-        events.append(entry)
-        return entry
+        seq = len(events) + self._offset
+        events.append((at, task, event, worker, attempt, detail))
+        return _event(seq, at, task, event, worker, attempt, detail or {})
 
     def note(self, at: float, task: str, event: str, worker: str | None = None,
              attempt: int = 0, detail: Mapping[str, Any] | None = None) -> None:
-        """Append one event like :meth:`append`, building its object only when it is read."""
+        """Append one event like :meth:`append`, building no object."""
         self._events.append((at, task, event, worker, attempt, detail))
 
     def raw_appender(self) -> Callable[[_Raw], None]:
@@ -197,61 +207,56 @@ class Ledger:
 
         return sink
 
+    def rows(self, start: int, end: int, skip: Collection[int] = ()) -> list[EventRow]:
+        """The entries at places ``start`` to ``end`` as :data:`EventRow` tuples (none
+        built), but those whose seq is in ``skip``."""
+        upto = min(max(self._upto, start), end)
+        events = self._events
+        out: list[EventRow] = [
+            (e.seq, e.at, e.task, e.event, e.worker, e.attempt, e.detail)
+            for e in cast("list[Event]", events[start:upto])]
+        offset = self._offset
+        out += [(i + offset, *e) for i, e in zip(range(upto, end),
+                                                 cast("list[_Raw]", events[upto:end]),
+                                                 strict=True)]
+        if skip:
+            out = [r for r in out if r[0] not in skip]
+        return out
+
     def _built(self) -> list[Event | _Raw]:
         """The entries, every one an :class:`Event` (built in place)."""
         events = self._events
         end = len(events)
-        if self._upto < end:
+        upto = self._upto
+        if upto < end:
             offset = self._offset
-            for i in range(self._upto, end):
-                e = events[i]
-                if type(e) is tuple:
-                    events[i] = _event(i + offset, e[0], e[1], e[2], e[3], e[4], e[5] or {})
+            for i in range(upto, end):
+                e = cast("_Raw", events[i])
+                events[i] = _event(i + offset, e[0], e[1], e[2], e[3], e[4], e[5] or {})
             self._upto = end
         return events
 
-    def _names(self, only: frozenset[str], size: int | None = None
-               ) -> list[tuple[int, str, str]]:
-        """``(seq, task, event)`` of the first ``size`` entries named in ``only``, oldest
-        first, without building objects."""
-        events = self._events
-        end = len(events) if size is None else size
-        upto = min(self._upto, end)
-        found = [(e.seq, e.task, e.event) for e in events[:upto]  # type: ignore[union-attr]
-                 if e.event in only]  # type: ignore[union-attr]
-        offset = self._offset
-        for i in range(upto, end):
-            e = events[i]
-            if type(e) is tuple:
-                if e[2] in only:
-                    found.append((i + offset, e[1], e[2]))
-            elif e.event in only:  # type: ignore[union-attr]
-                found.append((e.seq, e.task, e.event))  # type: ignore[union-attr]
-        return found
-
     def _completions(self, size: int | None = None
                      ) -> tuple[dict[str, int], int, Counter[str]]:
-        """What the audit reads of the first ``size`` entries, in one pass and without
-        building objects: the seq of each task's first ``completed`` event, the number of
-        ``completed`` events, and the ``effect`` events per task."""
-        events = self._events if size is None else self._events[:size]
-        first: dict[str, int] = {}
-        effects: Counter[str] = Counter()
-        completions = 0
-        offset = self._offset
-        completed, effect = EventName.COMPLETED, EventName.EFFECT
-        for i, e in enumerate(events):
-            if type(e) is tuple:
-                name, task, seq = e[2], e[1], i + offset
-            else:
-                name, task, seq = e.event, e.task, e.seq  # type: ignore[union-attr]
-            if name == completed:
-                completions += 1
-                if task not in first:
-                    first[task] = seq
-            elif name == effect:
-                effects[task] += 1
-        return first, completions, effects
+        """What the audit reads of the first ``size`` entries, without building objects:
+        for each task that completed, the rank of its first ``completed`` event among the
+        run's completions (ranks keep the ledger's order), the number of ``completed``
+        events, and the ``effect`` events per task."""
+        events = self._events
+        end = len(events) if size is None else min(size, len(events))
+        upto = min(self._upto, end)
+        completed, effect, audited = EventName.COMPLETED, EventName.EFFECT, _AUDITED
+        built = cast("list[Event]", events[:upto])
+        hits = [(e.event, e.task) for e in built if e.event in audited]
+        raw = cast("list[_Raw]", events[upto:end] if upto or size is not None else events)
+        hits += [(e[2], e[1]) for e in raw if e[2] in audited]
+        done = [task for name, task in hits if name is completed or name == completed]
+        effects = Counter(task for name, task in hits if name == effect) \
+            if len(done) < len(hits) else Counter()
+        # The earliest completion of each task: the last one a reversed pass assigns.
+        first = {task: rank for rank, task in zip(range(len(done) - 1, -1, -1),
+                                                   reversed(done), strict=True)}
+        return first, len(done), effects
 
     @property
     def events(self) -> Sequence[Event]:
@@ -293,11 +298,6 @@ class _EventView(Sequence[Event]):
             self._events = tuple(self._ledger._built()[: self._size])  # type: ignore[arg-type]
             self._ledger = None
         return self._events
-
-    def _names(self, only: frozenset[str]) -> list[tuple[int, str, str]]:
-        if self._ledger is not None:
-            return self._ledger._names(only, self._size)
-        return [(e.seq, e.task, e.event) for e in self._all() if e.event in only]
 
     def _completions(self) -> tuple[dict[str, int], int, Counter[str]]:
         if self._ledger is not None:
@@ -420,9 +420,9 @@ def _completions_of(events: Iterable[Event]) -> tuple[dict[str, int], int, Count
     completed, effect = EventName.COMPLETED, EventName.EFFECT
     for e in events:
         if e.event == completed:
-            completions += 1
             if e.task not in first:
-                first[e.task] = e.seq
+                first[e.task] = completions
+            completions += 1
         elif e.event == effect:
             effects[e.task] += 1
     return first, completions, effects

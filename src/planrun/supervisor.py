@@ -140,6 +140,7 @@ class RunResult:
 
 
 _STATUS = attrgetter("status")
+_REJECTED, _RECLAIMED, _WAITING, _STARTED = E.REJECTED, E.RECLAIMED, E.WAITING, E.STARTED
 _new_object = object.__new__
 _set_attr = object.__setattr__
 _FINISHED_AT = attrgetter("finished_at")
@@ -302,7 +303,11 @@ class Supervisor:
         self._started = False
         self._resumed = False
         self._closing = False
-        self._pending: list[tuple[Task, Event]] = []
+        self._flushed = 0
+        """Ledger entries before this place are in the store (durable runs)."""
+        self._apart: set[int] = set()
+        """Seqs of events written to the store with a record of their own (an effect's),
+        which no batch writes."""
         self._dirty: asyncio.Event | None = None
         self._flush_lock: asyncio.Lock | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -519,6 +524,7 @@ class Supervisor:
         for task in core.effects_due(now):
             self._spawn(self._apply_effect(task))
         self._ask_replans()
+        self._to_store()
 
     def _check_workers(self) -> None:
         done: set[str] = set()  # kinds some worker does
@@ -548,10 +554,13 @@ class Supervisor:
         nothing of ours stands between the loop and the handler when it resumes."""
         runs = 0
         seen = self._passes
+        how_of: tuple[WorkerState | None, str] = (None, "")
         while True:
             kind = task.kind
-            how = self._hows.get((worker.name, kind))
-            spec, handler, limit, same, is_async = how or self._how(worker, kind)
+            if how_of[0] is not worker or how_of[1] != kind:  # the same as the last, mostly
+                how = self._hows.get((worker.name, kind)) or self._how(worker, kind)
+                spec, handler, limit, same, is_async = how
+                how_of = (worker, kind)
             token = task.token
             ctx = self._context(task, same)
             try:
@@ -621,17 +630,35 @@ class Supervisor:
         the calling asyncio task carries on with, if any."""
         now = self._now()
         core = self.core
-        if exc is None:
-            ok = core.complete(task.id, token, result, now, worker.name, spawned)
-        else:
-            ok = core.fail(task.id, token, failure_of(exc), now, worker.name)
-        if not ok:
-            return None  # fenced off: a reclaimed attempt's late outcome
-        handle = self._running.pop(task.id, None)
         # What became ready is given out once per pass of the loop (_settle): the next
         # attempt of this worker starts first, and the other attempts that end in this
         # pass start theirs sooner.
-        starts = core.release(worker, core.tasks[task.id], now, dispatch=False)
+        if exc is None and not spawned:
+            nxt = core.finish(worker, task.id, token, result, now)
+            if nxt is False:
+                return None  # fenced off: a reclaimed attempt's late outcome
+            handle = self._running.pop(task.id, None)
+            if nxt is not True and handle is not None and not core._extra_starts \
+                    and nxt.id not in self._start_contexts:
+                self._running[nxt.id] = handle  # the common case: this task carries on
+                carried: tuple[WorkerState, Task] | None = (worker, nxt)
+                if not self._settling:
+                    self._settling = True
+                    asyncio.get_running_loop().call_soon(self._settle)
+                if core.has_due(now):
+                    self._carry_out_due(now)
+                return carried
+            starts = [(worker, nxt)] if nxt is not True else []
+            starts += core.extra_starts()
+        else:
+            if exc is None:
+                ok = core.complete(task.id, token, result, now, worker.name, spawned)
+            else:
+                ok = core.fail(task.id, token, failure_of(exc), now, worker.name)
+            if not ok:
+                return None  # fenced off: a reclaimed attempt's late outcome
+            handle = self._running.pop(task.id, None)
+            starts = core.release(worker, core.tasks[task.id], now, dispatch=False)
         carried = None
         if handle is not None and starts and starts[0][1].id not in self._start_contexts:
             carried = starts[0]
@@ -641,13 +668,17 @@ class Supervisor:
         elif starts:
             self._launch(starts)
         if core.has_due(now):
-            for due in core.effects_due(now):
-                self._spawn(self._apply_effect(due))
-            self._ask_replans()
+            self._carry_out_due(now)
         if not self._settling:  # once for all the outcomes of this pass of the event loop
             self._settling = True
             asyncio.get_running_loop().call_soon(self._settle)
         return carried
+
+    def _carry_out_due(self, now: float) -> None:
+        """Apply the effects due and ask the replans due (see ``Scheduler.has_due``)."""
+        for due in self.core.effects_due(now):
+            self._spawn(self._apply_effect(due))
+        self._ask_replans()
 
     def _settle(self) -> None:
         """After the outcomes of a pass of the event loop: start what they made ready, and
@@ -657,6 +688,7 @@ class Supervisor:
         self._passes += 1
         now = self._now()
         self._launch(self.core.dispatch(now))
+        self._to_store()
         if self.core.wakes_before(self._timer_at, now):
             self._wake_up()
 
@@ -673,6 +705,7 @@ class Supervisor:
         now = self.clock.now()
         self.core.replan_done(request, fragment, error, now)
         self._launch(self.core.dispatch(now))
+        self._to_store()
 
     # ---- effects -----------------------------------------------------------------------------
 
@@ -705,6 +738,8 @@ class Supervisor:
                 entry = self.ledger.append(self.clock.now(), task.id, E.EFFECT,
                                            attempt=task.token, detail={"key": key})
                 self._effect_events[task.id] = entry
+                if self.store is not None:  # written with the effect's record, below
+                    self._apart.add(entry.seq)
                 self._notify(entry, task)
             if self.store is not None:
                 # The event goes to the store with the effect's record, not with a batch.
@@ -737,6 +772,7 @@ class Supervisor:
             await self.store.create_run(RunInfo(self.run_id, now, "running", self.goal, self.meta))
             await self.store.add_tasks(self.run_id, list(self.core.tasks.values()),
                                        list(self.ledger.events))
+        self._flushed = len(self.ledger)
         self._flusher = asyncio.ensure_future(self._flush_forever())
         self._flusher.add_done_callback(lambda _: self._wake_up())
 
@@ -760,7 +796,7 @@ class Supervisor:
             await self._gather()
             self._dirty.clear()
             await self._flush()
-            if self._closing and not self._pending:
+            if self._closing and self._flushed == len(self.ledger):
                 return
 
     async def _gather(self) -> None:
@@ -776,11 +812,12 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         until = loop.time() + GATHER_MAX_S
         seen = -1
-        while seen != len(self._pending) and not self._flush_now and not self._store_down:
+        ledger = self.ledger
+        while seen != len(ledger) and not self._flush_now and not self._store_down:
             now = loop.time()
             if now >= until:
                 break
-            seen = len(self._pending)
+            seen = len(ledger)
             self._gathering = woken = loop.create_future()
             timer = loop.call_later(min(GATHER_S, until - now), self._end_gathering)
             try:
@@ -810,24 +847,36 @@ class Supervisor:
             return
         async with self._flush_lock:
             delay, deadline = 0.2, self.clock.now() + self.store_patience
-            while self._pending:
-                batch, self._pending = self._pending, []
+            tasks = self.core.tasks
+            while self._flushed < len(self.ledger):
+                # The batch is cut at once: the entries so far, with each task's record as
+                # it is now (every change comes with its event, so the two agree).
+                end = len(self.ledger)
+                events = self.ledger.rows(self._flushed, end, self._apart)
+                rows = [tasks[t] for t in dict.fromkeys([e[2] for e in events]) if t in tasks]
                 stalled = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled)
                 try:
-                    await self.store.write(self.run_id, batch)
+                    await self.store.write_batch(self.run_id, rows, events)
                 except Exception as exc:  # an UnstorableValue is raised at once
-                    self._pending[:0] = batch  # keep order; nothing is lost
+                    # Nothing is lost: the next try cuts its batch from the same place.
                     self._store_down = self.core.paused = True
                     if not isinstance(exc, StoreError) or self.clock.now() >= deadline:
                         raise
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                 else:
+                    self._flushed = end
                     if self._store_down:
                         self._store_down = self.core.paused = False
                         self._wake_up()
                 finally:
                     stalled.cancel()
+
+    def _to_store(self) -> None:
+        """Wake the flusher when the ledger holds changes the store has not (the core notes
+        its common changes straight into the ledger: nobody else tells the flusher)."""
+        if self._dirty is not None and self._flushed < len(self.ledger):
+            self._dirty.set()
 
     def _stalled(self) -> None:
         """A write is taking too long to be a healthy store: start nothing until it ends."""
@@ -837,35 +886,44 @@ class Supervisor:
 
     def _record(self, task: Task, event: str, worker: str | None,
                 detail: Mapping[str, Any] | None, token: int) -> None:
-        """The core's sink: append the event, queue the record with it for the store."""
-        attempt = token if event == E.REJECTED else task.token
-        if self._dirty is None and self.on_event is None:
-            # Nobody reads the event now: note it, its object is built if the log is read.
+        """The core's sink: append the event (a durable run's next batch takes it, with the
+        record as it is then), hand it to the listener."""
+        attempt = token if event == _REJECTED else task.token
+        if self.on_event is None:
+            # Nobody reads the event now: note it, its object is built if the log is read
+            # (a durable run's batches are cut from the ledger, see _flush).
             self.ledger.note(self._now(), task.id, event, worker, attempt, detail)
-            if event == E.RECLAIMED:
+            if self._dirty is not None:
+                self._dirty.set()
+                if event == _WAITING:
+                    self._end_gathering(flush=True)  # a person reads the waiting row
+                    self._wake_up()
+            if event == _RECLAIMED:
                 self._reclaimed(task)
             return
         entry = self.ledger.append(self._now(), task.id, event, worker=worker,
                                    attempt=attempt, detail=detail)
-        if self._dirty is not None:  # durable: the record and its event go together
-            self._pending.append((task, entry))
+        if self._dirty is not None:  # durable: the batch is cut from the ledger
             self._dirty.set()
-            if event == E.WAITING:
+            if event == _WAITING:
                 self._end_gathering(flush=True)  # a person reads the waiting row from the store
-        if event == E.RECLAIMED:
+        if event == _RECLAIMED:
             self._reclaimed(task)
         self._notify(entry, task)
-        if event == E.WAITING:
+        if event == _WAITING:
             self._wake_up()  # the loop reads the store for decisions while a task waits
-        if event == E.STARTED and self.on_event is not None:
+        if event == _STARTED:
             self._start_contexts[task.id] = contextvars.copy_context()
 
     def _choose_sink(self) -> None:
-        """With no store and no listener nobody reads an event as it happens: the core's
-        changes are only noted. Otherwise each goes through :meth:`_record`."""
-        if self.store is None and self.on_event is None:
-            self.core.use_sink(self.ledger.change_sink(self._now, self._reclaimed))
+        """With no listener nobody reads an event as it happens: the core's common changes
+        are noted straight into the ledger (a durable run's batches are cut from it), and
+        the others noted by the ledger's sink (no store) or :meth:`_record`. A listener
+        gets each change through :meth:`_record`."""
+        if self.on_event is None:
             self.core.use_log(self.ledger.raw_appender())
+            self.core.use_sink(self._record if self.store is not None
+                               else self.ledger.change_sink(self._now, self._reclaimed))
         else:
             self.core.use_sink(self._record)
             self.core.use_log(None)

@@ -57,6 +57,11 @@ class CrashingStore:
         await self._inner.write(run_id, changes)
         self._crash.hit("after_write")
 
+    async def write_batch(self, run_id: str, tasks: Any, events: Any) -> None:
+        self._crash.hit("before_write")  # the supervisor's batches
+        await self._inner.write_batch(run_id, tasks, events)
+        self._crash.hit("after_write")
+
 
 class Target:
     """The effects' target: a table with a unique key, in SQLite or PostgreSQL."""

@@ -233,6 +233,42 @@ async def test_a_batch_may_change_a_task_twice(store: Store) -> None:
                                                "started"]
 
 
+async def test_a_batch_cut_from_a_ledger_is_stored_as_the_same_changes_written_one_by_one(
+        store: Store, connect: Connect) -> None:
+    """``write_batch`` (each task's record once, the events as tuples) stores what ``write``
+    stores for the same changes: the rows as they are now, every event in order with its
+    detail (none is an empty one), secrets redacted; an unknown run writes nothing."""
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    other = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    assigned = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w", token=1)
+    running = transition(assigned, Status.RUNNING, started_at=2.0, lease=9.0)
+    failed = transition(transition(Task("b", "k"), Status.ASSIGNED, assigned_to="w", token=1),
+                        Status.RUNNING, started_at=2.0)
+    failed = transition(failed, Status.FAILED, error="TransientError: 503", attempts=1,
+                        not_before=4.0)
+    secret = "sk-" + "a" * 40
+    rows = [(2, 2.0, "a", "assigned", "w", 1, None), (3, 2.0, "b", "assigned", "w", 1, None),
+            (4, 2.5, "a", "started", "w", 1, None), (5, 2.5, "b", "started", "w", 1, {}),
+            (6, 3.0, "b", "failed", "w", 1, {"error": f"key {secret}", "retry_at": 4.0})]
+    await store.write_batch(run_id, [running, failed], rows)
+    await store.write(other, [(assigned, Event(2, 2.0, "a", "assigned", "w", 1)),
+                              (failed, Event(3, 2.0, "b", "assigned", "w", 1)),
+                              (running, Event(4, 2.5, "a", "started", "w", 1)),
+                              (failed, Event(5, 2.5, "b", "started", "w", 1)),
+                              (failed, Event(6, 3.0, "b", "failed", "w", 1,
+                                             {"error": f"key {secret}", "retry_at": 4.0}))])
+    reader = await connect()
+    batch, one_by_one = await reader.load(run_id), await reader.load(other)
+    assert batch.tasks == one_by_one.tasks == [running, failed]
+    assert batch.events == one_by_one.events
+    assert [(e.seq, e.event, e.detail) for e in batch.events[2:5]] == [
+        (2, "assigned", {}), (3, "assigned", {}), (4, "started", {})]
+    assert secret not in str(batch.events[-1].detail) and batch.events[-1].detail["retry_at"] == 4.0
+    with pytest.raises(StoreError, match="unknown run 'nope'"):
+        await store.write_batch("nope", [running], rows[:1])
+    assert await store.load(run_id) == batch
+
+
 async def test_a_batch_with_a_bad_row_writes_nothing(store: Store) -> None:
     run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
     before = await store.load(run_id)

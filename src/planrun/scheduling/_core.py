@@ -301,6 +301,7 @@ class Scheduler:
         self.paused = False
         """While true nothing starts (the driver cannot record what would happen)."""
         self._held_back = False  # a worker's queue waited for the pause to end
+        self._extra_starts: list[tuple[WorkerState, Task]] = []
 
     # ---- the graph -------------------------------------------------------------------------
 
@@ -669,6 +670,92 @@ class Scheduler:
             self.grow(addition, now)
         self.last_change = now  # touch
         return True
+
+    def finish(self, worker: WorkerState, task_id: str, token: int, result: Any,
+               now: float) -> Task | bool:
+        """An attempt of ``task_id`` on ``worker`` returned ``result`` and spawned nothing:
+        :meth:`complete`, then :meth:`release` with ``dispatch=False``, in one call. Returns
+        the start of ``worker``'s next queued task (the record, running), True when nothing
+        starts on it, False when the outcome was fenced off.
+
+        The common case (no approval rule, no resource) is decided here in line, as
+        :meth:`complete`, :meth:`_replace` and :meth:`_pump` decide it; any other goes
+        through them.
+        """
+        task = self.tasks[task_id]
+        if task.resources or self.approvals or self.task_approvals or task.token != token \
+                or task.status is not _RUNNING or task.assigned_to != worker.name:
+            if not self.complete(task_id, token, result, now, worker.name):
+                return False
+            starts = self.release(worker, self.tasks[task_id], now, dispatch=False)
+            if len(starts) > 1:
+                self._extra_starts.extend(starts[1:])
+            return starts[0][1] if starts else True
+        new = completed(task, result, now)
+        tasks = self.tasks
+        tasks[task_id] = new
+        # What _replace does for running -> completed on its own worker, with no resource:
+        load = worker.load_s - worker.cost(task)
+        worker.load_s = load if load > 0.0 else 0.0
+        worker.active -= 1
+        self.unfinished -= 1
+        if self.effect_kinds and task.kind in self.effect_kinds \
+                and task_id not in self.effects_applied:
+            heapq.heappush(self._effects_due, (now, task_id))
+        dependents = self._dependents.get(task_id)
+        if dependents:
+            waiting = self._waiting
+            if self.claims_alone or not self.started:
+                for dep in dependents:
+                    left = waiting[dep] - 1
+                    waiting[dep] = left
+                    if not left and self.started:
+                        self._offer(dep)
+            else:  # what _offer does with no approval rule, in line
+                queued, ready, entry = self._queued, self._ready, self._entry
+                for dep in dependents:
+                    left = waiting[dep] - 1
+                    waiting[dep] = left
+                    if not left and dep not in queued and tasks[dep].status is _PENDING:
+                        queued.add(dep)
+                        heapq.heappush(ready, entry[dep])
+        note = self._note
+        name = worker.name
+        if note is None:
+            self._sink(new, E.COMPLETED, name, None, token)
+        else:
+            note((now, task_id, E.COMPLETED, name, token, None))
+        self.last_change = now
+        # What release does after it, without dispatching:
+        worker.done += 1
+        if task.started_at is not None:
+            worker.busy_s += now - task.started_at
+        # and _pump, for the one slot that freed:
+        queue = worker.queue
+        while queue and not self.paused and worker.active < worker.spec.capacity:
+            nxt = tasks[queue.popleft()]
+            if nxt.status is not _ASSIGNED or nxt.assigned_to != name:
+                continue
+            lease = now + self.stale_after
+            run = started(nxt, now, lease)
+            nid = run.id
+            tasks[nid] = run
+            worker.active += 1
+            if note is None:
+                self._sink(run, E.STARTED, name, None, nxt.token)
+            else:
+                note((now, nid, E.STARTED, name, nxt.token, None))
+            heapq.heappush(self._leases, (lease, nid, nxt.token))
+            return run
+        if self.paused and queue and worker.active < worker.spec.capacity:
+            self._held_back = True  # dispatch starts them once the pause ends
+        return True
+
+    def extra_starts(self) -> list[tuple[WorkerState, Task]]:
+        """Starts :meth:`finish` decided beyond the one it returned (a worker whose free
+        slots outnumber the attempt that ended), each handed out once."""
+        extra, self._extra_starts = self._extra_starts, []
+        return extra
 
     # ---- growing at run time ---------------------------------------------------------------
 

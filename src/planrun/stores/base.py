@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from planrun.errors import IllegalTransition, StoreError, UnknownRun, UnstorableValue, UsageError
-from planrun.ledger import Event
+from planrun.ledger import Event, EventRow
 from planrun.redact import redact
 from planrun.task import CLAIMED_START, PUSHED_START, Status, Task, allowed
 
@@ -273,6 +273,14 @@ class Store(Protocol):
 
     async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
         """Upsert every task row and append every event; the batch is all-or-nothing."""
+        ...
+
+    async def write_batch(self, run_id: str, tasks: Sequence[Task],
+                          events: Sequence[EventRow]) -> None:
+        """Upsert every row of ``tasks`` (each task once, as it is now) and append every
+        event (as tuples, see :data:`planrun.ledger.EventRow`); all or nothing. What
+        :meth:`write` does for the same changes, without an object per event: a driver's
+        batch cut from its ledger, with the records of the tasks its events name."""
         ...
 
     async def write_fenced(
@@ -811,6 +819,18 @@ def event_values(run_id: str, event: Event, seq: int | None = None,
         event.attempt,
         "{}" if type(detail) is dict and not detail
         else dump_json(_redacted(detail), f"event {event.event!r} detail"),
+    )
+
+
+def row_values(run_id: str, row: EventRow, null_text: Any = None) -> tuple[Any, ...]:
+    """:func:`event_values` of an event given as a tuple (:data:`planrun.ledger.EventRow`)."""
+    detail = row[6]
+    worker = row[4]
+    return (
+        run_id, row[0], row[1], row[2], row[3],
+        null_text if worker is None else worker,
+        row[5],
+        "{}" if not detail else dump_json(_redacted(detail), f"event {row[3]!r} detail"),
     )
 
 

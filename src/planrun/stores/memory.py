@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planrun.errors import RunInUse, StoreError
-from planrun.ledger import Event
+from planrun.ledger import Event, EventRow, as_event
 from planrun.stores.base import (
     EFFECT_APPLIED,
     EFFECT_STARTED,
@@ -265,6 +265,12 @@ class InMemoryStore:
             run.tasks[row["id"]] = row
         self._append(run, event_rows)
         self._changed(run_id)
+
+    async def write_batch(self, run_id: str, tasks: Sequence[Task],
+                          events: Sequence[EventRow]) -> None:
+        """:meth:`write` of the same changes: each event with its task's record."""
+        by_id = {t.id: t for t in tasks}
+        await self.write(run_id, [(by_id[r[2]], as_event(r)) for r in events])
 
     async def write_fenced(
         self, run_id: str, task: Task, event: Event, expect_token: int,

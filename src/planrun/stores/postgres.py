@@ -72,8 +72,9 @@ from tenacity import (
 )
 
 from planrun.errors import ConfigError, RunInUse, StoreError, UsageError
-from planrun.ledger import Event
+from planrun.ledger import Event, EventRow
 from planrun.stores.base import (
+    EVENT_ROW_KEYS,
     SCHEMA_VERSION,
     TASK_COLUMNS,
     Added,
@@ -102,6 +103,7 @@ from planrun.stores.base import (
     newer_schema,
     one_line,
     owner_from_row,
+    row_values,
     run_from_row,
     run_row,
     spend_from_row,
@@ -652,6 +654,28 @@ class PostgresStore:
             await self._touch(cur, run_id)
             await cur.execute(Q["upsert_tasks"], tasks_in)
             await cur.execute(Q["insert_events"], events_in)
+            await self._raise_next_seq(cur, run_id, event_rows)
+
+        await self._tx(go, writing=run_id)
+
+    async def write_batch(self, run_id: str, tasks: Sequence[Task],
+                          events: Sequence[EventRow]) -> None:
+        """Upsert every row of ``tasks`` and append every event, all or nothing."""
+        if not events and not tasks:
+            return
+        task_rows = [task_row(run_id, t) for t in tasks]
+        event_rows = [dict(zip(EVENT_ROW_KEYS, row_values(run_id, r), strict=True))
+                      for r in events]
+
+        tasks_in = _arrays(run_id, task_rows, TASK_COLUMNS)
+        events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
+
+        async def go(cur: Cursor) -> None:
+            await self._touch(cur, run_id)
+            if task_rows:
+                await cur.execute(Q["upsert_tasks"], tasks_in)
+            if event_rows:
+                await cur.execute(Q["insert_events"], events_in)
             await self._raise_next_seq(cur, run_id, event_rows)
 
         await self._tx(go, writing=run_id)
