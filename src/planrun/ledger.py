@@ -358,6 +358,51 @@ class Audit:
         return asdict(self)
 
 
+_AUDIT_FIELDS = ("order_violations", "duplicates", "missing", "duplicate_effects",
+                 "missing_effects")
+
+
+class _AuditWhenRead(Audit):
+    """An :class:`Audit` computed when one of its fields is first read (a run's result
+    is built cheaply; most callers read its counts, not its audit). It is equal to, hashes
+    as, prints and pickles as the audit it computes."""
+
+    def __init__(self, compute: Callable[[], Audit]) -> None:
+        object.__setattr__(self, "_compute", compute)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _AUDIT_FIELDS:
+            raise AttributeError(name)
+        state = self.__dict__
+        compute = state.pop("_compute")
+        audit = compute()
+        for key in _AUDIT_FIELDS:
+            state[key] = getattr(audit, key)
+        return state[name]
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, key) for key in _AUDIT_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Audit):
+            return self._fields() == tuple(getattr(other, key) for key in _AUDIT_FIELDS)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(Audit(*self._fields()))
+
+    def __repr__(self) -> str:
+        return repr(Audit(*self._fields()))
+
+    def __reduce__(self) -> Any:
+        return Audit, self._fields()
+
+
+def audit_when_read(compute: Callable[[], Audit]) -> Audit:
+    """An :class:`Audit` that calls ``compute`` for its fields when one is first read."""
+    return _AuditWhenRead(compute)
+
+
 def analyze(
     tasks: Iterable[Task] | Mapping[str, Sequence[str]],
     events: Iterable[Event],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import time
 import uuid
 from collections import Counter
@@ -24,7 +25,7 @@ from planrun import _heap
 from planrun.attempt import call, checked, is_coroutine_handler, jsonable, maybe_await
 from planrun.clock import Clock, RealClock, run_blocking
 from planrun.errors import DispatchError, RunAborted, StallError, StoreError, UsageError
-from planrun.ledger import Audit, Event, Ledger, analyze
+from planrun.ledger import Audit, Event, Ledger, analyze, audit_when_read
 from planrun.ledger import EventName as E
 from planrun.redact import redact
 from planrun.registry import Handler, KindSpec, Registry, SpawnRequest, TaskContext, WorkerSpec
@@ -143,6 +144,7 @@ _STATUS = attrgetter("status")
 _REJECTED, _RECLAIMED, _WAITING, _STARTED = E.REJECTED, E.RECLAIMED, E.WAITING, E.STARTED
 _new_object = object.__new__
 _set_attr = object.__setattr__
+_partial = functools.partial
 _FINISHED_AT = attrgetter("finished_at")
 
 _How = tuple[KindSpec, "Handler | None", "float | None", dict[str, Any], bool]
@@ -320,6 +322,7 @@ class Supervisor:
         attempt that ends in the pass its predecessor on the same asyncio task ended in
         never let the loop go round."""
         self._start_contexts: dict[str, contextvars.Context] = {}
+        self._beat = self._heartbeat  # one bound method for every attempt's heartbeat
 
     # ---- setup -----------------------------------------------------------------------------
 
@@ -617,11 +620,15 @@ class Supervisor:
         state["payload"] = task.payload
         state["estimate_s"] = task.estimate_s
         state["inputs"] = inputs
-        state["heartbeat"] = lambda: self.core.heartbeat(tid, token, self._now())
+        state["heartbeat"] = _partial(self._beat, tid, token)
         state["spawned"] = []
         ctx = _new_object(TaskContext)
         _set_attr(ctx, "__dict__", state)
         return ctx
+
+    def _heartbeat(self, task_id: str, token: int) -> None:
+        """An attempt's ``ctx.heartbeat()``: its lease is extended."""
+        self.core.heartbeat(task_id, token, self._now())
 
     def _outcome(self, worker: WorkerState, task: Task, token: int, result: Any,
                  exc: BaseException | None, spawned: Sequence[SpawnRequest] = (),
@@ -964,7 +971,8 @@ class Supervisor:
             run_id=self.run_id,
             tasks=tasks,
             events=self.ledger.view(),
-            audit=analyze(tasks.values(), self.ledger, self.effects),
+            audit=audit_when_read(functools.partial(
+                analyze, tasks.values(), self.ledger.view(), tuple(self.effects))),
             started_at=started,
             finished_at=finished,
             aborted_by=facts.aborted_by,

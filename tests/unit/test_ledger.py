@@ -157,3 +157,27 @@ def test_a_ledger_made_from_stored_events_with_gaps_numbers_on_from_the_last() -
     audit = analyze([Task(id="a", kind="k")], ledger, effect_kinds=("k",))
     assert audit.clean and audit == analyze([Task(id="a", kind="k")], list(ledger.events),
                                             effect_kinds=("k",))
+
+
+def test_an_audit_computed_when_read_is_the_audit_it_computes() -> None:
+    import pickle
+
+    from planrun.ledger import Audit, audit_when_read
+
+    calls: list[int] = []
+    ledger = Ledger()
+    ledger.note(0.0, "a", "completed")
+
+    def compute() -> Audit:
+        calls.append(1)
+        return analyze(DEPS, ledger)
+
+    later = audit_when_read(compute)
+    assert calls == []  # nothing computed until a field is read
+    now = analyze(DEPS, ledger)
+    assert later.missing == now.missing and calls == [1]
+    assert later == now and now == later
+    assert later.clean is now.clean and later.to_dict() == now.to_dict()
+    assert repr(later) == repr(now) and isinstance(later, Audit)
+    assert pickle.loads(pickle.dumps(later)) == now and calls == [1]
+    assert later != analyze({"z": []}, ledger)

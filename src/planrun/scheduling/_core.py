@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import graphlib
 import heapq
+import itertools
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,9 @@ _INDEXED = _IN_FLIGHT | {_COMPLETED, _WAITING}
 _UNINDEXED = _IN_FLIGHT | {_WAITING}
 """The statuses :meth:`Scheduler._unindex` has something to undo for."""
 _CANCELLABLE = frozenset({_PENDING, _ASSIGNED, _FAILED, _WAITING})
+
+_ZEROS = itertools.repeat(0.0)
+"""The default of every path length a critical path looks up (see _prioritise)."""
 
 _DEFAULT_ATTEMPTS: int = Task.__dataclass_fields__["max_attempts"].default  # type: ignore[assignment]
 """``Task.max_attempts`` when it was not given."""
@@ -317,28 +321,46 @@ class Scheduler:
             InvalidPlan: a dependency cycle in the batch.
             UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
         """
-        ordered, position = _dependency_order([_with_joins(t) if t.joins else t for t in tasks])
         have = self.tasks
+        batch = [_with_joins(t) if t.joins else t for t in tasks]
+        # One pass for the checks that need no order, and for whether the order given is
+        # already one where every dependency comes first (then nothing is sorted).
+        position: dict[str, int] = {}
         kinds: set[str] = set()
         pending = _PENDING
-        for task in ordered:  # every check before any change: a refused batch adds nothing
+        in_order = True
+        for i, task in enumerate(batch):
             tid = task.id
+            if tid in position:
+                raise UsageError("duplicate task ids in one batch")
             if tid in have:
                 raise UsageError(f"task id {tid!r} is already in this run")
-            if task.depends_on:  # in dependency order: a dependency of the batch came first
-                unknown = [d for d in task.depends_on if d not in have and d not in position]
-                if unknown:
-                    raise UsageError(
-                        f"task {tid!r} depends on unknown or later task(s) {unknown}")
+            deps = task.depends_on
+            if deps and in_order:
+                for d in deps:
+                    if d not in position and d not in have:
+                        in_order = False  # a later task of the batch, or an unknown one
+                        break
             if known is not None and task.kind not in kinds:
                 if not known(task.kind):
                     raise UsageError(f"task {tid!r}: kind {task.kind!r} is not registered")
                 kinds.add(task.kind)
             if task.status is not pending:
                 raise UsageError(f"task {tid!r} must be pending to be added")
+            position[tid] = i
+        if in_order:
+            ordered = batch
+        else:
+            for task in batch:
+                unknown = [d for d in task.depends_on if d not in have and d not in position]
+                if unknown:
+                    raise UsageError(
+                        f"task {task.id!r} depends on unknown or later task(s) {unknown}")
+            ordered = _dependency_order(batch)[0]  # a cycle raises InvalidPlan
         default = _DEFAULT_ATTEMPTS if default_attempts is not None else None
         sink, note, created_event, insert = self._sink, self._note, E.CREATED, self._insert
         new: list[Task] = []
+        append = new.append
         for task in ordered:
             if task.created_at is None:
                 task = created(task, now, default_attempts if task.max_attempts == default
@@ -350,7 +372,7 @@ class Scheduler:
                 sink(task, created_event, None, None, task.token)
             else:
                 note((now, task.id, created_event, None, task.token, None))
-            new.append(task)
+            append(task)
         self._prioritise(new)
         if self.started:
             for task in new:
@@ -375,15 +397,18 @@ class Scheduler:
         order = self._order
         order[tid] = len(order)
         waiting = 0
-        if task.depends_on:
+        deps = task.depends_on
+        if deps:
             dependents = self._dependents
-            for dep in task.depends_on:
-                if dep in dependents:
-                    dependents[dep].append(tid)
-                else:
+            completed_ = _COMPLETED
+            for dep in deps:
+                below = dependents.get(dep)
+                if below is None:
                     dependents[dep] = [tid]
+                else:
+                    below.append(tid)
                 other = have.get(dep)
-                if other is None or other.status is not _COMPLETED:
+                if other is None or other.status is not completed_:
                     waiting += 1
         self._waiting[tid] = waiting
         status = task.status
@@ -405,11 +430,18 @@ class Scheduler:
                 entry[t.id] = (order[t.id], t.id)
             return
         path: dict[str, float] = {}
-        dependents = self._dependents
+        known = path.get
+        dependents = self._dependents.get
         for t in reversed(batch):
             tid = t.id
-            below = dependents.get(tid)
-            longest = t.estimate_s + (max([path.get(d, 0.0) for d in below]) if below else 0.0)
+            below = dependents(tid)
+            if below:
+                if len(below) == 1:
+                    longest = t.estimate_s + known(below[0], 0.0)
+                else:
+                    longest = t.estimate_s + max(map(known, below, _ZEROS))
+            else:
+                longest = t.estimate_s
             path[tid] = longest
             entry[tid] = (-longest, order[tid], tid)
 
