@@ -11,6 +11,7 @@ The fixtures live here rather than in a ``conftest.py``: a second module named
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -1202,3 +1203,35 @@ async def test_a_value_that_is_not_json_is_refused_before_any_io(store_url: str)
     store = open_store(store_url)  # never opened: an encoding error comes first
     with pytest.raises(UnstorableValue, match="payload cannot be stored as JSON"):
         await store.write("r", [(Task("a", "k", {"x": b"bytes"}), Event(0, 1.0, "a", "x"))])
+
+
+async def test_sqlite_close_returns_before_the_checkpoint_and_loses_nothing(
+        tmp_path: Path) -> None:
+    """Closing returns once the last commit is done; the checkpoint SQLite runs as its last
+    connection closes goes on on the store's thread. Another connection reads everything at
+    once, the same store opens again after it, and a process that exits right after close
+    leaves a file another process reads whole."""
+    path = tmp_path / "close.db"
+    store = SQLiteStore(str(path))
+    await store.open()
+    run_id = await make_run(store, [Task(f"t{i}", "k", {"pad": "x" * 500}) for i in range(400)])
+    closing = store._executor
+    await store.close()
+    assert store._closing is not None and closing is not None
+    with sqlite3.connect(path) as other:  # the commits are in the log already
+        assert other.execute("SELECT count(*) FROM planrun_tasks").fetchone() == (400,)
+    await store.open()  # waits for the checkpoint of the last close
+    assert store._closing is None and len((await store.load(run_id)).tasks) == 400
+    await store.close()
+    script = (f"import asyncio\nfrom planrun.stores import SQLiteStore\n"
+              f"from planrun.stores.base import RunInfo\n"
+              f"async def go():\n    s = SQLiteStore({str(tmp_path / 'exit.db')!r})\n"
+              f"    await s.open()\n    await s.create_run(RunInfo('r', 1.0))\n"
+              f"    await s.close()\nasyncio.run(go())\n")
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert not (tmp_path / "exit.db-wal").exists()  # the exit waited for the checkpoint
+    with contextlib.closing(sqlite3.connect(tmp_path / "exit.db")) as conn:
+        assert conn.execute("SELECT id FROM planrun_runs").fetchall() == [("r",)]

@@ -379,3 +379,49 @@ def test_the_core_imports_no_store_model_prompt_or_event_loop() -> None:
     assert any(p.name == "_core.py" for p in seen) and len(seen) > 6
     for path in (root / "scheduling").glob("*.py"):  # it reads no clock: ``now`` is given
         assert not {"time", "datetime"} & _imports(path), path.name
+
+
+# ---- the driver's common path ----------------------------------------------------------
+
+
+def test_finish_records_the_completion_and_starts_the_workers_next_queued_task() -> None:
+    s, sink = core(capacity=1)
+    s.add([Task("a", "k"), Task("b", "k"), Task("c", "k", depends_on=("a",))], 0.0)
+    s.start(0.0)
+    a = started(s, 0.0)["a"]
+    assert s.tasks["b"].status is Status.ASSIGNED  # queued behind a on the one slot
+    nxt = s.finish(s.workers["w1"], "a", a.token, "ra", 1.0)
+    assert isinstance(nxt, Task) and nxt.id == "b" and nxt.status is Status.RUNNING
+    assert s.tasks["a"].status is Status.COMPLETED and s.tasks["a"].result == "ra"
+    assert s.workers["w1"].active == 1 and s.workers["w1"].done == 1
+    # c became ready, but finish gives nothing out: the next dispatch does
+    assert s.tasks["c"].status is Status.PENDING
+    assert s.finish(s.workers["w1"], "b", nxt.token, "rb", 2.0) is True  # nothing queued
+    assert [t.id for _, t in s.dispatch(2.0)] == ["c"]
+    assert sink.events("a") == [E.CREATED, E.ASSIGNED, E.STARTED, E.COMPLETED]
+
+
+def test_finish_refuses_a_fenced_outcome_and_takes_the_long_way_for_a_resource() -> None:
+    s, sink = core(capacity=2, stale_after=5.0)
+    s.add([Task("a", "k"), Task("r", "k", resources=("db",)),
+           Task("r2", "k", resources=("db",))], 0.0)
+    s.start(0.0)
+    run = started(s, 0.0)
+    s.tick(5.0)  # both leases ran out: reclaimed, new tokens
+    assert s.finish(s.workers["w1"], "a", run["a"].token, "late", 5.5) is False
+    assert E.REJECTED in sink.events("a") and s.tasks["a"].status is not Status.COMPLETED
+    again = started(s, 6.0)
+    assert s.finish(s.workers["w1"], "r", again["r"].token, "ok", 7.0) is True
+    assert s.tasks["r"].status is Status.COMPLETED
+    assert [t.id for _, t in s.dispatch(7.0)] == ["r2"]  # the lock it held is free
+
+
+def test_release_without_dispatch_leaves_what_became_ready_to_the_next_dispatch() -> None:
+    s, _ = core(capacity=1)
+    s.add([Task("a", "k"), Task("b", "k", depends_on=("a",))], 0.0)
+    s.start(0.0)
+    a = started(s, 0.0)["a"]
+    s.complete("a", a.token, 1, 1.0, "w1")
+    assert s.release(s.workers["w1"], s.tasks["a"], 1.0, dispatch=False) == []
+    assert s.tasks["b"].status is Status.PENDING
+    assert [t.id for _, t in s.dispatch(1.0)] == ["b"]

@@ -657,3 +657,33 @@ def test_attempts_that_never_wait_leave_the_loop_its_turns() -> None:
     result = asyncio.run(main())
     assert result.ok and len(result.tasks) == 400
     assert ticks >= 400 // 16  # the other task ran while one worker went through them all
+
+
+def test_handlers_that_never_wait_still_let_the_loop_go_round() -> None:
+    """One asyncio task runs attempt after attempt; when the handler never waits, it gives
+    the loop a turn every 16 attempts (a timer, another coroutine run meanwhile), and not
+    more often when the handler itself waited."""
+    turns: list[int] = []
+    done: list[str] = []
+
+    async def instant(payload: Any, ctx: TaskContext) -> None:
+        done.append(ctx.task_id)
+
+    async def watch() -> None:
+        while len(done) < 640:
+            turns.append(len(done))
+            await asyncio.sleep(0)
+
+    async def go() -> Any:
+        sup = Supervisor(Registry([KindSpec("k", handler=instant)]),
+                         [WorkerSpec("w", None, 1)], strategy="least_loaded")
+        sup.add_tasks([Task(id=f"t{i}", kind="k") for i in range(640)])
+        watcher = asyncio.ensure_future(watch())
+        result = await sup.arun()
+        await watcher
+        return result
+
+    result = asyncio.run(go())
+    assert result.ok
+    gaps = [b - a for a, b in itertools.pairwise(turns)]
+    assert len(turns) >= 640 // 16 - 2 and max(gaps) <= 17, (len(turns), max(gaps))
