@@ -2,6 +2,7 @@
 
     python bench/instructions.py                    # asyncio, Supervisor, chained, plan_and_run
     python bench/instructions.py --modes sup,base   # some of them
+    python bench/instructions.py --modes plan,sqlite  # the SQLite store's cost per task
 
 Wall-time ratios on a shared 2-core machine swing from run to run; instruction counts do
 not (the same code and inputs give the same count whatever else the machine does). Each
@@ -30,9 +31,11 @@ MODES = {
     "sup": "asyncio.run(dispatch.supervised(n, False))",
     "chain": "asyncio.run(dispatch.supervised(n, True))",
     "plan": "asyncio.run(dispatch.planned(n))",
+    "sqlite": "asyncio.run(dispatch.planned_sqlite(n))",
 }
 LABELS = {"base": "asyncio.gather + semaphore", "sup": "Supervisor (flat)",
-          "chain": "Supervisor (chained)", "plan": "plan_and_run"}
+          "chain": "Supervisor (chained)", "plan": "plan_and_run",
+          "sqlite": "plan_and_run, SQLite store"}
 
 
 def _child(mode: str, n: int) -> None:
@@ -41,6 +44,8 @@ def _child(mode: str, n: int) -> None:
 
     asyncio.run(dispatch.supervised(10, False))  # lazy imports and first calls, not counted
     asyncio.run(dispatch.planned(10))
+    if mode == "sqlite":
+        asyncio.run(dispatch.planned_sqlite(10))
     code = compile(MODES[mode], "<workload>", "exec")
     # Counted: only what runs under sorted() (valgrind's --toggle-collect=builtin_sorted).
     sorted([0], key=lambda _: exec(code, {"asyncio": asyncio, "dispatch": dispatch, "n": n}))
@@ -53,6 +58,9 @@ def count(mode: str, n: int) -> int:
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
              "--collect-atstart=no", "--toggle-collect=builtin_sorted*",
+             # and every thread the workload starts (the SQLite store's, whose statements
+             # run on it), from its first instruction to its last
+             "--toggle-collect=start_thread",
              sys.executable, __file__, "--child", mode, str(n)],
             check=True, capture_output=True)
         with open(out) as fh:
@@ -87,7 +95,10 @@ def main() -> None:
     print(f"instructions per task (marginal, {small} -> {large} tasks, C = 32)")
     for m in modes:
         ratio = counts[m] / counts["base"]
-        print(f"  {LABELS[m]:<28} {counts[m]:>10,.0f}   {ratio:5.2f}x asyncio")
+        line = f"  {LABELS[m]:<28} {counts[m]:>10,.0f}   {ratio:5.2f}x asyncio"
+        if m == "sqlite" and "plan" in counts:
+            line += f"   {counts[m] / counts['plan']:5.2f}x plan_and_run in memory"
+        print(line)
 
 
 if __name__ == "__main__":
