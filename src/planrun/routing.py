@@ -51,8 +51,10 @@ class WorkerState:
     def cost(self, task: Task) -> float:
         """Estimated seconds this worker needs for ``task``."""
         skills = self.spec.skills  # WorkerSpec.skill, in line: routing asks this a lot
-        return task.estimate_s if skills is None else task.estimate_s / float(
-            skills.get(task.kind, 0.0))
+        if skills is None:
+            return task.estimate_s
+        skill = skills.get(task.kind)  # a kind it does not do (any more): as if at speed 1
+        return task.estimate_s / float(skill) if skill else task.estimate_s
 
 
 class Router(Protocol):

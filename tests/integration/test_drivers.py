@@ -32,7 +32,8 @@ from planrun.errors import (
     UsageError,
 )
 from planrun.registry import Handler, KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.scheduling import RetryPolicy
+from planrun.scheduling import RetryPolicy, Scheduler
+from planrun.scheduling._check import index_problems
 from planrun.stores import InMemoryStore, open_store
 from planrun.supervisor import RunResult, Supervisor
 from planrun.task import Status, Task
@@ -187,11 +188,12 @@ class Driver:
                 sup = self._driving = supervisor()
                 sup.add_tasks(tasks)
                 if interrupt is None:
-                    return await sup.arun()
+                    return checked(sup.core, await sup.arun())
                 await self._until(sup.arun(), interrupt)
                 opened.append(await self._open())
                 self.resumed.set()
-                return await supervisor(sup.run_id).aresume()
+                again = supervisor(sup.run_id)
+                return checked(again.core, await again.aresume())
             finally:
                 self.over.set()
                 for s in opened:
@@ -217,11 +219,12 @@ class Driver:
         try:
             first = self._driving = coordinator()
             if interrupt is None:
-                return await first.arun(tasks)
+                return checked(first.core, await first.arun(tasks), queues=False)
             await self._until(first.arun(tasks), interrupt)
             stores.insert(0, await self._open())  # the cancelled one's connection is not reused
             self.resumed.set()
-            return await coordinator(first.run_id).aresume()
+            again = coordinator(first.run_id)
+            return checked(again.core, await again.aresume(), queues=False)
         finally:
             self.over.set()
             for p in self.procs:
@@ -229,6 +232,14 @@ class Driver:
             await asyncio.gather(*serving, return_exceptions=True)
             for s in stores:
                 await self._close(s)
+
+
+def checked(core: Scheduler, result: RunResult, queues: bool = True) -> RunResult:
+    """``result``, once the driver's core is found to hold what its records imply (see
+    :func:`planrun.scheduling._check.index_problems`): every rule below runs it."""
+    problems = index_problems(core, queues=queues)
+    assert problems == [], problems
+    return result
 
 
 DRIVERS = [

@@ -42,3 +42,14 @@ def test_balanced_takes_the_earliest_estimated_finish() -> None:
 def test_unknown_strategy() -> None:
     with pytest.raises(UsageError, match="round_robin, least_loaded, capability, balanced"):
         get_router("random")
+
+
+def test_a_workers_cost_is_the_estimate_over_its_skill() -> None:
+    fast = WorkerState(WorkerSpec("fast", {"k": 2.0, "slow": 0.5}))
+    plain = WorkerState(WorkerSpec("plain"))
+    task = Task("a", "k", estimate_s=3.0)
+    assert fast.cost(task) == 1.5 and plain.cost(task) == 3.0
+    assert fast.cost(Task("b", "slow", estimate_s=3.0)) == 6.0
+    # A kind it does not list (a worker that came back with fewer kinds while a task of
+    # that kind was in flight on it) is counted at speed 1, not divided by zero.
+    assert fast.cost(Task("c", "other", estimate_s=3.0)) == 3.0

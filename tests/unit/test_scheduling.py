@@ -425,3 +425,28 @@ def test_release_without_dispatch_leaves_what_became_ready_to_the_next_dispatch(
     assert s.release(s.workers["w1"], s.tasks["a"], 1.0, dispatch=False) == []
     assert s.tasks["b"].status is Status.PENDING
     assert [t.id for _, t in s.dispatch(1.0)] == ["b"]
+
+
+# ---- workers met after their tasks -------------------------------------------------------
+
+
+def test_a_worker_first_seen_after_its_tasks_counts_them_as_its_load() -> None:
+    """A resumed coordinator reads the stored tasks before the workers holding them: a
+    worker it meets then starts with what is in flight on it, not with nothing (its
+    active count went below zero when those tasks ended)."""
+    from planrun.scheduling._check import index_problems
+
+    s, _ = core(workers=0)
+    s.restore([Task("a", "k", status=Status.RUNNING, assigned_to="w9", token=1, lease=50.0,
+                    estimate_s=2.0),
+               Task("b", "k", status=Status.ASSIGNED, assigned_to="w9", token=1, lease=50.0,
+                    estimate_s=3.0),
+               Task("c", "k")])
+    s.start(0.0)
+    worker = s.sync_worker("w9", ["k"], 2)
+    assert (worker.active, worker.load_s) == (1, 5.0)
+    assert s.sync_worker("w9", ["k"], 2) is worker and worker.active == 1  # seen again
+    assert s.complete("a", 1, "ra", 1.0, "w9")
+    assert (worker.active, worker.load_s) == (0, 3.0)
+    assert s.sync_worker("w9", ["k", "other"], 4).load_s == 3.0  # new skills: recounted
+    assert index_problems(s, queues=False) == []

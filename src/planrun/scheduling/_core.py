@@ -454,19 +454,32 @@ class Scheduler:
         state = WorkerState(spec)
         self.workers[spec.name] = state
         self._capable.clear()
+        self._count_in(state)
         return state
 
     def sync_worker(self, name: str, kinds: Sequence[str], capacity: int) -> WorkerState:
         """Create or refresh a worker seen in the store (external workers)."""
         state = self.workers.get(name)
         spec = WorkerSpec(name, dict.fromkeys(kinds, 1.0), max(1, capacity))
-        self._capable.clear()
         if state is None:
             state = WorkerState(spec)
             self.workers[name] = state
+        elif state.spec == spec:
+            return state
         else:
             state.spec = spec
+        self._capable.clear()
+        self._count_in(state)
         return state
+
+    def _count_in(self, worker: WorkerState) -> None:
+        """A worker the core meets, or meets again with other skills: its load and active
+        count from the tasks in flight on it already (a resumed coordinator reads the
+        stored tasks before the workers that hold them)."""
+        mine = [t for t in self.tasks.values()
+                if t.assigned_to == worker.name and t.status in _IN_FLIGHT]
+        worker.active = sum(1 for t in mine if t.status is _RUNNING)
+        worker.load_s = sum(worker.cost(t) for t in mine)
 
     def capable(self, kind: str) -> bool:
         """True when some registered worker does ``kind``."""
