@@ -232,8 +232,14 @@ def dag_bound(graph: dict[str, tuple[str, ...]]) -> float:
     return max(max(depth.values()) * TASK_S, len(graph) * TASK_S / CONCURRENCY)
 
 
-def dag_greedy(graph: dict[str, tuple[str, ...]]) -> float:
-    """Makespan of a greedy list schedule, longest path to the end first, zero overhead."""
+ListState = tuple[dict[str, list[str]], dict[str, float], dict[str, int], dict[str, int],
+                  list[tuple[float, int, str]]]
+"""children, longest path to the end, dependencies left, place, and the ready heap."""
+
+
+def list_schedule(graph: dict[str, tuple[str, ...]]) -> ListState:
+    """What a critical-path list schedule starts from: each task's dependents, its longest
+    path to the end, the dependencies it waits for, its place, and the ready heap."""
     children: dict[str, list[str]] = {t: [] for t in graph}
     for tid, deps in graph.items():
         for d in deps:
@@ -245,6 +251,12 @@ def dag_greedy(graph: dict[str, tuple[str, ...]]) -> float:
     order = {t: i for i, t in enumerate(graph)}
     ready = [(-below[t], order[t], t) for t, w in waiting.items() if not w]
     heapq.heapify(ready)
+    return children, below, waiting, order, ready
+
+
+def dag_greedy(graph: dict[str, tuple[str, ...]]) -> float:
+    """Makespan of a greedy list schedule, longest path to the end first, zero overhead."""
+    children, below, waiting, order, ready = list_schedule(graph)
     running: list[tuple[float, str]] = []
     now = 0.0
     while ready or running:
@@ -278,17 +290,7 @@ async def dag_minimal(graph: dict[str, tuple[str, ...]]) -> None:
     """A dispatcher that keeps nothing: ``C`` coroutines, each taking the ready task with
     the longest path to the end from a heap, running it, and counting down its
     dependents. No records, no ledger, no leases: what the loop itself allows."""
-    children: dict[str, list[str]] = {t: [] for t in graph}
-    for tid, deps in graph.items():
-        for d in deps:
-            children[d].append(tid)
-    below: dict[str, float] = {}
-    for tid in reversed(list(graph)):
-        below[tid] = TASK_S + max((below[c] for c in children[tid]), default=0.0)
-    waiting = {t: len(d) for t, d in graph.items()}
-    order = {t: i for i, t in enumerate(graph)}
-    ready = [(-below[t], order[t], t) for t, w in waiting.items() if not w]
-    heapq.heapify(ready)
+    children, below, waiting, order, ready = list_schedule(graph)
     left = len(graph)
     idle: list[asyncio.Future[None]] = []
     loop = asyncio.get_running_loop()
