@@ -177,3 +177,13 @@ def test_the_check_names_what_an_index_got_wrong() -> None:
     assert f"{queued} is assigned to w1 but not in its queue" in problems
     core._leases.clear()
     assert any("with no lease entry" in p for p in index_problems(core))
+
+
+def test_the_check_names_a_ready_task_nothing_will_give_out() -> None:
+    core, _ = new_core([Task("a", "k"), Task("b", "k", depends_on=("a",))],
+                       [WorkerSpec("w1", None, 1)], "least_loaded")
+    assert index_problems(core) == []  # started: a waits in the ready heap
+    core._queued.discard("a")
+    assert index_problems(core) == ["a is ready but nowhere queued, parked, delayed or asked for"]
+    core._queued.update({"a", "ghost"})
+    assert index_problems(core) == ["ghost is marked queued but is in no ready heap"]

@@ -96,5 +96,5 @@ def _forgotten(core: Scheduler) -> list[str]:
         if t.id in core._queued or t.id in parked or t.id in delayed \
                 or t.id in core._asking:
             continue
-        problems.append(f"{t.id} is ready but queued, parked, delayed or asked nowhere")
+        problems.append(f"{t.id} is ready but nowhere queued, parked, delayed or asked for")
     return problems
