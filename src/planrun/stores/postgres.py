@@ -624,56 +624,37 @@ class PostgresStore:
 
     async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
         """Insert new task rows and their events in one transaction."""
-        task_rows = [task_row(run_id, t) for t in tasks]
-        event_rows = [event_row(run_id, e) for e in events]
-
-        tasks_in = _arrays(run_id, task_rows, TASK_COLUMNS)
-        events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
-
-        async def go(cur: Cursor) -> None:
-            await self._touch(cur, run_id)
-            if task_rows:
-                await cur.execute(Q["insert_tasks"], tasks_in)
-            if event_rows:
-                await cur.execute(Q["insert_events"], events_in)
-            await self._raise_next_seq(cur, run_id, event_rows)
-
-        await self._tx(go, writing=run_id)
+        await self._write_rows(run_id, "insert_tasks", [task_row(run_id, t) for t in tasks],
+                               [event_row(run_id, e) for e in events])
 
     async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
         """Upsert every task row and append every event, all or nothing."""
         if not changes:
             return
-        task_rows = [task_row(run_id, t) for t in last_per_task(changes)]
-        event_rows = [event_row(run_id, e) for _, e in changes]
-
-        tasks_in = _arrays(run_id, task_rows, TASK_COLUMNS)
-        events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
-
-        async def go(cur: Cursor) -> None:
-            await self._touch(cur, run_id)
-            await cur.execute(Q["upsert_tasks"], tasks_in)
-            await cur.execute(Q["insert_events"], events_in)
-            await self._raise_next_seq(cur, run_id, event_rows)
-
-        await self._tx(go, writing=run_id)
+        await self._write_rows(run_id, "upsert_tasks",
+                               [task_row(run_id, t) for t in last_per_task(changes)],
+                               [event_row(run_id, e) for _, e in changes])
 
     async def write_batch(self, run_id: str, tasks: Sequence[Task],
                           events: Sequence[EventRow]) -> None:
         """Upsert every row of ``tasks`` and append every event, all or nothing."""
         if not events and not tasks:
             return
-        task_rows = [task_row(run_id, t) for t in tasks]
-        event_rows = [dict(zip(EVENT_ROW_KEYS, row_values(run_id, r), strict=True))
-                      for r in events]
+        await self._write_rows(run_id, "upsert_tasks", [task_row(run_id, t) for t in tasks],
+                               [dict(zip(EVENT_ROW_KEYS, row_values(run_id, r), strict=True))
+                                for r in events])
 
+    async def _write_rows(self, run_id: str, tasks_query: str, task_rows: list[dict[str, Any]],
+                          event_rows: list[dict[str, Any]]) -> None:
+        """Write task rows with ``tasks_query`` (insert or upsert) and append event rows, in
+        one transaction that moves the run's seq counter past them."""
         tasks_in = _arrays(run_id, task_rows, TASK_COLUMNS)
         events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
 
         async def go(cur: Cursor) -> None:
             await self._touch(cur, run_id)
             if task_rows:
-                await cur.execute(Q["upsert_tasks"], tasks_in)
+                await cur.execute(Q[tasks_query], tasks_in)
             if event_rows:
                 await cur.execute(Q["insert_events"], events_in)
             await self._raise_next_seq(cur, run_id, event_rows)
