@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planrun.distributed import Coordinator, Mode, WorkerProcess
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Task
+from planrun.runtime._distributed import Coordinator, Mode, WorkerProcess
+from planrun.runtime._supervisor import Supervisor
 from planrun.stores import Store, open_store
-from planrun.supervisor import Supervisor
-from planrun.task import Task
 
 WORKERS = 4
 CAPACITY = 16

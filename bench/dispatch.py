@@ -34,7 +34,7 @@ The figures that matter are the ratios, each against a baseline of the same run,
 the per-task cost moves with size: a flat cost means dispatch does not scan the task set.
 The last table prints each ratio next to its target.
 
-``--otel`` adds a column: the same flat run observed by :class:`planrun.tracing.RunTracer`
+``--otel`` adds a column: the same flat run observed by :class:`planrun.obs._tracing.RunTracer`
 (one span per attempt, the task and worker metrics) with the OpenTelemetry SDK configured,
 spans going through a ``SimpleSpanProcessor`` to an exporter that drops them. Its ratio is
 against the untraced run of the same size.
@@ -57,10 +57,10 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from planrun import tracing
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.supervisor import Supervisor
-from planrun.task import Task
+from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Task
+from planrun.obs import tracing
+from planrun.runtime._supervisor import Supervisor
 
 CONCURRENCY = 32
 LAYERS, WIDTH, TASK_S = 20, 100, 0.010
@@ -159,7 +159,7 @@ def noop_plan(n: int) -> list[dict[str, Any]]:
 
 
 async def planned(n: int, store: str | None = None) -> None:
-    from planrun.runner import App, aplan_and_run
+    from planrun._facade import App, aplan_and_run
 
     app = App(Registry([KindSpec("noop", handler=noop)]), concurrency=CONCURRENCY)
     report = await aplan_and_run(noop_plan(n), app, store=store, strategy="least_loaded")

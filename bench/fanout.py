@@ -17,11 +17,11 @@ import statistics
 import time
 from typing import Any
 
-from planrun.plan import validate_plan
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.scheduling import SpawnLimits
-from planrun.supervisor import Supervisor
-from planrun.task import Task
+from planrun.core._plan import validate_plan
+from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Task
+from planrun.core.scheduling import SpawnLimits
+from planrun.runtime._supervisor import Supervisor
 
 
 async def noop(payload: Any, ctx: TaskContext) -> int:

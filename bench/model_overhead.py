@@ -25,11 +25,11 @@ import pytest_httpx2  # noqa: F401  (registers respx's httpcore2 mocker)
 import respx
 from pydantic import BaseModel
 
-from planrun.clock import VirtualClock
-from planrun.limiter import RateLimiter
+from planrun.dev.testing import FakeOpenAI
 from planrun.model import Model
-from planrun.testing import FakeOpenAI
-from planrun.usage import Budget, Usage
+from planrun.model._limiter import RateLimiter
+from planrun.model._usage import Budget, Usage
+from planrun.runtime._clock import VirtualClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -29,9 +29,9 @@ import uuid
 from typing import Any
 from urllib.parse import quote
 
-from planrun.ledger import Event
+from planrun.core._ledger import Event
+from planrun.core._task import Status, Task, transition
 from planrun.stores import PostgresStore, RunInfo
-from planrun.task import Status, Task, transition
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 

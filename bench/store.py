@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from planrun.errors import ConfigError, StoreError
-from planrun.ledger import Event, Ledger
+from planrun.core._errors import ConfigError, StoreError
+from planrun.core._ledger import Event, Ledger
+from planrun.core._task import Status, Task, transition
 from planrun.stores import RunInfo, Store, open_store
-from planrun.task import Status, Task, transition
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -163,8 +163,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
 
 async def supervised(store: Store | None, n: int) -> float:
     """Seconds per task for a no-op supervised run of ``n`` tasks on ``store``."""
-    from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-    from planrun.supervisor import Supervisor
+    from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+    from planrun.runtime._supervisor import Supervisor
 
     async def noop(payload: object, ctx: TaskContext) -> None:
         return None

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from planrun.plan import validate_plan
+from planrun.core._plan import validate_plan
 
 KINDS = ["noop"]
 PROSE_BYTES = 5_000_000

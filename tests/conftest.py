@@ -11,8 +11,8 @@ import pytest
 import pytest_httpx2  # noqa: F401  (registers respx's "httpcore2" mocker: openai sends via httpx2)
 import respx
 
+from planrun.dev.testing import FakeOpenAI
 from planrun.model import Model, RetryPolicy
-from planrun.testing import FakeOpenAI
 
 REPO = Path(__file__).resolve().parents[1]
 """The repository root."""

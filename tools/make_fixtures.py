@@ -6,8 +6,8 @@
     python tools/make_fixtures.py --eval                       # the eval goal sets' cassettes
     OPENAI_API_KEY=sk-... python tools/make_fixtures.py --eval --live taskbench
 
-Either way it is planrun's own recorder (:func:`planrun.fixtures.record`) around the real
-:class:`planrun.Model` and the scenario's real entry (:mod:`planrun.scenarios`). Without
+Either way it is planrun's own recorder (:func:`planrun.record`) around the real
+:class:`planrun.Model` and the scenario's real entry (:mod:`planrun.dev.scenarios`). Without
 ``--live`` the model talks to ``tools/standin.py`` on 127.0.0.1 with a placeholder key and
 the cassette is marked ``"synthesized"``; with ``--live`` it talks to ``OPENAI_BASE_URL``
 (default the OpenAI API) with ``OPENAI_API_KEY`` and ``PLANRUN_MODEL`` (default
@@ -18,7 +18,7 @@ once through the same entry to prove it reproduces the run.
 ``--eval`` makes the cassettes of the shipped eval goal sets (``src/planrun/evals``):
 it writes the goal files (``examples.jsonl`` from the worked examples and a few more
 goals over their kinds, ``taskbench.jsonl`` from the TaskBench samples in
-``tests/data/taskbench``), then records :func:`planrun.eval.evaluate` for the ``default``
+``tests/data/taskbench``), then records :func:`planrun.evaluate` for the ``default``
 and ``strict`` prompt versions, against the stand-in's synthetic planner
 (:func:`standin.eval_planner`) or, with ``--live``, the real API; and replays it once.
 """
@@ -37,13 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from standin import StandIn, eval_planner, for_scenario
 
-from planrun.clock import VirtualClock
-from planrun.eval import EVALS_DIR, EvalReport, aevaluate, evaluate
-from planrun.fixtures import record, replay
+from planrun._facade import RunReport
+from planrun.dev.eval import EVALS_DIR, EvalReport, aevaluate, evaluate
+from planrun.dev.fixtures import record, replay
+from planrun.dev.scenarios import SCENARIOS, Scenario
+from planrun.dev.testing import FakeOpenAI
 from planrun.model import Model
-from planrun.runner import RunReport
-from planrun.scenarios import SCENARIOS, Scenario
-from planrun.testing import FakeOpenAI
+from planrun.runtime._clock import VirtualClock
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_KEY = "sk-standin-placeholder-key-not-a-secret-000"
@@ -162,7 +162,7 @@ def example_goals() -> list[dict[str, Any]]:
 
 def taskbench_goals() -> list[dict[str, Any]]:
     """The ``taskbench`` goal set: user requests and gold plans of TaskBench samples."""
-    from planrun.taskbench import iter_samples, sample_to_plan
+    from planrun.dev.taskbench import iter_samples, sample_to_plan
 
     folder = REPO / "tests" / "data" / "taskbench" / "data_huggingface"
     samples = {str(s["id"]): s for s in iter_samples(folder)}

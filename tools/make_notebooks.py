@@ -88,12 +88,12 @@ DECOMPOSE_PROMPT = [
         from IPython.display import HTML, Image, display
 
         from planrun import Model
-        from planrun.decompose import decompose, repair_message
+        from planrun.model._decompose import decompose, repair_message
         from planrun.examples import brief
-        from planrun.fixtures import FixtureMiss, check, record, replay
-        from planrun.plan import Plan, validate_plan
-        from planrun.prompts import PromptLibrary, describe_kinds
-        from planrun.usage import Usage
+        from planrun.dev.fixtures import FixtureMiss, check, record, replay
+        from planrun.core._plan import Plan, validate_plan
+        from planrun.model._prompts import PromptLibrary, describe_kinds
+        from planrun.model._usage import Usage
 
         LIVE = bool(os.environ.get("OPENAI_API_KEY"))
 
@@ -392,7 +392,7 @@ DECOMPOSE_PROMPT = [
         print(f"with the repository's prompts: {len(fresh)} stale finding(s)")
         assert fresh == []
 
-        with mock.patch("planrun.prompts.default_prompt_dir", return_value=EDITED):
+        with mock.patch("planrun.model._prompts.default_prompt_dir", return_value=EDITED):
             stale = check_here([scratch])
         print(f"with the edited prompt: {len(stale)} stale finding(s)")
         for item in stale:  # the reason goes on with a diff of the message; its head will do
@@ -488,10 +488,10 @@ TICKET_RUN = [
         from planrun import Model
         from planrun.examples import tickets
         from planrun.examples.ticket_data import generate_tickets
-        from planrun.fixtures import replay
-        from planrun.runner import plan_and_run
-        from planrun.scenarios import TICKETS
-        from planrun.status import timeline
+        from planrun.dev.fixtures import replay
+        from planrun._facade import plan_and_run
+        from planrun.dev.scenarios import TICKETS
+        from planrun.obs._status import timeline
 
         LIVE = bool(os.environ.get("OPENAI_API_KEY"))
         REPO = next(p for p in (Path.cwd(), *Path.cwd().parents)
@@ -655,7 +655,7 @@ STRATEGIES = [
         import matplotlib.pyplot as plt
 
         from planrun import Scenario, simulate
-        from planrun.routing import STRATEGIES
+        from planrun.core._routing import STRATEGIES
 
         DURATIONS = [10, 2, 2, 10, 2, 2, 10, 2, 2]
         WORKERS = 3
@@ -761,9 +761,9 @@ PROMPT_EVAL = [
         import matplotlib.pyplot as plt
         from IPython.display import Image, display
 
-        import planrun.prompts
+        import planrun.model._prompts
         from planrun import FixtureMiss
-        from planrun.eval import evaluate, load_goals, shipped
+        from planrun.dev.eval import evaluate, load_goals, shipped
 
         LIVE = bool(os.environ.get("OPENAI_API_KEY"))
         GOALS, CASSETTE = shipped("examples")
@@ -795,7 +795,7 @@ PROMPT_EVAL = [
         """),
     code("""
         edited = work / "edited"
-        shutil.copytree(str(planrun.prompts.default_prompt_dir()), edited)
+        shutil.copytree(str(planrun.model._prompts.default_prompt_dir()), edited)
         template = edited / "decompose.md"
         before = template.read_text(encoding="utf-8")
         rule = "   itself or on a later task.\\n"

@@ -2,9 +2,9 @@
 
 It answers ``POST /v1/chat/completions`` and ``POST /v1/responses`` on 127.0.0.1 over
 HTTP/1.1 with keep-alive in the exact wire format of the
-OpenAI API by delegating to :class:`planrun.testing.FakeOpenAI` with the synthetic
+OpenAI API by delegating to :class:`planrun.dev.testing.FakeOpenAI` with the synthetic
 answerers of :mod:`planrun.examples.answers`, after serving a scenario's scripted replies
-(429 with Retry-After, 500, a refusal, a permanent 400; see :mod:`planrun.scenarios`).
+(429 with Retry-After, 500, a refusal, a permanent 400; see :mod:`planrun.dev.scenarios`).
 Every request must carry ``Authorization: Bearer ...``; a key listed in ``reject_keys``
 gets the API's 401, whose message quotes the key as the real API does (which is what the
 recorder's scrubbing must remove). ``emulate=`` (``--emulate``) makes it refuse response
@@ -44,9 +44,9 @@ from typing import Any
 
 import httpx
 
+from planrun.dev.scenarios import get_scenario
+from planrun.dev.testing import ChatRequest, FakeOpenAI, error_body
 from planrun.examples.answers import answers
-from planrun.scenarios import get_scenario
-from planrun.testing import ChatRequest, FakeOpenAI, error_body
 
 __all__ = ["EMULATIONS", "StandIn", "eval_planner", "for_scenario", "main"]
 

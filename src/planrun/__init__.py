@@ -11,48 +11,17 @@ what is permanent, reclaims what goes silent, and applies side effects once.
     report = plan_and_run(brief.GOAL, brief.app, model=Model())
     print(report.summary())
 
-Everything public is importable from here; submodules are implementation.
+Everything public is importable from here. The subpackages are laid out by role:
+:mod:`planrun.core` decides (plans, records, the scheduling core), :mod:`planrun.runtime`
+carries out, :mod:`planrun.stores` keeps, :mod:`planrun.model` talks to models,
+:mod:`planrun.obs` observes, :mod:`planrun.dev` holds development tools and :mod:`planrun.cli._main`
+the command line.
 """
 
 from importlib import metadata as _metadata
 
-from planrun.approval import approve_task, reject_task
-from planrun.clock import Clock, RealClock, VirtualClock
-from planrun.decompose import adecompose, decompose
-from planrun.distributed import Coordinator, WorkerProcess
-from planrun.errors import (
-    BudgetExceeded,
-    ConfigError,
-    DispatchError,
-    IllegalTransition,
-    InvalidPlan,
-    ModelRefused,
-    PermanentError,
-    PlanError,
-    PlanrunError,
-    RateLimited,
-    RunAborted,
-    RunInUse,
-    StallError,
-    StoreError,
-    TransientError,
-    UnknownRun,
-    UnstorableValue,
-    UsageError,
-    WorkerError,
-)
-from planrun.eval import EvalReport, aevaluate, evaluate
-from planrun.fixtures import FixtureMiss, record, replay
-from planrun.ledger import Audit, Event, Ledger, analyze, read_jsonl
-from planrun.limiter import RateLimiter
-from planrun.limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
-from planrun.model import Completion, Model, RetryPolicy
-from planrun.ownership import hold_run
-from planrun.plan import PROBLEM_CODES, Plan, PlanTask, Problem, plan_schema, validate_plan
-from planrun.prompts import PromptLibrary, RenderedPrompt
-from planrun.redact import redact
-from planrun.registry import KindSpec, Registry, SpawnRequest, TaskContext, WorkerSpec
-from planrun.runner import (
+from planrun import _moved
+from planrun._facade import (
     App,
     RunReport,
     TaskReport,
@@ -61,13 +30,85 @@ from planrun.runner import (
     plan_and_run,
     resume_run,
 )
-from planrun.scheduling import Approval, SpawnLimits
-from planrun.sim import Scenario, SimResult, simulate
+from planrun.core import (
+    PROBLEM_CODES,
+    Audit,
+    BudgetExceeded,
+    ConfigError,
+    DispatchError,
+    Event,
+    IllegalTransition,
+    InvalidPlan,
+    KindSpec,
+    Ledger,
+    ModelRefused,
+    PermanentError,
+    Plan,
+    PlanError,
+    PlanrunError,
+    PlanTask,
+    Problem,
+    RateLimited,
+    Registry,
+    RunAborted,
+    RunInUse,
+    RunResult,
+    SpawnRequest,
+    StallError,
+    Status,
+    StoreError,
+    Task,
+    TaskContext,
+    TransientError,
+    UnknownRun,
+    UnstorableValue,
+    UsageError,
+    WorkerError,
+    WorkerSpec,
+    analyze,
+    plan_schema,
+    read_jsonl,
+    redact,
+    validate_plan,
+)
+from planrun.core.scheduling import Approval, Backoff, SpawnLimits
+from planrun.dev.eval import EvalReport, aevaluate, evaluate
+from planrun.dev.fixtures import FixtureMiss, record, replay
+from planrun.dev.sim import Scenario, SimResult, simulate
+from planrun.model import (
+    Budget,
+    Completion,
+    Limiter,
+    Model,
+    ModelWorker,
+    Price,
+    PriceTable,
+    PromptLibrary,
+    RateLimiter,
+    RenderedPrompt,
+    RetryPolicy,
+    RunLimits,
+    SharedBudget,
+    SharedRateLimiter,
+    Usage,
+    adecompose,
+    decompose,
+    limit_key,
+)
+from planrun.runtime import (
+    Clock,
+    Coordinator,
+    RealClock,
+    Supervisor,
+    VirtualClock,
+    WorkerProcess,
+    approve_task,
+    hold_run,
+    reject_task,
+)
 from planrun.stores import open_store
-from planrun.supervisor import Backoff, RunResult, Supervisor
-from planrun.task import Status, Task
-from planrun.usage import Budget, Price, PriceTable, Usage
-from planrun.workers import ModelWorker
+
+_moved.install()
 
 try:
     __version__ = _metadata.version("planrun")

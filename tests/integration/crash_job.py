@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 from planrun import KindSpec, Registry, RetryPolicy, Supervisor, Task, TaskContext, WorkerSpec
-from planrun.errors import TransientError
+from planrun.core._errors import TransientError
 from planrun.stores import open_store
 
 CHAINS, LENGTH = 100, 5

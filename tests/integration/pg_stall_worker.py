@@ -21,9 +21,9 @@ from typing import Any
 
 import psycopg
 
-from planrun.ledger import Event
+from planrun.core._ledger import Event
+from planrun.core._task import Status, transition
 from planrun.stores.postgres import PostgresStore
-from planrun.task import Status, transition
 
 
 async def main(url: str, run_id: str, task_id: str, token: int, name: str) -> None:

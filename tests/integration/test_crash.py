@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from pgtest import fresh_schema
 
-from planrun.ledger import analyze
+from planrun.core._ledger import analyze
+from planrun.core._task import Status
 from planrun.stores import open_store
-from planrun.task import Status
 
 JOB = Path(__file__).with_name("crash_job.py")
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from planrun.sim import Scenario, simulate
+from planrun.dev.sim import Scenario, simulate
 
 APP = '''
 import time

@@ -21,14 +21,14 @@ import pytest
 from dist_app import registry
 from pgtest import fresh_schema
 
-from planrun.distributed import Coordinator, WorkerProcess
-from planrun.errors import PermanentError, StoreError, TransientError, UsageError
-from planrun.ledger import Event
-from planrun.registry import KindSpec, Registry
-from planrun.scheduling import RetryPolicy
+from planrun.core._errors import PermanentError, StoreError, TransientError, UsageError
+from planrun.core._ledger import Event
+from planrun.core._registry import KindSpec, Registry
+from planrun.core._task import Status, Task, transition
+from planrun.core.scheduling import RetryPolicy
+from planrun.runtime._distributed import Coordinator, WorkerProcess
+from planrun.runtime._supervisor import RunResult, Supervisor
 from planrun.stores import open_store
-from planrun.supervisor import RunResult, Supervisor
-from planrun.task import Status, Task, transition
 
 HERE = Path(__file__).resolve().parent
 

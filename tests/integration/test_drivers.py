@@ -22,21 +22,21 @@ from typing import Any
 import pytest
 from pgtest import fresh_schema
 
-from planrun.clock import VirtualClock
-from planrun.distributed import Coordinator, WorkerProcess
-from planrun.errors import (
+from planrun.core._errors import (
     BudgetExceeded,
     PermanentError,
     StallError,
     TransientError,
     UsageError,
 )
-from planrun.registry import Handler, KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.scheduling import RetryPolicy, Scheduler
-from planrun.scheduling._check import index_problems
+from planrun.core._registry import Handler, KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Status, Task
+from planrun.core.scheduling import RetryPolicy, Scheduler
+from planrun.core.scheduling._check import index_problems
+from planrun.runtime._clock import VirtualClock
+from planrun.runtime._distributed import Coordinator, WorkerProcess
+from planrun.runtime._supervisor import RunResult, Supervisor
 from planrun.stores import InMemoryStore, open_store
-from planrun.supervisor import RunResult, Supervisor
-from planrun.task import Status, Task
 
 FAST = RetryPolicy(attempts=3, base=0.02, cap=0.1, jitter=0.0, max_retry_after=0.2)
 
@@ -236,7 +236,7 @@ class Driver:
 
 def checked(core: Scheduler, result: RunResult, queues: bool = True) -> RunResult:
     """``result``, once the driver's core is found to hold what its records imply (see
-    :func:`planrun.scheduling._check.index_problems`): every rule below runs it."""
+    :func:`planrun.core.scheduling._check.index_problems`): every rule below runs it."""
     problems = index_problems(core, queues=queues)
     assert problems == [], problems
     return result
@@ -688,7 +688,7 @@ def test_an_effect_that_keeps_failing_makes_the_run_not_ok(driver: Driver) -> No
     def send(task: Task, key: str) -> None:
         raise TransientError("503 from the mail API")
 
-    from planrun.scheduling import EFFECT_RETRY
+    from planrun.core.scheduling import EFFECT_RETRY
 
     assert EFFECT_RETRY.attempts > 1
     result = driver.run([Task(id="t", kind="k")], {"k": ok}, effects={"k": send},

@@ -24,13 +24,13 @@ from pgtest import fresh_schema
 from test_drivers import DRIVERS, Driver, ok
 
 from planrun import Approval, approve_task, reject_task
-from planrun.clock import VirtualClock
-from planrun.errors import UsageError
-from planrun.registry import Handler, KindSpec, Registry, WorkerSpec
-from planrun.scheduling import RetryPolicy
+from planrun.core._errors import UsageError
+from planrun.core._registry import Handler, KindSpec, Registry, WorkerSpec
+from planrun.core._task import Status, Task
+from planrun.core.scheduling import RetryPolicy
+from planrun.runtime._clock import VirtualClock
+from planrun.runtime._supervisor import RunResult, Supervisor
 from planrun.stores import open_store
-from planrun.supervisor import RunResult, Supervisor
-from planrun.task import Status, Task
 
 FAST = RetryPolicy(attempts=3, base=0.02, cap=0.1, jitter=0.0, max_retry_after=0.2)
 IN_PROCESS = [d for d in DRIVERS if d[2] is None]
@@ -368,7 +368,7 @@ def external(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]
 def run_external(driver: Driver, tasks: Sequence[Task], handlers: dict[str, Handler],
                  decisions: Sequence[Decision] = (), **options: Any) -> RunResult:
     """A coordinator and two worker processes; each decision is written through the store."""
-    from planrun.distributed import Coordinator, WorkerProcess
+    from planrun.runtime._distributed import Coordinator, WorkerProcess
 
     registry = Registry(KindSpec(k, handler=h) for k, h in handlers.items())
     clock = VirtualClock() if driver.virtual else None
@@ -503,8 +503,8 @@ def stored(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
 
 def test_two_decisions_at_once_on_a_store_only_one_is_taken(stored: Driver) -> None:
     driver = stored
+    from planrun.core._task import transition
     from planrun.stores.base import RunInfo
-    from planrun.task import transition
 
     async def go() -> list[object]:
         stores = [await driver._open() for _ in range(2)]

@@ -17,14 +17,14 @@ import test_drivers
 from pgtest import fresh_schema
 from test_drivers import DRIVERS, Driver
 
-from planrun.errors import PermanentError, StoreError, TransientError
-from planrun.ledger import Event
-from planrun.registry import SpawnRequest, TaskContext
-from planrun.scheduling import SpawnLimits
+from planrun.core._errors import PermanentError, StoreError, TransientError
+from planrun.core._ledger import Event
+from planrun.core._registry import SpawnRequest, TaskContext
+from planrun.core._task import Status, Task, transition
+from planrun.core.scheduling import SpawnLimits
+from planrun.runtime._supervisor import RunResult
 from planrun.stores import InMemoryStore, open_store
 from planrun.stores.base import RunInfo
-from planrun.supervisor import RunResult
-from planrun.task import Status, Task, transition
 
 
 async def fetch(payload: Any, ctx: TaskContext) -> dict[str, int]:
@@ -506,8 +506,8 @@ def test_a_replan_unanswered_when_the_driver_stopped_is_asked_again_on_resume(
 @pytest.mark.parametrize("url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_replan_cut_off_by_a_stop_is_asked_again_on_resume_once(url: str,
                                                                    tmp_path: Any) -> None:
-    from planrun.registry import KindSpec, Registry
-    from planrun.supervisor import Supervisor
+    from planrun.core._registry import KindSpec, Registry
+    from planrun.runtime._supervisor import Supervisor
 
     registry = Registry(KindSpec(k, handler=h) for k, h in REPLAN_HANDLERS.items())
 

@@ -16,10 +16,10 @@ import pytest
 from pgtest import PG_URL, fresh_schema, require_pg
 
 from planrun.cli import main
-from planrun.registry import KindSpec, Registry, TaskContext
+from planrun.core._registry import KindSpec, Registry, TaskContext
+from planrun.core._task import Task
+from planrun.runtime._supervisor import Supervisor
 from planrun.stores import open_store
-from planrun.supervisor import Supervisor
-from planrun.task import Task
 
 HERE = Path(__file__).resolve().parent
 
@@ -167,8 +167,8 @@ def test_database_restarted_mid_run_loses_no_task() -> None:
 
 
 def test_a_coordinated_run_resumes_under_the_policies_it_started_with(tmp_path: Path) -> None:
+    from planrun.core._task import Status, transition
     from planrun.stores import RunInfo
-    from planrun.task import Status, transition
 
     db = f"sqlite:///{tmp_path / 'policy.db'}"
     meta = {"app": "dist_app:app", "coordinated": True, "mode": "push",

@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from planrun.eval import EVALS_DIR, EvalReport, aevaluate, evaluate
-from planrun.fixtures import Cassette
+from planrun.dev.eval import EVALS_DIR, EvalReport, aevaluate, evaluate
+from planrun.dev.fixtures import Cassette
+from planrun.dev.testing import FakeOpenAI
 from planrun.model import Model
-from planrun.testing import FakeOpenAI
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))

@@ -37,7 +37,7 @@ ASYNC_APP = """
 import asyncio, os
 from pathlib import Path
 from planrun import Registry, WorkerSpec
-from planrun.runner import App
+from planrun._facade import App
 
 async def slow(payload, ctx):
     Path(os.environ["MARKS"], ctx.task_id).write_text("started")

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from pgtest import fresh_schema
 
-from planrun.ledger import Event
+from planrun.core._ledger import Event
+from planrun.core._task import Status, Task, transition
 from planrun.stores import PostgresStore, RunInfo
-from planrun.task import Status, Task, transition
 
 if TYPE_CHECKING:
     from planrun.stores.postgres import Cursor

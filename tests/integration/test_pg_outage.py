@@ -28,9 +28,9 @@ from pgtest import PG_URL, fresh_schema
 from tcpproxy import TcpProxy
 
 from planrun import KindSpec, Registry, Supervisor, Task, TaskContext
-from planrun.distributed import Coordinator
+from planrun.core._task import Status
+from planrun.runtime._distributed import Coordinator
 from planrun.stores import open_store
-from planrun.task import Status
 
 HERE = Path(__file__).resolve().parent
 OUTAGE_S = 12.0

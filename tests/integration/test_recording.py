@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 from conftest import REPO
 
-import planrun.prompts
-from planrun.clock import VirtualClock
+import planrun.model._prompts
+from planrun._facade import RunReport, aplan_and_run, plan_and_run
+from planrun.dev.fixtures import Cassette, FixtureMiss, record, replay
+from planrun.dev.scenarios import SCENARIOS
+from planrun.dev.testing import FakeOpenAI
 from planrun.examples import brief, release
 from planrun.examples.answers import answers
-from planrun.fixtures import Cassette, FixtureMiss, record, replay
 from planrun.model import Model, RetryPolicy
-from planrun.prompts import PromptLibrary
-from planrun.runner import RunReport, aplan_and_run, plan_and_run
-from planrun.scenarios import SCENARIOS
-from planrun.testing import FakeOpenAI
+from planrun.model._prompts import PromptLibrary
+from planrun.runtime._clock import VirtualClock
 
 sys.path.insert(0, str(REPO / "tools"))
 import make_fixtures
@@ -106,7 +106,7 @@ def test_a_key_echoed_by_the_server_is_scrubbed(
 
 def test_replay_reaches_no_server_even_on_a_miss(standin: StandIn, tmp_path: Path) -> None:
     folder = tmp_path / "prompts"
-    shutil.copytree(str(planrun.prompts.default_prompt_dir()), folder)
+    shutil.copytree(str(planrun.model._prompts.default_prompt_dir()), folder)
     template = folder / "decompose.md"
     template.write_text(template.read_text(encoding="utf-8") + "\nBe brief.\n", encoding="utf-8")
     model = Model("gpt-4o-mini", api_key=REAL_LOOKING_KEY, base_url=standin.base_url)
@@ -146,7 +146,7 @@ def test_pytest_plugin_replays_and_fails_on_unplayed_interactions(tmp_path: Path
     (tmp_path / "test_cassettes.py").write_text(textwrap.dedent("""
         import pytest
         from planrun.examples import release
-        from planrun.runner import RunReport, aplan_and_run, plan_and_run
+        from planrun._facade import RunReport, aplan_and_run, plan_and_run
 
         @pytest.mark.planrun_cassette("release.json")
         def test_release(planrun_cassette):
@@ -171,7 +171,7 @@ def test_pytest_plugin_replays_and_fails_on_unplayed_interactions(tmp_path: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:planrun",
-         "-p", "planrun.pytest_plugin", "-rA", str(tmp_path / "test_cassettes.py")],
+         "-p", "planrun.dev.pytest_plugin", "-rA", str(tmp_path / "test_cassettes.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     out = result.stdout + result.stderr
@@ -180,8 +180,9 @@ def test_pytest_plugin_replays_and_fails_on_unplayed_interactions(tmp_path: Path
     assert "ERROR at teardown of test_half_of_it" in out and "never played (#0, #2)" in out, out
     assert "no cassette" in out and "--planrun-record" in out, out
     record_run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:planrun", "-p", "planrun.pytest_plugin",
-         "--planrun-record", str(tmp_path / "test_cassettes.py")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:planrun",
+         "-p", "planrun.dev.pytest_plugin", "--planrun-record",
+         str(tmp_path / "test_cassettes.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert "--planrun-record needs OPENAI_API_KEY" in record_run.stdout + record_run.stderr

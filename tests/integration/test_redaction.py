@@ -13,9 +13,9 @@ import pytest
 from leaky_app import OTHER_KEY, app
 from pgtest import fresh_schema
 
-from planrun.console import report_table
-from planrun.redact import redact, register_secret
-from planrun.runner import plan_and_run
+from planrun._facade import plan_and_run
+from planrun.core._redact import redact, register_secret
+from planrun.obs._console import report_table
 from planrun.stores import open_store
 
 HERE = Path(__file__).resolve().parent

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from pgtest import fresh_schema
 
-from planrun.errors import BudgetExceeded, UsageError
-from planrun.limits import RunLimits, SharedBudget, SharedRateLimiter, limit_key
+from planrun.core._errors import BudgetExceeded, UsageError
+from planrun.model._limits import RunLimits, SharedBudget, SharedRateLimiter, limit_key
+from planrun.model._usage import Tally
 from planrun.stores import SCHEMA_VERSION, Store, open_store
-from planrun.usage import Tally
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

@@ -18,12 +18,12 @@ import pytest
 from limits_app import plan_document
 from pgtest import fresh_schema
 
+from planrun.core._task import Status
+from planrun.dev.testing import FakeOpenAI
 from planrun.examples.answers import answers
 from planrun.model import DEFAULT_COMPLETION_ESTIMATE
+from planrun.model._usage import estimate_tokens
 from planrun.stores import open_store
-from planrun.task import Status
-from planrun.testing import FakeOpenAI
-from planrun.usage import estimate_tokens
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))

@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 from pgtest import PG_URL, fresh_schema
 
-from planrun.errors import RunInUse, StoreError, UnknownRun, UnstorableValue, UsageError
-from planrun.ledger import Event
+from planrun.core._errors import RunInUse, StoreError, UnknownRun, UnstorableValue, UsageError
+from planrun.core._ledger import Event
+from planrun.core._task import Status, Task, transition
 from planrun.stores import (
     SCHEMA_VERSION,
     PostgresStore,
@@ -37,7 +38,6 @@ from planrun.stores import (
     Store,
     open_store,
 )
-from planrun.task import Status, Task, transition
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 """Parameters of the ``backend`` fixture."""

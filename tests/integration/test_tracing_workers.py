@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from planrun import tracing
-from planrun.distributed import Coordinator
-from planrun.runner import App, resume_run
+from planrun._facade import App, resume_run
+from planrun.core._task import Task
+from planrun.obs import tracing
+from planrun.runtime._distributed import Coordinator
 from planrun.stores import open_store
-from planrun.task import Task
 
 HERE = Path(__file__).resolve().parent
 

@@ -28,10 +28,10 @@ import pytest
 from dist_app import registry
 from pgtest import fresh_schema
 
-from planrun.distributed import Coordinator
-from planrun.errors import StoreError
+from planrun.core._errors import StoreError
+from planrun.core._task import Status, Task
+from planrun.runtime._distributed import Coordinator
 from planrun.stores import open_store
-from planrun.task import Status, Task
 
 HERE = Path(__file__).resolve().parent
 TASKS = 2000

@@ -13,10 +13,10 @@ import pytest
 from live_support import LIVE_KEY, REPO, live_model
 from standin import StandIn
 
-from planrun.decompose import adecompose, decompose
+from planrun._facade import RunReport, aplan_and_run, plan_and_run
 from planrun.examples import brief, release, tickets
 from planrun.examples.ticket_data import generate_tickets
-from planrun.runner import RunReport, aplan_and_run, plan_and_run
+from planrun.model._decompose import adecompose, decompose
 
 
 def _all_completed(report: RunReport, count: int) -> None:
@@ -148,8 +148,8 @@ def test_decompose_notebook_runs_live(live_server: StandIn, tmp_path: Path) -> N
 
 
 def test_example_module_ends_an_invalid_plan_without_a_traceback() -> None:
+    from planrun.dev.testing import FakeOpenAI
     from planrun.examples.answers import INVALID_BRIEF_PLAN, answers
-    from planrun.testing import FakeOpenAI
 
     with StandIn(FakeOpenAI({**answers(), "plan": INVALID_BRIEF_PLAN})) as server:
         done = subprocess.run([sys.executable, "-m", "planrun.examples.brief"],

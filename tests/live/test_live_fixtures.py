@@ -9,10 +9,10 @@ import pytest
 from live_support import LIVE_KEY, live_model
 from standin import StandIn
 
-from planrun.clock import VirtualClock
+from planrun._facade import aplan_and_run
+from planrun.dev.fixtures import FixtureMiss, record, replay
 from planrun.examples import release
-from planrun.fixtures import FixtureMiss, record, replay
-from planrun.runner import aplan_and_run
+from planrun.runtime._clock import VirtualClock
 
 
 def _release(model: object, clock: object = None) -> object:

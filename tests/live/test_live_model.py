@@ -12,13 +12,13 @@ from live_support import LIVE_KEY, Start, live_model
 from pydantic import BaseModel, Field
 from standin import DROP, EMULATIONS, StandIn
 
-from planrun.errors import ModelRefused, PermanentError, RateLimited, TransientError
+from planrun._facade import plan_and_run
+from planrun.core._errors import ModelRefused, PermanentError, RateLimited, TransientError
+from planrun.dev.scenarios import get_scenario
+from planrun.dev.testing import FakeOpenAI, Scripted
 from planrun.examples import release
 from planrun.model import VALIDATION_KEYWORDS, Model
-from planrun.runner import plan_and_run
-from planrun.scenarios import get_scenario
-from planrun.testing import FakeOpenAI, Scripted
-from planrun.usage import Usage
+from planrun.model._usage import Usage
 
 
 class Label(BaseModel):
@@ -307,7 +307,7 @@ def test_release_runs_on_the_responses_api(live_server: StandIn) -> None:
 
 
 def test_model_rejects_an_unknown_api() -> None:
-    from planrun.errors import UsageError
+    from planrun.core._errors import UsageError
 
     with pytest.raises(UsageError, match="api"):
         Model(api="completions", api_key=LIVE_KEY)  # type: ignore[arg-type]

@@ -17,8 +17,8 @@ import httpx
 import pytest_httpx2  # noqa: F401  (registers respx's "httpcore2" mocker)
 import respx
 
-from planrun.clock import VirtualClock
 from planrun.model import Model, RetryPolicy
+from planrun.runtime._clock import VirtualClock
 
 T = TypeVar("T")
 

@@ -9,9 +9,9 @@ import pytest
 from conftest import FAKE_BASE_URL, FAKE_KEY
 
 from planrun.cli import main
+from planrun.dev.testing import FakeOpenAI
 from planrun.examples import answers
 from planrun.examples.release import RELEASE_PLAN
-from planrun.testing import FakeOpenAI
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

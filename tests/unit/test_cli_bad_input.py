@@ -17,11 +17,11 @@ from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planrun._facade import App, load_app
 from planrun.cli import main
-from planrun.errors import StoreError, UsageError
+from planrun.core._errors import StoreError, UsageError
+from planrun.core._registry import Registry
 from planrun.examples.release import RELEASE_PLAN
-from planrun.registry import Registry
-from planrun.runner import App, load_app
 
 RELEASE_APP = "planrun.examples.release:app"
 NESTED_PLAN_IN_BROKEN_DOC = (
@@ -203,7 +203,7 @@ def test_read_only_verbs_do_not_create_a_database(
 
 
 async def test_reusing_a_run_id_is_a_clear_store_error(tmp_path: Path) -> None:
-    from planrun.runner import aplan_and_run
+    from planrun._facade import aplan_and_run
 
     async def noop(payload: object, ctx: object) -> dict[str, bool]:
         return {"ok": True}
@@ -393,7 +393,7 @@ def test_fixtures_check_on_a_cassette_the_user_recorded(
 def test_fixtures_check_outside_the_repository_finds_the_shipped_cassettes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from planrun.fixtures_cli import _cassette_files
+    from planrun.cli._fixtures import _cassette_files
 
     monkeypatch.chdir(tmp_path)
     names = {p.name for p in _cassette_files([])}

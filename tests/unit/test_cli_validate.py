@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from planrun import cli
+from planrun.cli import _main as cli
 from planrun.cli import main
-from planrun.plan import validate_plan
+from planrun.core._plan import validate_plan
 
 GOOD = {
     "goal": "ship",

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from planrun.clock import RealClock, VirtualClock, run_virtual
-from planrun.errors import UsageError
+from planrun.core._errors import UsageError
+from planrun.runtime._clock import RealClock, VirtualClock, run_virtual
 
 
 def test_virtual_sleep_is_instant_and_exact() -> None:
@@ -60,7 +60,7 @@ async def test_virtual_clock_refuses_a_foreign_loop() -> None:
 
 
 def test_run_blocking_errors_do_not_carry_the_loop_probe() -> None:
-    from planrun.clock import RealClock, run_blocking
+    from planrun.runtime._clock import RealClock, run_blocking
 
     async def fail() -> None:
         raise ValueError("boom")

@@ -7,7 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from planrun.compare import (
+from planrun.core._errors import UsageError
+from planrun.core._ledger import Audit, analyze
+from planrun.core._task import Status
+from planrun.dev.compare import (
     AGENTS,
     RELEASE,
     RULES,
@@ -24,9 +27,6 @@ from planrun.compare import (
     sweep,
     trace,
 )
-from planrun.errors import UsageError
-from planrun.ledger import Audit, analyze
-from planrun.task import Status
 
 
 def test_table_matches_the_article() -> None:

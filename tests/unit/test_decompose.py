@@ -9,12 +9,12 @@ import pytest
 from conftest import fake_model
 from pydantic import BaseModel
 
-from planrun.clock import VirtualClock
-from planrun.decompose import adecompose, decompose
-from planrun.errors import InvalidPlan, PermanentError, UsageError
-from planrun.registry import KindSpec, Registry
-from planrun.testing import ChatRequest, FakeOpenAI, Scripted
-from planrun.usage import Usage
+from planrun.core._errors import InvalidPlan, PermanentError, UsageError
+from planrun.core._registry import KindSpec, Registry
+from planrun.dev.testing import ChatRequest, FakeOpenAI, Scripted
+from planrun.model._decompose import adecompose, decompose
+from planrun.model._usage import Usage
+from planrun.runtime._clock import VirtualClock
 
 
 class Topic(BaseModel):

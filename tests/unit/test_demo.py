@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 
 from planrun.cli import main
-from planrun.demo import cassette_path, run_demo
-from planrun.errors import UsageError
+from planrun.core._errors import UsageError
+from planrun.dev.demo import cassette_path, run_demo
 
 
 def console() -> tuple[Console, io.StringIO]:

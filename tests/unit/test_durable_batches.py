@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from planrun.clock import VirtualClock
-from planrun.errors import StoreError
-from planrun.ledger import Event
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._errors import StoreError
+from planrun.core._ledger import Event
+from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Status, Task
+from planrun.runtime._clock import VirtualClock
+from planrun.runtime._supervisor import Supervisor
 from planrun.stores import InMemoryStore
-from planrun.supervisor import Supervisor
-from planrun.task import Status, Task
 
 
 class Recording(InMemoryStore):

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from planrun.cli import main
-from planrun.errors import UsageError
-from planrun.eval import EVALS_DIR, Scores, evaluate, load_goals, score_plan, shipped
-from planrun.fixtures import FixtureMiss
-from planrun.plan import Plan
-from planrun.taskbench import iter_samples, load_tool_graph, sample_to_plan
+from planrun.core._errors import UsageError
+from planrun.core._plan import Plan
+from planrun.dev.eval import EVALS_DIR, Scores, evaluate, load_goals, score_plan, shipped
+from planrun.dev.fixtures import FixtureMiss
+from planrun.dev.taskbench import iter_samples, load_tool_graph, sample_to_plan
 
 REPO = Path(__file__).resolve().parents[2]
 HF = REPO / "tests" / "data" / "taskbench" / "data_huggingface"

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from conftest import fake_model
 
-from planrun.clock import VirtualClock
+from planrun._facade import App, plan_and_run
+from planrun.core._registry import KindSpec, TaskContext
+from planrun.dev.testing import FakeOpenAI, Scripted
 from planrun.examples import answers, brief, release, tickets
 from planrun.examples.ticket_data import LANGUAGES, generate_tickets, ground_truth
-from planrun.registry import KindSpec, TaskContext
-from planrun.runner import App, plan_and_run
-from planrun.testing import FakeOpenAI, Scripted
+from planrun.runtime._clock import VirtualClock
 
 
 @pytest.fixture

@@ -17,11 +17,15 @@ import openai
 import pytest
 from conftest import REPO
 
-import planrun.prompts
-from planrun.clock import VirtualClock
-from planrun.examples import brief, release, tickets
-from planrun.examples.ticket_data import generate_tickets
-from planrun.fixtures import (
+import planrun.model._prompts
+from planrun._facade import RunReport, aplan_and_run, plan_and_run
+from planrun.cli._fixtures import (
+    add_cassette_flags,
+    add_fixtures_parser,
+    cassette_context,
+    replay_model,
+)
+from planrun.dev.fixtures import (
     Cassette,
     FixtureMiss,
     RecordedRequest,
@@ -31,18 +35,14 @@ from planrun.fixtures import (
     replay,
     scrub,
 )
-from planrun.fixtures_cli import (
-    add_cassette_flags,
-    add_fixtures_parser,
-    cassette_context,
-    replay_model,
-)
+from planrun.dev.pytest_plugin import CassetteFixture
+from planrun.dev.scenarios import RETRY_AFTER_S, SCENARIOS, get_scenario
+from planrun.examples import brief, release, tickets
+from planrun.examples.ticket_data import generate_tickets
 from planrun.model import Model, RetryPolicy
-from planrun.prompts import PromptLibrary
-from planrun.pytest_plugin import CassetteFixture
-from planrun.runner import RunReport, aplan_and_run, plan_and_run
-from planrun.scenarios import RETRY_AFTER_S, SCENARIOS, get_scenario
-from planrun.workers import ModelWorker
+from planrun.model._prompts import PromptLibrary
+from planrun.model._workers import ModelWorker
+from planrun.runtime._clock import VirtualClock
 
 FIXTURES = REPO / "fixtures"
 SINGLE_CHAIN = ["release", "rate_limited", "server_error", "refusal", "bad_request"]
@@ -61,7 +61,7 @@ def run_cassette(name: str, **model_options: Any) -> tuple[RunReport, Cassette]:
 def prompt_copy(tmp_path: Path, name: str, edit: tuple[str, str]) -> Path:
     """A copy of the shipped prompts with one template edited (``old`` -> ``new``)."""
     folder = tmp_path / "prompts"
-    shutil.copytree(str(planrun.prompts.default_prompt_dir()), folder)
+    shutil.copytree(str(planrun.model._prompts.default_prompt_dir()), folder)
     template = folder / f"{name}.md"
     text = template.read_text(encoding="utf-8")
     assert edit[0] in text
@@ -301,7 +301,7 @@ def test_check_flags_a_changed_template(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = prompt_copy(tmp_path, "migrate", MIGRATE_EDIT)
-    monkeypatch.setattr(planrun.prompts, "default_prompt_dir", lambda: folder)
+    monkeypatch.setattr(planrun.model._prompts, "default_prompt_dir", lambda: folder)
     stale = check([FIXTURES / "release.json", FIXTURES / "bad_request.json"])
     assert [(Path(s.path).name, s.kind) for s in stale] == [
         ("release.json", "changed"), ("bad_request.json", "changed")
@@ -321,7 +321,7 @@ def test_check_keeps_going_after_a_change_and_flags_requests_no_longer_made(
     # The edited migration prompt is answered with its closest recording, so the deploy and
     # smoke requests after it are still checked (and found fresh).
     folder = prompt_copy(tmp_path, "migrate", MIGRATE_EDIT)
-    monkeypatch.setattr(planrun.prompts, "default_prompt_dir", lambda: folder)
+    monkeypatch.setattr(planrun.model._prompts, "default_prompt_dir", lambda: folder)
     assert [s.kind for s in check([FIXTURES / "rate_limited.json"])] == ["changed"] * 4
     monkeypatch.undo()
     data = json.loads((FIXTURES / "release.json").read_text())

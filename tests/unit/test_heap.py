@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from planrun import _heap
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.supervisor import Supervisor
-from planrun.task import Task
+from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Task
+from planrun.runtime import _heap
+from planrun.runtime._supervisor import Supervisor
 
 
 class Node:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from planrun.ledger import Event, Ledger, analyze, read_jsonl
-from planrun.task import Task
+from planrun.core._ledger import Event, Ledger, analyze, read_jsonl
+from planrun.core._task import Task
 
 DEPS = {"a": [], "b": ["a"], "c": ["b"]}
 
@@ -162,7 +162,7 @@ def test_a_ledger_made_from_stored_events_with_gaps_numbers_on_from_the_last() -
 def test_an_audit_computed_when_read_is_the_audit_it_computes() -> None:
     import pickle
 
-    from planrun.ledger import Audit, audit_when_read
+    from planrun.core._ledger import Audit, audit_when_read
 
     calls: list[int] = []
     ledger = Ledger()

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from planrun.clock import VirtualClock, run_virtual
-from planrun.errors import UsageError
-from planrun.limiter import RateLimiter
+from planrun.core._errors import UsageError
+from planrun.model._limiter import RateLimiter
+from planrun.runtime._clock import VirtualClock, run_virtual
 
 
 async def _times(limiter: RateLimiter, tokens: list[int]) -> list[float]:

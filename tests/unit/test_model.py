@@ -32,8 +32,7 @@ from conftest_model import (
 )
 from pydantic import AnyUrl, BaseModel, Field
 
-from planrun.clock import VirtualClock
-from planrun.errors import (
+from planrun.core._errors import (
     BudgetExceeded,
     ConfigError,
     ModelRefused,
@@ -42,7 +41,6 @@ from planrun.errors import (
     TransientError,
     UsageError,
 )
-from planrun.limiter import RateLimiter
 from planrun.model import (
     Completion,
     Model,
@@ -53,8 +51,10 @@ from planrun.model import (
     strict_schema,
     translate_error,
 )
-from planrun.prompts import RenderedPrompt, prompt_hash
-from planrun.usage import Budget, Usage
+from planrun.model._limiter import RateLimiter
+from planrun.model._prompts import RenderedPrompt, prompt_hash
+from planrun.model._usage import Budget, Usage
+from planrun.runtime._clock import VirtualClock
 
 
 class Label(BaseModel):

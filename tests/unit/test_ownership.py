@@ -8,7 +8,7 @@ import time
 import pytest
 
 from planrun import RunInUse, UsageError, hold_run
-from planrun.ownership import default_ttl
+from planrun.runtime._ownership import default_ttl
 from planrun.stores import InMemoryStore, RunInfo
 
 

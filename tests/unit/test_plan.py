@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field, field_validator
 
-from planrun.errors import InvalidPlan, UsageError
-from planrun.plan import (
+from planrun.core._errors import InvalidPlan, UsageError
+from planrun.core._plan import (
     PROBLEM_CODES,
     Plan,
     PlanTask,
@@ -18,8 +18,8 @@ from planrun.plan import (
     plan_schema,
     validate_plan,
 )
-from planrun.registry import KindSpec, Registry
-from planrun.task import Task
+from planrun.core._registry import KindSpec, Registry
+from planrun.core._task import Task
 
 KINDS = ["fetch", "summarise", "translate"]
 

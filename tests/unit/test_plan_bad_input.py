@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from planrun.errors import InvalidPlan
-from planrun.plan import Plan, Problem, validate_plan
+from planrun.core._errors import InvalidPlan
+from planrun.core._plan import Plan, Problem, validate_plan
 
 KINDS = ["noop", "work"]
 

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planrun.errors import InvalidPlan
-from planrun.plan import PROBLEM_CODES, Plan, Problem, validate_plan
+from planrun.core._errors import InvalidPlan
+from planrun.core._plan import PROBLEM_CODES, Plan, Problem, validate_plan
 
 KINDS = ["fetch", "summarise", "translate"]
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, model_validator
 
-from planrun import plan as plan_module
-from planrun.errors import InvalidPlan
-from planrun.plan import Plan, PlanTask, Problem, validate_plan
-from planrun.registry import KindSpec, Registry
+from planrun.core import _plan as plan_module
+from planrun.core._errors import InvalidPlan
+from planrun.core._plan import Plan, PlanTask, Problem, validate_plan
+from planrun.core._registry import KindSpec, Registry
 
 SETTINGS = settings(max_examples=400, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from planrun import prompts as prompts_module
-from planrun.errors import UsageError
-from planrun.prompts import (
+from planrun.core._errors import UsageError
+from planrun.core._registry import KindSpec, Registry
+from planrun.model import _prompts as prompts_module
+from planrun.model._prompts import (
     PromptLibrary,
     PromptTemplate,
     RenderedPrompt,
@@ -19,7 +20,6 @@ from planrun.prompts import (
     describe_kinds,
     prompt_hash,
 )
-from planrun.registry import KindSpec, Registry
 
 SHIPPED = [
     "analyse",

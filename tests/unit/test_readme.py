@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from planrun.testing import FakeOpenAI
+from planrun.dev.testing import FakeOpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from standin import StandIn

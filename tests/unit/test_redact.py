@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from planrun.redact import redact, register_secret
+from planrun.core._redact import redact, register_secret
 
 
 def test_key_shaped_strings_of_every_kind_are_redacted() -> None:

@@ -9,14 +9,14 @@ from typing import Any
 from conftest import fake_model
 from pydantic import BaseModel
 
-from planrun.clock import VirtualClock
-from planrun.decompose import replanner
-from planrun.errors import PermanentError
-from planrun.registry import KindSpec, Registry, TaskContext
-from planrun.supervisor import Supervisor
-from planrun.task import Status, Task
-from planrun.testing import ChatRequest, FakeOpenAI
-from planrun.usage import Usage
+from planrun.core._errors import PermanentError
+from planrun.core._registry import KindSpec, Registry, TaskContext
+from planrun.core._task import Status, Task
+from planrun.dev.testing import ChatRequest, FakeOpenAI
+from planrun.model._decompose import replanner
+from planrun.model._usage import Usage
+from planrun.runtime._clock import VirtualClock
+from planrun.runtime._supervisor import Supervisor
 
 
 class Source(BaseModel):
@@ -103,12 +103,12 @@ def test_a_fragment_repaired_once_runs(fake_openai: FakeOpenAI) -> None:
 
 def test_a_coordinated_replan_is_charged_to_the_budget_in_the_runs_store(
         fake_openai: FakeOpenAI) -> None:
-    from planrun.cli import _replanner
-    from planrun.errors import BudgetExceeded
-    from planrun.limits import SharedBudget
-    from planrun.scheduling import ReplanRequest
+    from planrun.cli._main import _replanner
+    from planrun.core._errors import BudgetExceeded
+    from planrun.core.scheduling import ReplanRequest
+    from planrun.model._limits import SharedBudget
+    from planrun.model._usage import Budget
     from planrun.stores import InMemoryStore
-    from planrun.usage import Budget
 
     class AppLike:
         registry = REGISTRY

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from planrun.clock import VirtualClock
-from planrun.errors import StoreError, TransientError, UsageError
-from planrun.ledger import analyze
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.scheduling import RetryPolicy
+from planrun.core._errors import StoreError, TransientError, UsageError
+from planrun.core._ledger import analyze
+from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Status, Task, transition
+from planrun.core.scheduling import RetryPolicy
+from planrun.runtime._clock import VirtualClock
+from planrun.runtime._supervisor import Supervisor
 from planrun.stores import InMemoryStore
-from planrun.supervisor import Supervisor
-from planrun.task import Status, Task, transition
 
 calls: list[str] = []
 
@@ -239,7 +239,7 @@ def test_resume_keeps_what_the_retry_budget_has_spent() -> None:
         raise TransientError("still down")
 
     async def go(store: InMemoryStore) -> Any:
-        from planrun.ledger import Event
+        from planrun.core._ledger import Event
         from planrun.stores.base import RunInfo
 
         # Before the crash, "a" failed once and spent the run's only retry.
@@ -266,7 +266,7 @@ def test_an_effect_applied_before_the_crash_is_neither_applied_nor_logged_again(
     applied: list[str] = []
 
     async def go(store: InMemoryStore) -> Any:
-        from planrun.ledger import Event
+        from planrun.core._ledger import Event
         from planrun.stores.base import RunInfo
 
         done = transition(transition(transition(Task(id="t", kind="k"), Status.ASSIGNED,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planrun.errors import UsageError
-from planrun.registry import WorkerSpec
-from planrun.routing import WorkerState, get_router
-from planrun.task import Task
+from planrun.core._errors import UsageError
+from planrun.core._registry import WorkerSpec
+from planrun.core._routing import WorkerState, get_router
+from planrun.core._task import Task
 
 
 def workers() -> list[WorkerState]:

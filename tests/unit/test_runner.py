@@ -11,14 +11,14 @@ import pytest
 from conftest import FAKE_KEY, fake_model
 from pydantic import BaseModel
 
-from planrun.clock import VirtualClock
-from planrun.errors import ConfigError, InvalidPlan, PermanentError, UsageError
-from planrun.prompts import PromptLibrary
-from planrun.registry import Registry, TaskContext
-from planrun.runner import App, RunReport, aplan_and_run, load_app, plan_and_run
-from planrun.testing import FakeOpenAI, Scripted
-from planrun.usage import Budget, Price, PriceTable, Usage
-from planrun.workers import ModelWorker
+from planrun._facade import App, RunReport, aplan_and_run, load_app, plan_and_run
+from planrun.core._errors import ConfigError, InvalidPlan, PermanentError, UsageError
+from planrun.core._registry import Registry, TaskContext
+from planrun.dev.testing import FakeOpenAI, Scripted
+from planrun.model._prompts import PromptLibrary
+from planrun.model._usage import Budget, Price, PriceTable, Usage
+from planrun.model._workers import ModelWorker
+from planrun.runtime._clock import VirtualClock
 
 
 def plain_registry() -> Registry:

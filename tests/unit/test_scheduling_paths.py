@@ -8,7 +8,7 @@ permanent failures, late results, heartbeats, leases running out), one finishing
 with ``finish`` and the other with ``complete`` + ``release``: after every step their
 records and their ledgers must agree, and each core's incremental state (loads, active
 counts, locks, dependency counts, queues, leases) must be what its records imply
-(:func:`planrun.scheduling._check.index_problems`).
+(:func:`planrun.core.scheduling._check.index_problems`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planrun.errors import ErrorClass
-from planrun.registry import KindSpec, Registry, WorkerSpec
-from planrun.routing import get_router
-from planrun.scheduling import Failure, RetryPolicy, Scheduler
-from planrun.scheduling._check import index_problems
-from planrun.task import Status, Task
+from planrun.core._errors import ErrorClass
+from planrun.core._registry import KindSpec, Registry, WorkerSpec
+from planrun.core._routing import get_router
+from planrun.core._task import Status, Task
+from planrun.core.scheduling import Failure, RetryPolicy, Scheduler
+from planrun.core.scheduling._check import index_problems
 
 POLICY = RetryPolicy(attempts=3, base=0.5, cap=2.0, jitter=0.0, max_retry_after=5.0)
 

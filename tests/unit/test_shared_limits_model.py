@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 from conftest import FAKE_BASE_URL, FAKE_KEY, fake_model
 
+from planrun._facade import aresume_run
 from planrun.cli import main
-from planrun.errors import BudgetExceeded
+from planrun.core._errors import BudgetExceeded
+from planrun.core._ledger import Event
+from planrun.core._task import Status, Task
+from planrun.dev.testing import FakeOpenAI, Scripted
 from planrun.examples import answers
 from planrun.examples.ticket_data import generate_tickets
 from planrun.examples.tickets import make_app
-from planrun.ledger import Event
-from planrun.limits import SharedBudget, SharedRateLimiter
 from planrun.model import RetryPolicy
-from planrun.runner import aresume_run
+from planrun.model._limits import SharedBudget, SharedRateLimiter
+from planrun.model._usage import Budget, Usage
 from planrun.stores import InMemoryStore, RunInfo, SQLiteStore, open_store
-from planrun.task import Status, Task
-from planrun.testing import FakeOpenAI, Scripted
-from planrun.usage import Budget, Usage
 
 
 async def test_a_model_meters_every_request_into_the_shared_budget(

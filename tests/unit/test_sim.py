@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planrun.errors import UsageError
-from planrun.sim import Scenario, simulate
-from planrun.task import Status
+from planrun.core._errors import UsageError
+from planrun.core._task import Status
+from planrun.dev.sim import Scenario, simulate
 
 ARTICLE = [10, 2, 2, 10, 2, 2, 10, 2, 2]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from planrun.errors import UsageError
-from planrun.sim import Scenario, simulate
-from planrun.task import Status
+from planrun.core._errors import UsageError
+from planrun.core._task import Status
+from planrun.dev.sim import Scenario, simulate
 
 
 def test_the_builtin_fan_out_runs_its_spawned_tasks_in_virtual_time() -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from planrun.ledger import Ledger
-from planrun.sim import Scenario, simulate
-from planrun.status import run_status, timeline
+from planrun.core._ledger import Ledger
+from planrun.core._task import Status, Task, transition
+from planrun.dev.sim import Scenario, simulate
+from planrun.obs._status import run_status, timeline
 from planrun.stores.base import RunInfo, RunState
-from planrun.task import Status, Task, transition
 
 
 def test_snapshot_counts_active_workers_and_oldest_age() -> None:
@@ -39,7 +39,7 @@ def test_timeline_of_an_empty_ledger() -> None:
 
 
 def test_a_task_waiting_for_approval_is_shown_apart_not_as_the_oldest() -> None:
-    from planrun.ledger import Event
+    from planrun.core._ledger import Event
 
     old = transition(Task(id="pay", kind="k", created_at=0.0), Status.WAITING,
                      cause="approval:start", not_before=100.0)

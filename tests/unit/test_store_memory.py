@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from planrun.errors import ConfigError, UnstorableValue, UsageError
-from planrun.ledger import Event
+from planrun.core._errors import ConfigError, UnstorableValue, UsageError
+from planrun.core._ledger import Event
+from planrun.core._task import Status, Task, transition
 from planrun.stores import (
     InMemoryStore,
     PostgresStore,
@@ -24,7 +25,6 @@ from planrun.stores import (
 )
 from planrun.stores import postgres as postgres_module
 from planrun.stores.base import TASK_COLUMNS, load_queries
-from planrun.task import Status, Task, transition
 
 
 async def test_every_call_is_recorded() -> None:

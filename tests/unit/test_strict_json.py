@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from planrun.errors import PermanentError, StoreError, UnstorableValue, classify
+from planrun.core._errors import PermanentError, StoreError, UnstorableValue, classify
 from planrun.stores import strict_json
 
 

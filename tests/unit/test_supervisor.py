@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from planrun.clock import RealClock, VirtualClock
-from planrun.errors import (
+from planrun.core._errors import (
     BudgetExceeded,
     InvalidPlan,
     PermanentError,
@@ -21,10 +20,11 @@ from planrun.errors import (
     TransientError,
     UsageError,
 )
-from planrun.registry import KindSpec, Registry, TaskContext, WorkerSpec
-from planrun.scheduling import RetryPolicy
-from planrun.supervisor import Supervisor
-from planrun.task import Status, Task
+from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
+from planrun.core._task import Status, Task
+from planrun.core.scheduling import RetryPolicy
+from planrun.runtime._clock import RealClock, VirtualClock
+from planrun.runtime._supervisor import Supervisor
 
 Handler = Callable[[Any, TaskContext], Any]
 
@@ -116,7 +116,7 @@ def test_transient_errors_retry_with_exponential_backoff() -> None:
 def test_the_default_backoff_jitter_takes_up_to_25_percent_off_and_caps() -> None:
     import random
 
-    from planrun.scheduling import SCHEDULER_RETRY
+    from planrun.core.scheduling import SCHEDULER_RETRY
 
     rng = random.Random(1)
     for attempt, nominal in [(1, 2.0), (2, 4.0), (3, 8.0), (6, 60.0), (9, 60.0)]:

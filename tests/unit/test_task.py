@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from planrun._records import fast_init
-from planrun.errors import IllegalTransition
-from planrun.task import FINAL, Status, Task, transition
+from planrun.core._errors import IllegalTransition
+from planrun.core._records import fast_init
+from planrun.core._task import FINAL, Status, Task, transition
 
 LEGAL = {
     (Status.PENDING, Status.ASSIGNED),
@@ -88,8 +88,8 @@ def test_round_trip_through_dict() -> None:
 
 
 def test_the_stores_start_statements_use_transitions_of_the_table() -> None:
+    from planrun.core._task import CLAIMED_START, PUSHED_START, allowed
     from planrun.stores.base import start_statuses
-    from planrun.task import CLAIMED_START, PUSHED_START, allowed
 
     assert allowed(*CLAIMED_START) and allowed(*PUSHED_START)
     assert start_statuses(claimed=True) == {"from_status": "pending", "to_status": "running"}
@@ -148,7 +148,7 @@ def test_the_cores_transitions_are_the_tables_and_change_only_their_fields() -> 
     """The scheduling core's hot transitions (assign, start, complete, take in) are the
     table's: each refuses a move the table refuses, and copies the record with its own
     fields only, sharing the class's keys."""
-    from planrun.task import assigned, completed, created, started
+    from planrun.core._task import assigned, completed, created, started
 
     task = Task("a", "k", payload={"x": 1}, error="TransientError: before", error_class="transient")
     taken = created(task, 5.0, max_attempts=7)

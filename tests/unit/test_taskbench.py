@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from planrun.errors import UsageError
-from planrun.plan import Plan, validate_plan
-from planrun.taskbench import (
+from planrun.core._errors import UsageError
+from planrun.core._plan import Plan, validate_plan
+from planrun.dev.taskbench import (
     DATASETS,
     iter_plans,
     iter_samples,

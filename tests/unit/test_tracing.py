@@ -16,17 +16,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 
-from planrun import tracing
-from planrun.errors import PermanentError, TransientError
-from planrun.ledger import Event
-from planrun.prompts import PromptLibrary
-from planrun.registry import KindSpec, Registry, TaskContext
-from planrun.runner import App, plan_and_run
-from planrun.scheduling import RetryPolicy
-from planrun.task import Status, Task, transition
-from planrun.testing import ChatRequest, FakeOpenAI, Scripted
-from planrun.usage import Price, PriceTable
-from planrun.workers import ModelWorker
+from planrun._facade import App, plan_and_run
+from planrun.core._errors import PermanentError, TransientError
+from planrun.core._ledger import Event
+from planrun.core._registry import KindSpec, Registry, TaskContext
+from planrun.core._task import Status, Task, transition
+from planrun.core.scheduling import RetryPolicy
+from planrun.dev.testing import ChatRequest, FakeOpenAI, Scripted
+from planrun.model._prompts import PromptLibrary
+from planrun.model._usage import Price, PriceTable
+from planrun.model._workers import ModelWorker
+from planrun.obs import tracing
 
 
 class Otel:
@@ -342,8 +342,8 @@ def test_the_run_meta_holds_the_trace_context(
 
 
 def test_decompose_problems_become_events(otel: Otel, fake_openai: FakeOpenAI) -> None:
-    from planrun.decompose import decompose
-    from planrun.errors import InvalidPlan
+    from planrun.core._errors import InvalidPlan
+    from planrun.model._decompose import decompose
 
     registry = Registry([KindSpec("a", "A"), KindSpec("b", "B")])
     bad = {"goal": "g", "tasks": [{"kind": "a", "payload": {}, "depends_on": [1]},

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from planrun.errors import BudgetExceeded, PermanentError, UsageError
-from planrun.usage import (
+from planrun.core._errors import BudgetExceeded, PermanentError, UsageError
+from planrun.model._usage import (
     DEFAULT_PRICES,
     Budget,
     Price,

@@ -9,13 +9,13 @@ import pytest
 from conftest import fake_model
 from pydantic import BaseModel, Field
 
-from planrun.errors import UsageError
-from planrun.prompts import PromptLibrary
-from planrun.registry import Registry
-from planrun.runner import App, RunReport, plan_and_run
-from planrun.testing import ChatRequest, FakeOpenAI
-from planrun.usage import Budget, Usage
-from planrun.workers import ModelWorker, reask_message
+from planrun._facade import App, RunReport, plan_and_run
+from planrun.core._errors import UsageError
+from planrun.core._registry import Registry
+from planrun.dev.testing import ChatRequest, FakeOpenAI
+from planrun.model._prompts import PromptLibrary
+from planrun.model._usage import Budget, Usage
+from planrun.model._workers import ModelWorker, reask_message
 
 
 class Topic(BaseModel):

@@ -16,8 +16,7 @@ __all__ = ["run_main"]
 
 def run_main(body: Callable[[], int]) -> int:
     """Run an example's ``main`` body; planrun errors become a message and exit 1 or 2."""
-    from planrun.errors import ConfigError, InvalidPlan, PlanrunError, UsageError
-    from planrun.redact import redact
+    from planrun.core import ConfigError, InvalidPlan, PlanrunError, UsageError, redact
 
     try:
         return body()

@@ -13,9 +13,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from planrun.dev.testing import ChatRequest
 from planrun.examples.brief import GOAL
 from planrun.examples.ticket_data import ground_truth
-from planrun.testing import ChatRequest
 
 __all__ = ["BRIEF_PLAN", "BRIEF_REPLAN", "INVALID_BRIEF_PLAN", "answers"]
 

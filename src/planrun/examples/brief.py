@@ -18,10 +18,16 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planrun.errors import InvalidPlan, PlanrunError, TransientError
-from planrun.registry import Registry, TaskContext, WorkerSpec
-from planrun.runner import App
-from planrun.workers import ModelWorker
+from planrun._facade import App
+from planrun.core import (
+    InvalidPlan,
+    PlanrunError,
+    Registry,
+    TaskContext,
+    TransientError,
+    WorkerSpec,
+)
+from planrun.model import ModelWorker
 
 __all__ = ["GOAL", "Analysis", "Brief", "Findings", "make_app"]
 
@@ -139,7 +145,7 @@ app = make_app()
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Decompose the goal and run it live against the configured endpoint."""
-    from planrun.runner import plan_and_run
+    from planrun._facade import plan_and_run
 
     parser = argparse.ArgumentParser(description="Competitive brief (live)")
     parser.add_argument("goal", nargs="?", default=GOAL)
@@ -147,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = plan_and_run(args.goal, make_app())
     except PlanrunError as exc:  # no key, an invalid plan after repairs, ...: one line
-        from planrun.redact import redact
+        from planrun.core import redact
 
         lines = [line.strip() for line in redact(str(exc)).splitlines() if line.strip()]
         print(f"brief: error: {' '.join(lines) or type(exc).__name__}", file=sys.stderr)

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from planrun.registry import Registry, WorkerSpec
-from planrun.runner import App
-from planrun.workers import ModelWorker
+from planrun._facade import App
+from planrun.core import Registry, WorkerSpec
+from planrun.model import ModelWorker
 
 __all__ = ["RELEASE_PLAN", "DeployChecklist", "MigrationPlan", "SmokeChecks", "make_app"]
 
@@ -104,7 +104,7 @@ app = make_app()
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the release live against the configured endpoint."""
-    from planrun.runner import plan_and_run
+    from planrun._facade import plan_and_run
 
     argparse.ArgumentParser(description="Release (live)").parse_args(argv)
     report = plan_and_run(RELEASE_PLAN, make_app(), on_dead="abort_run")

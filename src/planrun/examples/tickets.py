@@ -32,13 +32,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from planrun._facade import App
+from planrun.core import Plan, Registry, Task, TaskContext, WorkerSpec
+from planrun.core.scheduling import Approval
 from planrun.examples.ticket_data import Ticket, generate_tickets
-from planrun.plan import Plan
-from planrun.registry import Registry, TaskContext, WorkerSpec
-from planrun.runner import App
-from planrun.scheduling import Approval
-from planrun.task import Task
-from planrun.workers import ModelWorker
+from planrun.model import ModelWorker
 
 __all__ = [
     "Classification",
@@ -267,7 +265,7 @@ secure_app = make_app(approve_security=True)[0]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the triage live against the configured OpenAI-compatible endpoint."""
-    from planrun.runner import plan_and_run
+    from planrun._facade import plan_and_run
 
     parser = argparse.ArgumentParser(description="Nightly ticket triage (live)")
     parser.add_argument("--tickets", type=int, default=20)

@@ -29,17 +29,22 @@
 * **Loops.** One SDK client (one connection pool) per event loop, closed when the loop shuts
   down, so one ``Model`` serves any number of sync calls, async calls and threads.
 * **Waiting** is ``asyncio.sleep`` on the running loop, so under
-  :class:`planrun.clock.VirtualClock` backoffs and rate limits take no real time.
+  :class:`planrun.VirtualClock` backoffs and rate limits take no real time.
 * **Secrets.** The API key is never in ``repr()``, log lines or error messages
-  (:func:`planrun.redact.redact`).
+  (:func:`planrun.redact`).
 
-Layout: ``_schema.py`` (strict and portable schemas), ``_errors.py`` (translation and
-schema-rejection recognition), ``_retry.py`` (:class:`RetryPolicy`), ``_client.py``
-(:class:`Model`, :class:`Completion`); this module says what is public.
+The model layer: ``_schema.py`` (strict and portable schemas), ``_errors.py`` (translation
+and schema-rejection recognition), ``_client.py`` (:class:`Model`, :class:`Completion`),
+``_decompose.py`` (the decomposer and its repair loop), ``_prompts.py`` (prompt templates),
+``_workers.py`` (:class:`ModelWorker`), ``_limiter.py`` and ``_limits.py`` (rate limits and
+budgets, in one process and shared through a store), ``_usage.py`` (usage, prices, cost);
+this module says what is public. The model layer decides what a call costs and when it may
+go; what a task means and when it runs is the scheduling core's.
 """
 
 from __future__ import annotations
 
+from planrun.core.scheduling import RetryPolicy
 from planrun.model._client import (
     DEFAULT_COMPLETION_ESTIMATE,
     DEFAULT_MODEL,
@@ -52,14 +57,19 @@ from planrun.model._client import (
     SchemaMode,
     Structured,
 )
+from planrun.model._decompose import adecompose, decompose, replanner
 from planrun.model._errors import rejects_schema, retry_after_seconds, translate_error
-from planrun.model._retry import RetryPolicy
+from planrun.model._limiter import RateLimiter
+from planrun.model._limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
+from planrun.model._prompts import PromptLibrary, RenderedPrompt
 from planrun.model._schema import (
     VALIDATION_KEYWORDS,
     StrictSchema,
     portable_schema,
     strict_schema,
 )
+from planrun.model._usage import Budget, Price, PriceTable, Tally, Usage
+from planrun.model._workers import ModelWorker
 
 __all__ = [
     "DEFAULT_COMPLETION_ESTIMATE",
@@ -67,16 +77,33 @@ __all__ = [
     "PROMPT_HEADER",
     "VALIDATION_KEYWORDS",
     "Api",
+    "Budget",
     "Completion",
+    "Limiter",
     "Messages",
     "Mode",
     "Model",
+    "ModelWorker",
+    "Price",
+    "PriceTable",
+    "PromptLibrary",
+    "RateLimiter",
+    "RenderedPrompt",
     "RetryPolicy",
+    "RunLimits",
     "SchemaMode",
+    "SharedBudget",
+    "SharedRateLimiter",
     "StrictSchema",
     "Structured",
+    "Tally",
+    "Usage",
+    "adecompose",
+    "decompose",
+    "limit_key",
     "portable_schema",
     "rejects_schema",
+    "replanner",
     "retry_after_seconds",
     "strict_schema",
     "translate_error",

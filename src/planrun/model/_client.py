@@ -21,8 +21,7 @@ import openai
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from planrun import tracing
-from planrun.errors import (
+from planrun.core import (
     ConfigError,
     ModelRefused,
     PermanentError,
@@ -31,8 +30,9 @@ from planrun.errors import (
     TransientError,
     UsageError,
     WorkerError,
+    register_secret,
 )
-from planrun.limits import Limiter
+from planrun.core.scheduling import RetryPolicy
 from planrun.model._errors import (
     _own_error,
     _redact,
@@ -40,11 +40,11 @@ from planrun.model._errors import (
     rejects_schema,
     translate_error,
 )
-from planrun.model._retry import RetryPolicy
+from planrun.model._limits import Limiter
+from planrun.model._prompts import RenderedPrompt
 from planrun.model._schema import StrictSchema, portable_schema, strict_schema
-from planrun.prompts import RenderedPrompt
-from planrun.redact import register_secret
-from planrun.usage import Reservation, Usage, UsageRecord, estimate_tokens
+from planrun.model._usage import Reservation, Usage, UsageRecord, estimate_tokens
+from planrun.obs import tracing
 
 log = logging.getLogger("planrun.model")
 
@@ -219,7 +219,7 @@ class Model:
     (default ``gpt-4o-mini``), ``PLANRUN_STRUCTURED``, ``PLANRUN_SCHEMA``,
     ``PLANRUN_COMPAT`` and ``PLANRUN_API``. Pass ``client=`` to use a ready
     ``openai.AsyncOpenAI`` (its SDK retries are switched off all the same). A missing key
-    raises :class:`~planrun.errors.ConfigError` now, before any task starts.
+    raises :class:`~planrun.ConfigError` now, before any task starts.
 
     Args:
         structured: how a result schema is asked for. ``"strict"`` (alias
@@ -241,10 +241,10 @@ class Model:
         api: ``"chat"`` (default) for Chat Completions, ``"responses"`` for the Responses API
             (structured output through ``text.format``; same retries, fallback, limiter and
             usage).
-        meter: the default :class:`~planrun.usage.Usage` for calls that pass none.
-        limiter: a :class:`~planrun.limiter.RateLimiter` (one process) or a
-            :class:`~planrun.limits.SharedRateLimiter` (every process of a run), awaited
-            before every request (any :class:`~planrun.limits.Limiter`).
+        meter: the default :class:`~planrun.Usage` for calls that pass none.
+        limiter: a :class:`~planrun.RateLimiter` (one process) or a
+            :class:`~planrun.SharedRateLimiter` (every process of a run), awaited
+            before every request (any :class:`~planrun.Limiter`).
 
     **Loops and threads.** One ``Model`` serves any number of calls from any event loops and
     threads: it keeps one SDK client per event loop, created on the loop's first call and
@@ -254,7 +254,7 @@ class Model:
     breaks ("Event loop is closed"). A single long-lived loop thread behind the sync API was
     the alternative; it was not chosen because waits (backoff, ``Retry-After``, the rate
     limiter, timeouts) must run on the caller's loop, where a
-    :class:`~planrun.clock.VirtualClock` can skip them, and a request in flight on another
+    :class:`~planrun.VirtualClock` can skip them, and a request in flight on another
     thread would be invisible to that clock. A given ``client=`` serves the first loop that
     uses it; other loops get a copy of it (same key, address, headers, timeout) with a fresh
     connection pool.
@@ -435,7 +435,7 @@ class Model:
         when the reply is not JSON; the caller checks it (a repair loop wants the text).
         ``prompt_name`` (default: a :class:`RenderedPrompt`'s name) and ``prompt_hash`` are
         sent as the ``X-Planrun-Prompt: <name>:<hash>`` request header, which the API
-        ignores and :mod:`planrun.fixtures` stores, so a stale recording can name the
+        ignores and :mod:`planrun.dev.fixtures` stores, so a stale recording can name the
         template that changed.
 
         Every request is recorded on ``meter`` (default: the Model's) under its keys.

@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 
 import openai
 
-from planrun.errors import (
+from planrun.core import (
     PermanentError,
     PlanrunError,
     RateLimited,
     TransientError,
     WorkerError,
+    redact,
 )
-from planrun.redact import redact
 
 
 def _redact(text: str, secrets: Sequence[str] = ()) -> str:

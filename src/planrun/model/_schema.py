@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from planrun.errors import (
+from planrun.core import (
     UsageError,
 )
 

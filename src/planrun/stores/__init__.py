@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from planrun.errors import ConfigError, UsageError
+from planrun.core import ConfigError, UsageError
 from planrun.stores.base import (
     SCHEMA_VERSION,
     EffectRecord,

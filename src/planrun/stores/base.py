@@ -1,7 +1,7 @@
 """The store interface, its records, and the row mapping every backend shares.
 
 A store keeps the durable side of a run: the run itself, one row per task (every field of
-:class:`planrun.task.Task`), the append-only ledger events, the side-effect records and,
+:class:`planrun.Task`), the append-only ledger events, the side-effect records and,
 for multi-process runs, the registered workers. It knows nothing about policy: the
 supervisor decides what a change means; the store writes it in one transaction.
 
@@ -23,10 +23,21 @@ from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from planrun.errors import IllegalTransition, StoreError, UnknownRun, UnstorableValue, UsageError
-from planrun.ledger import Event, EventRow
-from planrun.redact import redact
-from planrun.task import CLAIMED_START, PUSHED_START, Status, Task, allowed
+from planrun.core import (
+    CLAIMED_START,
+    PUSHED_START,
+    Event,
+    EventRow,
+    IllegalTransition,
+    Status,
+    StoreError,
+    Task,
+    UnknownRun,
+    UnstorableValue,
+    UsageError,
+    allowed,
+    redact,
+)
 
 __all__ = [
     "FINISHED_RUN",
@@ -218,9 +229,9 @@ class Store(Protocol):
     """Durable task rows and ledger events, written in one transaction per call.
 
     Every method is a coroutine, called from the supervisor's event loop (or a worker
-    process's). Every failure is a :class:`planrun.errors.StoreError`; no driver exception
+    process's). Every failure is a :class:`planrun.StoreError`; no driver exception
     leaves a store. One exception: a value that cannot be stored as JSON is a
-    :class:`planrun.errors.UnstorableValue` (permanent, raised before anything is written:
+    :class:`planrun.UnstorableValue` (permanent, raised before anything is written:
     retrying the same value cannot help).
     """
 
@@ -248,8 +259,8 @@ class Store(Protocol):
 
         Succeeds when the run has no owner, when its owner's lease ended before ``now``, or
         when ``owner`` already holds it (then the lease is extended). Otherwise raises
-        :class:`planrun.errors.RunInUse` naming the live owner and when its lease ends; an
-        unknown run is a :class:`planrun.errors.UnknownRun`.
+        :class:`planrun.RunInUse` naming the live owner and when its lease ends; an
+        unknown run is a :class:`planrun.UnknownRun`.
         """
         ...
 
@@ -278,7 +289,7 @@ class Store(Protocol):
     async def write_batch(self, run_id: str, tasks: Sequence[Task],
                           events: Sequence[EventRow]) -> None:
         """Upsert every row of ``tasks`` (each task once, as it is now) and append every
-        event (as tuples, see :data:`planrun.ledger.EventRow`); all or nothing. What
+        event (as tuples, see :data:`planrun.core._ledger.EventRow`); all or nothing. What
         :meth:`write` does for the same changes, without an object per event: a driver's
         batch cut from its ledger, with the records of the tasks its events name."""
         ...
@@ -550,7 +561,7 @@ _KEY_TYPES = (str, int, float, bool, type(None))
 
 
 def strict_json(value: Any, what: str = "value") -> str:
-    """Encode ``value`` as strict JSON text, or raise :class:`~planrun.errors.UnstorableValue`.
+    """Encode ``value`` as strict JSON text, or raise :class:`~planrun.UnstorableValue`.
 
     Strict: objects, arrays (lists and tuples), strings, finite numbers, booleans and null;
     no ``NaN`` or infinity, no ``datetime``, ``set``, ``bytes`` or other object. The error
@@ -755,7 +766,7 @@ def decision_row(run_id: str, task: Task | None, task_id: str, approve: bool,
     Raises:
         UsageError: no such task, not waiting, or already decided.
     """
-    from planrun.scheduling._approval import decide_record
+    from planrun.core.scheduling import decide_record
 
     if task is None:
         raise UsageError(f"run {run_id!r} has no task {task_id!r}")
@@ -823,7 +834,7 @@ def event_values(run_id: str, event: Event, seq: int | None = None,
 
 
 def row_values(run_id: str, row: EventRow, null_text: Any = None) -> tuple[Any, ...]:
-    """:func:`event_values` of an event given as a tuple (:data:`planrun.ledger.EventRow`)."""
+    """:func:`event_values` of an event given as a tuple (:data:`planrun.core._ledger.EventRow`)."""
     detail = row[6]
     worker = row[4]
     return (

@@ -15,8 +15,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from planrun.errors import RunInUse, StoreError
-from planrun.ledger import Event, EventRow, as_event
+from planrun.core import (
+    FINAL,
+    Event,
+    EventRow,
+    RunInUse,
+    Status,
+    StoreError,
+    Task,
+    as_event,
+    transition,
+)
 from planrun.stores.base import (
     EFFECT_APPLIED,
     EFFECT_STARTED,
@@ -48,7 +57,6 @@ from planrun.stores.base import (
     unknown_run,
     worker_from_row,
 )
-from planrun.task import FINAL, Status, Task, transition
 
 __all__ = ["Call", "InMemoryStore"]
 

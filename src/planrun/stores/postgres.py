@@ -9,7 +9,7 @@ listens on a connection of its own.
 A dropped connection is the pool's to replace; a call that fails with a connection error
 (or a deadlock or serialization failure, a lock wait past ``lock_timeout``, a session cut off
 by ``idle_in_transaction_session_timeout``) is run again, whole, a few times with backoff
-(tenacity) before it becomes a :class:`~planrun.errors.StoreError`. A retried write whose
+(tenacity) before it becomes a :class:`~planrun.StoreError`. A retried write whose
 first commit reached the server before the connection dropped stores its events once
 (one event per ``(run, seq)``).
 
@@ -47,7 +47,7 @@ hold the cursor back, and the session timeout bounds how long a stopped one can.
 
 psycopg is imported only when a store is made, so planrun imports without the
 ``postgres`` extra; without it, :class:`PostgresStore` raises
-:class:`~planrun.errors.ConfigError`.
+:class:`~planrun.ConfigError`.
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ from tenacity import (
     wait_random,
 )
 
-from planrun.errors import ConfigError, RunInUse, StoreError, UsageError
-from planrun.ledger import Event, EventRow
+from planrun.core import ConfigError, Event, EventRow, RunInUse, StoreError, Task, UsageError
 from planrun.stores.base import (
     EVENT_ROW_KEYS,
     SCHEMA_VERSION,
@@ -116,7 +115,6 @@ from planrun.stores.base import (
     widened_rows,
     worker_from_row,
 )
-from planrun.task import Task
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection, AsyncCursor

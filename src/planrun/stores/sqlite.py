@@ -9,7 +9,7 @@ that deadlocks. Batches of rows go through statements of many rows each (see
 
 sqlite3 blocks, so calls run on one private thread (the connection's only user) and the
 event loop stays free; ``inline=True`` runs them on the loop's thread instead, which keeps
-a :class:`planrun.clock.VirtualClock` from advancing while a query runs.
+a :class:`planrun.VirtualClock` from advancing while a query runs.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from tenacity import (
     wait_random,
 )
 
-from planrun.errors import RunInUse, StoreError
-from planrun.ledger import Event, EventRow
+from planrun.core import Event, EventRow, RunInUse, StoreError, Task
 from planrun.stores.base import (
     EVENT_ROW_KEYS,
     SCHEMA_VERSION,
@@ -78,7 +77,6 @@ from planrun.stores.base import (
     widened_rows,
     worker_from_row,
 )
-from planrun.task import Task
 
 __all__ = ["SQLiteStore"]
 

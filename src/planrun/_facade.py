@@ -1,0 +1,572 @@
+"""``plan_and_run``: the one call a user needs.
+
+A goal (decomposed by the model) or a ready plan (validated) runs under the supervisor on
+the app's workers, and comes back as a :class:`RunReport`: every task's status, result,
+attempts and error; counts; tokens and cost per task, per worker and for the run; timings;
+and the audit computed from the ledger.
+
+    report = plan_and_run("produce a competitive brief on the European payments market",
+                          brief.app, model=Model())
+    print(report.counts, report.usage.total.cost_usd, report.audit.clean)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from planrun.core import (
+    Audit,
+    Event,
+    Plan,
+    Registry,
+    RunResult,
+    Status,
+    Task,
+    UsageError,
+    WorkerSpec,
+    fast_init,
+    redact,
+)
+from planrun.core.scheduling import Approval
+from planrun.model import ModelWorker, PromptLibrary
+from planrun.obs import tracing
+from planrun.runtime import Clock, EffectFn, RealClock, Supervisor, run_blocking
+
+if TYPE_CHECKING:
+    from planrun.model import Budget, Model, PriceTable, SharedBudget, Tally, Usage
+    from planrun.stores.base import Store
+
+READY_PLAN_MAX_TASKS = 1_000_000
+"""A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
+
+__all__ = [
+    "App",
+    "RunReport",
+    "TaskReport",
+    "aplan_and_run",
+    "aresume_run",
+    "load_app",
+    "plan_and_run",
+    "resume_run",
+]
+
+
+@dataclass
+class App:
+    """What a run needs besides the plan: kinds, workers and effects.
+
+    ``workers`` default to one worker doing every kind, ``concurrency`` tasks at a time.
+    ``effects`` map a kind to a function applied once per completed task of that kind, by
+    the supervisor, keyed by the task id. ``approvals`` map a kind to the
+    :class:`~planrun.Approval` its tasks need (decided by ``planrun approve`` / ``reject``).
+    """
+
+    registry: Registry
+    workers: Sequence[WorkerSpec] | None = None
+    effects: Mapping[str, EffectFn] = field(default_factory=dict)
+    concurrency: int = 8
+    description: str = ""
+    approvals: Mapping[str, Approval | str] = field(default_factory=dict)
+
+    def worker_specs(self) -> list[WorkerSpec]:
+        """The workers, or the default pool."""
+        if self.workers:
+            return list(self.workers)
+        return [WorkerSpec("worker", None, self.concurrency)]
+
+    def needs_model(self) -> bool:
+        """True when some kind is done by a :class:`ModelWorker`."""
+        return any(isinstance(spec.handler, ModelWorker) for spec in self.registry)
+
+
+def load_app(ref: str) -> App:
+    """Import ``module:attribute`` and return it as an :class:`App` (a Registry is wrapped).
+
+    The attribute may be an App, a Registry, or a function taking no arguments that returns
+    one (or a tuple whose first item is one, as ``examples.tickets:make_app`` does).
+
+    Raises:
+        UsageError: what is wrong with the reference, in one line: a module that cannot be
+            imported (missing, a syntax error, raising at import), a missing attribute, a
+            function that needs arguments or raises, or something that is not an App.
+    """
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"--app must look like module:attribute, got {ref!r}")
+    module = _import_app_module(module_name)
+    if not hasattr(module, attr):
+        apps = sorted(n for n, v in vars(module).items()
+                      if not n.startswith("_") and isinstance(v, App | Registry))
+        have = f"; it has {', '.join(apps)}" if apps else ""
+        raise UsageError(f"module {module_name!r} has no attribute {attr!r}{have}")
+    target = getattr(module, attr)
+    if callable(target) and not isinstance(target, App | Registry):
+        target = _call_app_factory(ref, target)
+    if isinstance(target, tuple | list) and target and isinstance(target[0], App | Registry):
+        target = target[0]
+    if isinstance(target, Registry):
+        return App(target)
+    if isinstance(target, App):
+        return target
+    raise UsageError(
+        f"{ref} is a {type(target).__name__}, not a planrun App or Registry "
+        "(or a function returning one)"
+    )
+
+
+def _import_app_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except SyntaxError as exc:
+        where = f"{exc.filename}, line {exc.lineno}" if exc.filename else "its source"
+        raise UsageError(f"cannot import {name!r}: syntax error in {where}: {exc.msg}") from exc
+    except ImportError as exc:
+        raise UsageError(f"cannot import {name!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code raised while it was imported
+        raise UsageError(
+            f"importing {name!r} raised {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from exc
+
+
+def _call_app_factory(ref: str, factory: Callable[..., Any]) -> Any:
+    import inspect
+
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise UsageError(
+            f"{ref} needs arguments; --app names an App, a Registry, or a function that "
+            "takes none and returns one"
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): try the call
+        pass
+    try:
+        return factory()
+    except Exception as exc:
+        raise UsageError(
+            f"calling {ref}() raised {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from exc
+
+
+@fast_init
+@dataclass(frozen=True)
+class TaskReport:
+    """One task's outcome."""
+
+    id: str
+    kind: str
+    status: str
+    attempts: int
+    result: Any
+    error: str | None
+    cause: str | None
+    tokens: int
+    cost_usd: float
+    started_at: float | None
+    finished_at: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True, repr=False)
+class RunReport:
+    """Everything a run produced, for a person (``summary()``) or a program (``to_dict()``).
+
+    Its ``repr`` is a one-line summary (a large run's fields come to megabytes of text).
+    """
+
+    run_id: str
+    goal: str
+    plan: Plan
+    tasks: list[TaskReport]
+    counts: Mapping[str, int]
+    audit: Audit
+    usage: Usage | None
+    started_at: float
+    finished_at: float
+    budget_exhausted: bool
+    aborted_by: str | None
+    events: Sequence[Event]
+    result: RunResult
+
+    if not TYPE_CHECKING:  # (an attribute mypy does not know stays an error)
+
+        def __getattr__(self, name: str) -> Any:
+            # A report made by plan_and_run builds its task reports when ``tasks`` is
+            # first read, from the run's records and what was fixed when it ended.
+            if name == "tasks":
+                ended = self.__dict__.get("_ended")
+                if ended is not None:
+                    return self.__dict__.setdefault("tasks", _task_reports(self.result, *ended))
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        # A summary, as RunResult's: on Python 3.11 ``asyncio.run`` (so plan_and_run) takes
+        # the repr of the result of what it ran, which with every field was megabytes.
+        counts = {k: v for k, v in self.counts.items() if v}
+        tasks = self.__dict__.get("tasks", self.result.tasks)
+        return (f"RunReport(run_id={self.run_id!r}, goal={self.goal!r}, counts={counts}, "
+                f"ok={self.ok}, duration_s={self.duration_s:.3f}, tasks={len(tasks)})")
+
+    @property
+    def ok(self) -> bool:
+        """Every task completed and the audit is clean."""
+        return self.result.ok and self.audit.clean
+
+    @property
+    def deadline_reached(self) -> bool:
+        """The run's deadline passed before every task finished."""
+        return self.result.deadline_reached
+
+    @property
+    def effects_failed(self) -> Mapping[str, str]:
+        """Task id -> last error of an effect given up on."""
+        return self.result.effects_failed
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the start of the run to the last task's end."""
+        return self.finished_at - self.started_at
+
+    def results(self) -> dict[str, Any]:
+        """Task id -> result of every completed task."""
+        return {t.id: t.result for t in self.tasks if t.status == "completed"}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the CLI's ``--json``)."""
+        usage: dict[str, Any] | None = None
+        if self.usage is not None:
+            total = self.usage.total
+            usage = {
+                "requests": total.requests,
+                "prompt_tokens": total.prompt_tokens,
+                "cached_tokens": total.cached_tokens,
+                "completion_tokens": total.completion_tokens,
+                "total_tokens": total.total_tokens,
+                "cost_usd": round(total.cost_usd, 6),
+                "by_key": {
+                    k: {"tokens": v.total_tokens, "cost_usd": round(v.cost_usd, 6)}
+                    for k, v in sorted(self.usage.by_key().items())
+                },
+            }
+        return {
+            "run_id": self.run_id,
+            "goal": self.goal,
+            "plan": self.plan.to_document(),
+            "counts": dict(self.counts),
+            "tasks": [t.to_dict() for t in self.tasks],
+            "audit": self.audit.to_dict(),
+            "usage": usage,
+            "duration_s": round(self.duration_s, 6),
+            "budget_exhausted": self.budget_exhausted,
+            "aborted_by": self.aborted_by,
+            "deadline_reached": self.deadline_reached,
+            "effects_failed": dict(self.effects_failed),
+        }
+
+    def summary(self) -> str:
+        """A few lines for a terminal."""
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
+        lines = [f"run {self.run_id}: {counts} in {self.duration_s:.1f} s"]
+        if self.usage is not None:
+            t = self.usage.total
+            lines.append(
+                f"usage: {t.requests} requests, {t.total_tokens} tokens "
+                f"({t.prompt_tokens} prompt, {t.cached_tokens} cached, "
+                f"{t.completion_tokens} completion), ${t.cost_usd:.4f}"
+            )
+        if self.budget_exhausted:
+            lines.append("budget exhausted: remaining tasks were cancelled (cause: budget)")
+        if self.aborted_by:
+            lines.append(f"aborted: task {self.aborted_by} died")
+        if self.deadline_reached:
+            lines.append("deadline reached: tasks not started were cancelled (cause: deadline)")
+        if self.effects_failed:
+            lines.append("effects failed: " + ", ".join(
+                f"{k} ({v})" for k, v in sorted(self.effects_failed.items())))
+        audit = "clean" if self.audit.clean else str(self.audit.to_dict())
+        lines.append(f"audit: {audit}")
+        return "\n".join(lines)
+
+
+async def aplan_and_run(
+    goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
+    app: App | Registry,
+    *,
+    model: Model | None = None,
+    strategy: str = "balanced",
+    budget: Budget | None = None,
+    prices: PriceTable | None = None,
+    usage: Usage | None = None,
+    min_tasks: int = 3,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    progress: Callable[[Event, Task], None] | None = None,
+    run_id: str | None = None,
+    clock: Clock | None = None,
+    store: Store | str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    **supervisor_options: Any,
+) -> RunReport:
+    """Decompose (or validate) and run; see :func:`plan_and_run`."""
+    from planrun.model import Usage as UsageMeter
+    from planrun.model import adecompose
+
+    app = app if isinstance(app, App) else App(app)
+    plan: Plan | None = None
+    if isinstance(goal_or_plan, Plan):
+        plan = goal_or_plan
+    elif not isinstance(goal_or_plan, str):  # a ready plan: nothing happens unless it is valid
+        plan = Plan.parse(goal_or_plan, app.registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
+    if model is None and (plan is None or app.needs_model()):
+        model = _default_model()  # a missing key fails here, before any task starts
+    clock = clock or RealClock()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    goal = goal_or_plan if isinstance(goal_or_plan, str) else plan.goal if plan else ""
+    with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
+        async with _opened(store) as opened:
+            meter = usage
+            if meter is None:
+                # With a store, the budget and what was spent live with the run there, so a
+                # resume continues from it.
+                meter = UsageMeter(prices, budget,
+                                   shared=await _shared_budget(opened, run_id, budget))
+            if plan is None:
+                assert model is not None and isinstance(goal_or_plan, str)
+                plan = await adecompose(
+                    goal_or_plan, app.registry, model, min_tasks=min_tasks,
+                    max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts,
+                    meter=meter,
+                )
+            _with_replanner(supervisor_options, plan.goal, app.registry, model, meter,
+                            repair_attempts=repair_attempts, prompts=prompts,
+                            max_tasks=max_tasks)
+            sup = Supervisor(
+                app.registry,
+                app.worker_specs(),
+                strategy=strategy,
+                clock=clock,
+                run_id=run_id,
+                effects=app.effects, approvals=app.approvals,
+                on_event=traced.on_event if traced else progress,
+                extras={"model": model, "usage": meter},
+                store=opened,
+                goal=plan.goal,
+                # The plan document is for a resume, which reads it from the store.
+                meta={**({"plan": plan.to_document()} if opened is not None else {}),
+                      **(traced.meta if traced else {}), **(meta or {})},
+                **supervisor_options,
+            )
+            sup.add_tasks(plan.to_tasks())
+            async with _owning(opened, sup.run_id, sup.clock, new_run=True):
+                result = await (traced.run(sup.arun()) if traced else sup.arun())
+        if traced:
+            traced.set_result(result)
+    return _report(plan, result, meter)
+
+
+async def _shared_budget(
+    store: Store | None, run_id: str, budget: Budget | None, *, release: bool = False
+) -> SharedBudget | None:
+    """The run's budget in ``store`` (opened with ``budget``), or None without a store."""
+    if store is None:
+        return None
+    from planrun.model import SharedBudget
+
+    # A new run without a budget only adds what it spent; a resumed one obeys the stored
+    # limits whether or not they are given again.
+    shared = SharedBudget(store, run_id, enforce=budget is not None or release)
+    await shared.open(budget, release=release)
+    return shared
+
+
+async def aresume_run(
+    run_id: str,
+    app: App | Registry,
+    store: Store | str,
+    *,
+    model: Model | None = None,
+    budget: Budget | None = None,
+    prices: PriceTable | None = None,
+    progress: Callable[[Event, Task], None] | None = None,
+    clock: Clock | None = None,
+    **supervisor_options: Any,
+) -> RunReport:
+    """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
+
+    The run is resumed under its owner lease (:mod:`planrun.runtime._ownership`): while another
+    live process owns it, this raises :class:`~planrun.RunInUse` and changes nothing.
+    The budget draws on what the run already spent (stored with it); ``budget`` replaces
+    the stored limits, if given. Reservations of calls that died with the run are dropped.
+    """
+    from planrun.model import Usage as UsageMeter
+
+    app = app if isinstance(app, App) else App(app)
+    if model is None and app.needs_model():
+        model = _default_model()
+    clock = clock or RealClock()
+    async with _opened(store) as opened:
+        assert opened is not None
+        shared = await _shared_budget(opened, run_id, budget, release=True)
+        meter = UsageMeter(prices, budget, shared=shared)
+        stored = (await opened.load_tasks(run_id)).run.meta if tracing.enabled() else {}
+        with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
+            if supervisor_options.get("on_dead") == "replan":
+                goal = (await opened.load_tasks(run_id)).run.goal
+                _with_replanner(supervisor_options, goal, app.registry, model, meter)
+            sup = Supervisor(
+                app.registry, app.worker_specs(), clock=clock, run_id=run_id,
+                effects=app.effects, approvals=app.approvals,
+                on_event=traced.on_event if traced else progress,
+                extras={"model": model, "usage": meter}, store=opened, **supervisor_options,
+            )
+            async with _owning(opened, run_id, sup.clock):
+                result = await (traced.run(sup.aresume()) if traced else sup.aresume())
+            if traced:
+                traced.set_result(result)
+        document = sup.meta.get("plan") or {"goal": sup.goal, "tasks": []}
+    plan = Plan.parse(document, app.registry, min_tasks=0, max_tasks=READY_PLAN_MAX_TASKS)
+    return _report(plan, result, meter)
+
+
+def resume_run(run_id: str, app: App | Registry, store: Store | str, **options: Any) -> RunReport:
+    """Synchronous :func:`aresume_run`."""
+    clock = options.get("clock") or RealClock()
+    return run_blocking(clock, lambda: aresume_run(run_id, app, store, **options))
+
+
+@contextlib.asynccontextmanager
+async def _opened(store: Store | str | None) -> AsyncIterator[Store | None]:
+    """A store object as given, or one opened from a URL (and closed after)."""
+    if store is None or not isinstance(store, str):
+        yield store
+        return
+    from planrun.stores import open_store
+
+    opened = open_store(store)
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@contextlib.asynccontextmanager
+async def _owning(
+    store: Store | None, run_id: str, clock: Clock, new_run: bool = False
+) -> AsyncIterator[None]:
+    """Hold the run's owner lease while a durable run on the wall clock goes on."""
+    if store is None or not isinstance(clock, RealClock):
+        yield  # nothing durable, or simulated time: a lease in wall time means nothing
+        return
+    from planrun.runtime import hold_run
+
+    async with hold_run(store, run_id, new_run=new_run):
+        yield
+
+
+def plan_and_run(
+    goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
+    app: App | Registry,
+    **options: Any,
+) -> RunReport:
+    """Turn a goal (or a ready plan) into a validated plan and run it to the end.
+
+    Args:
+        goal_or_plan: a prose goal (decomposed by ``model``), a :class:`Plan`, or a plan
+            document (validated; nothing runs if it is invalid).
+        app: the kinds, workers and effects (:class:`App`), or a bare :class:`Registry`.
+        model: the :class:`~planrun.Model`; from the environment when omitted and needed.
+        store: a store, or its URL (``sqlite:///runs.db``, ``postgresql://...``): the run is
+            durable and :func:`resume_run` carries it on after a crash.
+        strategy, budget, prices, min_tasks, max_tasks, repair_attempts, prompts, progress,
+            run_id, clock, meta: as named; other keywords go to :class:`Supervisor`.
+
+    Raises:
+        InvalidPlan: the plan did not validate (after repairs, for a goal).
+        ConfigError: a model is needed and none is configured (``OPENAI_API_KEY``).
+    """
+    clock = options.get("clock") or RealClock()
+    return run_blocking(clock, lambda: aplan_and_run(goal_or_plan, app, **options))
+
+
+def _default_model() -> Model:
+    from planrun.model import Model
+
+    return Model()
+
+
+def _with_replanner(options: dict[str, Any], goal: str, registry: Registry,
+                    model: Model | None, meter: Usage, **decompose_options: Any) -> None:
+    """With ``on_dead="replan"`` and a model, re-plan through the decomposer (metered by
+    the run's meter, so charged to its budget) unless a replanner was given."""
+    if options.get("on_dead") != "replan" or "replanner" in options or model is None:
+        return
+    from planrun.model import replanner
+
+    options["replanner"] = replanner(goal, registry, model, meter=meter, **decompose_options)
+
+
+_TEXT = {s: s.value for s in Status}
+"""A status as plain text (its ``value``, without the enum's descriptor)."""
+
+
+_ERROR = attrgetter("error")
+
+
+def _report(plan: Plan, result: RunResult, meter: Usage) -> RunReport:
+    """The run's report; its ``tasks`` are built when first read (most callers read the
+    counts, the audit or a few results), from what is fixed here: the usage per key as it
+    is now, and each error redacted with the secrets known now."""
+    errors = {task.id: redact(task.error)
+              for task in filter(_ERROR, result.tasks.values()) if task.error}
+    report = object.__new__(RunReport)
+    state = report.__dict__  # the dataclass's fields, in order, but ``tasks``
+    state["run_id"] = result.run_id
+    state["goal"] = plan.goal
+    state["plan"] = plan
+    state["counts"] = result.counts
+    state["audit"] = result.audit
+    state["usage"] = meter
+    state["started_at"] = result.started_at
+    state["finished_at"] = result.finished_at
+    state["budget_exhausted"] = result.budget_exhausted
+    state["aborted_by"] = result.aborted_by
+    state["events"] = result.events
+    state["result"] = result
+    state["_ended"] = (meter.by_key(), errors)
+    return report
+
+
+def _task_reports(
+    result: RunResult, by_key: Mapping[str, Tally], errors: Mapping[str, str]
+) -> list[TaskReport]:
+    """A report per task record of ``result``: usage from ``by_key``, errors as redacted."""
+    reports = []
+    for task in result.tasks.values():
+        tally = by_key.get(f"task:{task.id}") if by_key else None
+        reports.append(
+            TaskReport(
+                task.id,
+                task.kind,
+                _TEXT[task.status],
+                task.attempts,
+                task.result,
+                errors[task.id] if task.error else task.error,
+                task.cause,
+                tally.total_tokens if tally else 0,
+                tally.cost_usd if tally else 0.0,
+                task.started_at,
+                task.finished_at,
+            )
+        )
+    return reports

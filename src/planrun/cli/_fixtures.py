@@ -1,0 +1,230 @@
+"""Command-line glue for cassettes: ``planrun fixtures check|show`` and ``--record/--replay``.
+
+:mod:`planrun.cli._main` wires these in; nothing here parses ``sys.argv`` by itself.
+
+    planrun fixtures check [PATH ...]     # exit 2 when a cassette is stale, listing why
+    planrun fixtures show PATH            # what a cassette holds and how it was made
+    planrun run ... --replay fixtures/brief.json
+    planrun run ... --record fixtures/mine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planrun.core import UsageError
+from planrun.dev.fixtures import Cassette, Recorder, Stale, check, record, replay
+
+if TYPE_CHECKING:
+    from planrun.model import Model
+
+__all__ = [
+    "DEFAULT_FIXTURES",
+    "add_cassette_flags",
+    "add_fixtures_parser",
+    "cassette_context",
+    "cmd_fixtures_check",
+    "cmd_fixtures_show",
+    "replay_model",
+    "rerecord_command",
+]
+
+DEFAULT_FIXTURES = Path("fixtures")
+"""Where ``planrun fixtures check`` looks when given no paths (relative to the cwd)."""
+
+EXIT_OK = 0
+EXIT_STALE = 2
+_SHOWN = 20
+
+
+def add_fixtures_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``fixtures`` verb (``check`` and ``show``) on ``subparsers``.
+
+    Each sub-verb sets ``func`` to a function of the parsed arguments returning the exit
+    status, as the other verbs of :mod:`planrun.cli._main` do.
+    """
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "fixtures",
+        help="check or inspect recorded cassettes",
+        description="Recorded model traffic (cassettes) used by tests, demo and notebooks.",
+    )
+    verbs = parser.add_subparsers(dest="fixtures_command", metavar="VERB", required=True)
+    check_parser = verbs.add_parser(
+        "check",
+        help="list cassettes the current prompts and schemas no longer match",
+        description=(
+            "Re-run each cassette's scenario against it and list every request that has no "
+            "recording any more (a template, a result schema or a parameter changed) and "
+            "every recording no longer requested. Exit 0 when all are fresh, 2 when not."
+        ),
+    )
+    check_parser.add_argument(
+        "paths", nargs="*", metavar="PATH",
+        help=f"cassette files or folders (default: every *.json in {DEFAULT_FIXTURES}/)",
+    )
+    check_parser.set_defaults(func=cmd_fixtures_check)
+    show_parser = verbs.add_parser(
+        "show",
+        help="summarise a cassette",
+        description="Interactions, statuses, tokens, models, and how and when it was made.",
+    )
+    show_parser.add_argument("path", metavar="PATH", help="the cassette file")
+    show_parser.set_defaults(func=cmd_fixtures_show)
+    return parser
+
+
+def _shipped_fixtures() -> Path | None:
+    """The cassettes shipped with planrun: in the wheel, else the source tree's ``fixtures/``."""
+    from importlib import resources
+
+    packaged = Path(str(resources.files("planrun") / "fixtures_data"))
+    if packaged.is_dir():
+        return packaged
+    repo = Path(__file__).resolve().parents[3] / "fixtures"
+    return repo if repo.is_dir() else None
+
+
+def _cassette_files(paths: Sequence[str]) -> list[Path]:
+    default = DEFAULT_FIXTURES if DEFAULT_FIXTURES.is_dir() else _shipped_fixtures()
+    targets = [Path(p) for p in paths] or ([default] if default is not None else [])
+    if not targets:
+        raise UsageError(f"no {DEFAULT_FIXTURES}/ folder here; name the cassettes to check")
+    files: list[Path] = []
+    for target in targets:
+        if target.is_dir():
+            files += sorted(target.glob("*.json"))
+        elif target.is_file():
+            files.append(target)
+        else:
+            raise UsageError(f"no cassette or folder {str(target)!r}")
+    if not files:
+        raise UsageError(f"no cassettes (*.json) in {', '.join(map(str, targets))}")
+    return files
+
+
+def cmd_fixtures_check(args: argparse.Namespace) -> int:
+    """``planrun fixtures check``: print what is stale; 0 when nothing is, else 2."""
+    files = _cassette_files(getattr(args, "paths", []) or [])
+    found = check(files)
+    # A cassette the user recorded names no scenario: it cannot be re-run here, but that
+    # makes it unchecked, not stale (it loaded, so its interactions are well formed).
+    unnamed = [s for s in found if s.kind == "unchecked" and not _names_scenario(s.path)]
+    stale = [s for s in found if s not in unnamed]
+    for item in unnamed:
+        print(f"{item.path}: loaded, {_count(item.path)} interaction(s); not re-run (it "
+              "names no scenario: replay it with the command that made it)")
+    if not stale:
+        print(f"fresh: {len(files) - len(unnamed)} cassette"
+              f"{'s' if len(files) - len(unnamed) != 1 else ''}"
+              + (f", {len(unnamed)} not re-run" if unnamed else ""))
+        return EXIT_OK
+    by_file: dict[str, list[Stale]] = {}
+    for item in stale:
+        by_file.setdefault(item.path, []).append(item)
+    for path, items in by_file.items():
+        _print_stale(path, items)
+    print(f"stale: {len(stale)} finding(s) in {len(by_file)} of {len(files)} cassette(s)",
+          file=sys.stderr)
+    return EXIT_STALE
+
+
+def _names_scenario(path: str) -> bool:
+    return bool(Cassette.load(path).about.get("scenario"))
+
+
+def _count(path: str) -> int:
+    return len(Cassette.load(path).interactions)
+
+
+def rerecord_command(command: str | None, argv: Sequence[str] | None = None) -> str:
+    """A command that re-records a cassette and works where the user is.
+
+    The stored one when it can run here; for a cassette made by the repository's tool
+    (absent from an installed wheel), the user's own command line with ``--replay``
+    turned into ``--record``.
+    """
+    words = command.split() if command else []
+    if words and not (words[0].startswith("python") and len(words) > 1
+                      and words[1].endswith(".py") and not Path(words[1]).is_file()):
+        return command or ""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, word in enumerate(args):
+        if word == "--replay":
+            args[i] = "--record"
+            return shlex.join(["planrun", *args])
+        if word.startswith("--replay="):
+            args[i] = "--record=" + word.split("=", 1)[1]
+            return shlex.join(["planrun", *args])
+    return "run the same command with --record PATH (and OPENAI_API_KEY set)"
+
+
+def _print_stale(path: str, items: Sequence[Stale]) -> None:
+    command = Cassette.load(path).command
+    print(f"{path}: {len(items)} stale")
+    first, *rest = items
+    print("  " + str(first).replace("\n", "\n  "))
+    for item in rest[: _SHOWN - 1]:
+        print("  " + str(item).splitlines()[0])
+    if len(rest) >= _SHOWN:
+        print(f"  ... and {len(rest) - _SHOWN + 1} more")
+    print(f"  re-record: {rerecord_command(command, []) if command else '(no command stored)'}")
+
+
+def cmd_fixtures_show(args: argparse.Namespace) -> int:
+    """``planrun fixtures show PATH``: print the cassette's summary."""
+    print(Cassette.load(args.path).summary())
+    return EXIT_OK
+
+
+def add_cassette_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--record PATH`` and ``--replay PATH`` (mutually exclusive) to a verb."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--record", metavar="PATH",
+        help="record the model traffic of this run to a cassette (secrets scrubbed)",
+    )
+    group.add_argument(
+        "--replay", metavar="PATH",
+        help="answer every model request from a cassette; nothing reaches the network",
+    )
+
+
+def cassette_context(
+    args: argparse.Namespace, argv: Sequence[str] | None = None
+) -> AbstractContextManager[Cassette | Recorder | None]:
+    """The context the run goes in: :func:`record`, :func:`replay`, or nothing.
+
+    Under ``--replay`` it yields the :class:`Cassette`; build the run's model with
+    ``cassette.model()`` (no key needed). Under ``--record`` it yields the
+    :class:`Recorder`, and the cassette names ``planrun <argv>`` as its re-record command
+    (``argv`` defaults to ``sys.argv[1:]``).
+    """
+    record_path = getattr(args, "record", None)
+    replay_path = getattr(args, "replay", None)
+    if record_path and replay_path:
+        raise UsageError("--record and --replay cannot be used together")
+    if record_path:
+        words = list(sys.argv[1:] if argv is None else argv)
+        return record(record_path, command=shlex.join(["planrun", *words]))
+    if replay_path:
+        return replay(replay_path)
+    return nullcontext()
+
+
+def replay_model(args: argparse.Namespace) -> Model | None:
+    """Under ``--replay``, the model to run with (no API key needed); otherwise None.
+
+    It names ``--model`` when given (``args.model``), else the model the cassette was
+    recorded with, and points at an address that never resolves, so only the replay can
+    answer it.
+    """
+    replay_path = getattr(args, "replay", None)
+    if not replay_path:
+        return None
+    return Cassette.load(replay_path).model(getattr(args, "model", None))

@@ -1,0 +1,1350 @@
+"""The ``planrun`` command line.
+
+    planrun validate PLAN.json --kinds a,b,c [--json] [--min-tasks N] [--max-tasks N]
+    planrun simulate (--scenario FILE|NAME | --durations 10,2,2 --workers 3) [--strategy S] [--json]
+    planrun compare [--rules R,R] [--agent-rules AGENT=R,R]... [--db-failures N]
+                [--deploy1-failures N] [--max-retries N] [--sweep] [--ledger] [--json]
+    planrun plan GOAL --app module:attr [--json]
+    planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
+                [--budget-usd X] [--rpm N] [--tpm N] [--db URL] [--json]
+    planrun run PLAN.json --app module:attr --db URL --workers external [--mode push|peer]
+    planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
+                   [--rpm N] [--tpm N]
+    planrun resume RUN_ID --db URL [--app module:attr]
+    planrun demo [brief|tickets|release] [--live]
+    planrun fixtures check [PATH...] | fixtures show PATH
+    planrun runs --db URL [--json]
+    planrun status RUN_ID --db URL [--watch] [--json]
+    planrun --version
+
+Each verb has an ``_add_<verb>(subparsers)`` that declares its arguments and sets
+``func=_cmd_<verb>``; ``_cmd_<verb>(args)`` returns the exit status. To add a verb, write
+both and call ``_add_<verb>`` from :func:`_build_parser`.
+
+Exit status: 0 success, 2 an invalid plan or a usage error (bad arguments, an unreadable
+file, a resume refused because a live process owns the run); errors are one line on
+stderr, ``planrun: error: ...``, never a traceback. ``planrun resume`` of a run that is
+already finished (or aborted) says so in one line and exits 0: there is nothing to do.
+``planrun runs`` and ``planrun status`` show a run that is not finished and has no live
+owner as ``interrupted`` (resumable), however it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from planrun.core import InvalidPlan, Plan, PlanrunError, redact, validate_plan
+from planrun.obs import tracing
+from planrun.stores.base import FINISHED_RUN
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+EXIT_USAGE = 2
+
+_Subparsers = Any  # argparse._SubParsersAction is private; keep it out of signatures
+
+
+class _CliError(Exception):
+    """A usage problem found while running a verb; printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``planrun VERB: error: ... (see --help)``.
+
+    Sub-parsers are made of the same class, so every verb's errors read alike.
+    """
+
+    def error(self, message: str) -> Any:  # argparse's signature says NoReturn
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("planrun")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _kind_list(text: str) -> list[str]:
+    names: list[str] = []
+    for part in text.split(","):
+        name = part.strip()
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        raise argparse.ArgumentTypeError(
+            "needs at least one kind name, e.g. --kinds fetch,summarise"
+        )
+    return names
+
+
+_MAX_INT_FLAG = 10**9
+_MAX_SECONDS = 7 * 24 * 3600.0
+"""The largest number of seconds any flag takes (a week): more is a typo, not a plan."""
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text.strip()) if len(text) <= 20 else None
+    except ValueError:
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    if value > _MAX_INT_FLAG:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_INT_FLAG}, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text[:40]!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A duration flag: more than 0 and at most a week."""
+    value = _positive_float(text)
+    if value > _MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_SECONDS:g} s, got {text}")
+    return value
+
+
+def _interval(text: str) -> float:
+    """A refresh interval: at least 0.1 s (a smaller one is a busy loop), at most an hour."""
+    value = _positive_float(text)
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600 seconds, got {text}")
+    return value
+
+
+def _read_input(path: str) -> bytes | str:
+    """The bytes of ``path``, or of stdin for ``-``."""
+    if path == "-":
+        buffer = getattr(sys.stdin, "buffer", None)
+        data: bytes | str = buffer.read() if buffer is not None else sys.stdin.read()
+        return data
+    if Path(path).is_dir():
+        raise _CliError(f"cannot read {path!r}: it is a directory, not a plan file")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise _CliError(f"cannot read {path!r}: {reason}") from exc
+
+
+def _read_document(path: str) -> Any:
+    """The JSON document in ``path`` (``-``: stdin), parsed strictly; a file that is not
+    UTF-8 is a usage error, a file that is not JSON an invalid plan (``not_json``)."""
+    from planrun.core import NOT_JSON, SCHEMA, InvalidPlan, Problem
+
+    raw = _read_input(path)
+    try:
+        text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise _CliError(f"{path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        problem = Problem(SCHEMA, None, f"{path} is nested too deeply to be a plan")
+    except ValueError as exc:
+        where = (f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+                 if isinstance(exc, json.JSONDecodeError) else str(exc))
+        problem = Problem(NOT_JSON, None, f"{path} is not valid JSON ({where}); a plan file "
+                          'is a JSON document {"goal": "...", "tasks": [...]}')
+    raise InvalidPlan([problem])
+
+
+# ------------------------------------------------------------------------------ validate
+
+
+def _add_validate(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="check a plan document against the worker kinds",
+        description=(
+            "Check a plan (a JSON document, a bare task list, or model text with JSON in "
+            "it) and list every problem. Exit 0 when valid, 2 when not."
+        ),
+    )
+    parser.add_argument("plan", metavar="PLAN.json", help="the plan file, or - for stdin")
+    parser.add_argument(
+        "--kinds",
+        required=True,
+        type=_kind_list,
+        metavar="a,b,c",
+        help="comma-separated names of the kinds that exist",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"valid": bool, "problems": [{"code", "task", "message"}]}',
+    )
+    parser.add_argument("--min-tasks", type=_non_negative_int, default=1, metavar="N")
+    parser.add_argument("--max-tasks", type=_positive_int, default=50, metavar="N")
+    parser.set_defaults(func=_cmd_validate)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    if args.min_tasks > args.max_tasks:
+        raise _CliError(
+            f"--min-tasks ({args.min_tasks}) is greater than --max-tasks ({args.max_tasks})"
+        )
+    raw = _read_input(args.plan)
+    bounds = {"min_tasks": args.min_tasks, "max_tasks": args.max_tasks}
+    problems = validate_plan(raw, args.kinds, **bounds)
+    if args.json:
+        report = {"valid": not problems, "problems": [p.to_dict() for p in problems]}
+        print(json.dumps(report, ensure_ascii=False))
+        return EXIT_INVALID if problems else EXIT_OK
+    if problems:
+        for problem in problems:
+            print(problem)
+        count = len(problems)
+        print(f"invalid: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
+        return EXIT_INVALID
+    plan = Plan.parse(raw, args.kinds, **bounds)
+    n = len(plan.tasks)
+    print(f"valid: {n} task{'s' if n != 1 else ''}")
+    order = plan.topological_order()
+    print("order: " + (" -> ".join(str(i) for i in order) if order else "(no tasks)"))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------ simulate
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers like 10,2,2, got {text[:40]!r}"
+        ) from None
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError("expected finite non-negative numbers like 10,2,2")
+    return values
+
+
+def _add_simulate(subparsers: _Subparsers) -> None:
+    from planrun.core import STRATEGIES
+
+    parser = subparsers.add_parser(
+        "simulate",
+        help="run a scenario through the real supervisor in virtual time",
+        description="Simulate workers and tasks in virtual time and report the makespan, "
+        "the mean time per task and each worker's share. Scenarios: a JSON file, or the "
+        "built-in 'article' and 'capability'.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--scenario", metavar="FILE|NAME")
+    source.add_argument("--durations", type=_float_list, metavar="10,2,2,...")
+    parser.add_argument("--workers", type=_positive_int, default=3, metavar="N",
+                        help="equal workers for --durations (default 3)")
+    parser.add_argument("--strategy", choices=[*STRATEGIES, "all"],
+                        help="override the scenario's strategy; 'all' compares the four")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deadline", type=_seconds, metavar="S",
+                        help="the window the run must fit in: say whether it does")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"makespan", "mean_task_s", "strategy", "per_worker"}')
+    parser.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from planrun.core import STRATEGIES
+    from planrun.dev.sim import Scenario, simulate
+
+    if args.scenario is not None:
+        scenario = Scenario.load(args.scenario)
+    else:
+        scenario = Scenario.from_durations(args.durations, args.workers)
+    strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    results = [simulate(scenario, s, seed=args.seed, deadline_s=args.deadline)
+               for s in strategies]
+    if args.json:
+        data: Any = [r.to_dict() for r in results]
+        print(json.dumps(data if len(data) > 1 else data[0]))
+        return EXIT_OK
+    for r in results:
+        shares = ", ".join(
+            f"{name} {int(w['tasks'])} tasks/{w['busy_s']:g} s" for name, w in r.per_worker.items()
+        )
+        fits = "" if r.fits is None else (
+            f"  fits the {r.deadline_s:g} s deadline" if r.fits else
+            f"  does NOT fit the {r.deadline_s:g} s deadline "
+            f"({r.run.counts['cancelled']} cancelled)")
+        print(f"{r.strategy:<13} makespan {r.makespan:g} s  mean task {r.mean_task_s:g} s  "
+              f"[{shares}]{fits}")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------- compare
+
+
+def _add_compare(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="the release scenario through naive peers, peers with a protocol, the supervisor",
+        description="Run the release (migrate_db, deploy_app, smoke_test) through three "
+        "systems and audit each ledger: order violations, duplicates, missing tasks. The "
+        "second peer board follows the rules check_deps, claims and retry; every system "
+        "runs under the same failure plan.",
+    )
+    parser.add_argument("--rules", metavar="RULES",
+                        help="every agent's rules on the second peer board, e.g. "
+                        "check_deps,claims (or none; default all three)")
+    parser.add_argument("--agent-rules", action="append", metavar="AGENT=RULES",
+                        help="one agent's rules instead, e.g. deploy-2=claims,retry "
+                        "(repeatable; agents deploy-1, deploy-2, qa-1, db-1)")
+    parser.add_argument("--db-failures", metavar="N",
+                        help="times db-1 fails migrate_db (default 1)")
+    parser.add_argument("--deploy1-failures", metavar="N",
+                        help="times deploy-1 fails deploy_app (default 0)")
+    parser.add_argument("--max-retries", metavar="N",
+                        help="retries after a failure, supervisor and peer retry rule "
+                        "(default 2)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="every set of rules for all agents and every agent without "
+                        "each rule, next to the supervisor")
+    parser.add_argument("--ledger", action="store_true",
+                        help="also print each system's ledger (run:, fail:, abort:)")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"rows": [{"system", "order_violations", "duplicates", '
+                        '"missing"}]}, plus "settings" when an option is given')
+    parser.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from planrun.dev import compare as cmp
+
+    rules, failures = cmp.options_from_text(args.rules, args.agent_rules, args.db_failures,
+                                            args.deploy1_failures, args.max_retries)
+    if args.sweep:
+        if rules is not None or args.ledger:
+            raise _CliError("--sweep runs every set of rules; drop --rules, --agent-rules "
+                            "and --ledger")
+        combos = cmp.sweep(failures=failures)
+        if args.json:
+            print(json.dumps({"settings": (failures or cmp.Failures()).to_dict(),
+                              "combinations": [c.to_dict() for c in combos]}))
+        else:
+            print("\n".join(cmp.format_sweep(combos, failures)))
+        return EXIT_OK
+    rows = cmp.compare(rules=rules, failures=failures)
+    if args.json:
+        data: dict[str, Any] = {"rows": [r.to_dict(ledger=args.ledger) for r in rows]}
+        if rules is not None or failures is not None:
+            data["settings"] = cmp.settings(rules, failures)
+        print(json.dumps(data))
+        return EXIT_OK
+    print("\n".join(cmp.format_table(rows, rules=rules, failures=failures, ledger=args.ledger)))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- plan / run
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app", required=True, metavar="module:attr",
+                        help="the App (or Registry) to use, e.g. planrun.examples.brief:app")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--min-tasks", type=_positive_int, default=3, metavar="N")
+    parser.add_argument("--max-tasks", type=_positive_int, default=8, metavar="N")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _cassette_flags(parser)
+
+
+def _fixtures_cli() -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module("planrun.cli._fixtures")
+    except ImportError:  # pragma: no cover - a stripped install without fixtures
+        return None
+
+
+def _cassette_flags(parser: argparse.ArgumentParser) -> None:
+    module = _fixtures_cli()
+    if module is not None:
+        module.add_cassette_flags(parser)
+
+
+def _cassette(args: argparse.Namespace) -> Any:
+    import contextlib
+
+    module = _fixtures_cli()
+    return module.cassette_context(args) if module is not None else contextlib.nullcontext()
+
+
+def _model(args: argparse.Namespace) -> Any:
+    from planrun.model import Model
+
+    module = _fixtures_cli()
+    replayed = module.replay_model(args) if module is not None else None
+    if replayed is not None:  # --replay: the cassette answers; no key needed
+        return replayed
+    return Model(args.model) if args.model else Model()
+
+
+def _limit_flags(parser: argparse.ArgumentParser, worker: bool = False) -> None:
+    import os
+
+    whose = ("for runs that record no limit of their own" if worker
+             else "recorded with the run; every worker of the run honours it")
+    parser.add_argument("--rpm", type=_positive_float, default=os.environ.get("PLANRUN_RPM"),
+                        metavar="N", help=f"requests per minute ({whose}; default $PLANRUN_RPM)")
+    parser.add_argument("--tpm", type=_positive_float, default=os.environ.get("PLANRUN_TPM"),
+                        metavar="N", help=f"tokens per minute ({whose}; default $PLANRUN_TPM)")
+    parser.add_argument("--rpm-burst", type=_positive_float, default=2.0, metavar="N",
+                        help="requests that may go back to back (default 2: one slot of "
+                        "slack absorbs the database round trip, so the full rate is used)")
+    parser.add_argument("--limit-key", metavar="NAME",
+                        help="name of the rate limit to share (default: the model and a hash "
+                        "of the API key, as providers count)")
+
+
+def _limit_key(args: argparse.Namespace) -> str:
+    import os
+
+    from planrun.model import DEFAULT_MODEL, limit_key
+
+    model = getattr(args, "model", None) or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
+    return limit_key(model, os.environ.get("OPENAI_API_KEY"), args.limit_key)
+
+
+def _run_limits(args: argparse.Namespace, budget: bool = True) -> Any:
+    from planrun.model import RunLimits
+
+    rated = args.rpm is not None or args.tpm is not None
+    if args.rpm_burst < 1:
+        raise _CliError(f"--rpm-burst must be >= 1, got {args.rpm_burst:g}")
+    return RunLimits(
+        rpm=args.rpm, tpm=args.tpm, key=_limit_key(args) if rated else None,
+        request_burst=args.rpm_burst if rated else None,
+        budget_tokens=getattr(args, "budget_tokens", None) if budget else None,
+        budget_usd=getattr(args, "budget_usd", None) if budget else None,
+    )
+
+
+def _limited(model: Any, limits: Any) -> Any:
+    """``model`` with an in-process limiter at the run's rates (one process: in memory)."""
+    if model is not None and limits.rated:
+        from planrun.model import RateLimiter
+
+        model.limiter = RateLimiter(limits.rpm, limits.tpm,
+                                    request_burst=limits.request_burst or 1.0)
+    return model
+
+
+def _add_plan(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="decompose a goal into a validated plan (nothing runs)",
+        description="Ask the model for a plan over the app's kinds, validate it (repairing "
+        "it when invalid) and print it.",
+    )
+    parser.add_argument("goal")
+    _add_model_args(parser)
+    parser.set_defaults(func=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from planrun._facade import load_app
+    from planrun.model import decompose
+
+    app = load_app(args.app)
+    with _cassette(args):
+        plan = decompose(args.goal, app.registry, _model(args), min_tasks=args.min_tasks,
+                         max_tasks=args.max_tasks)
+    if args.json:
+        print(json.dumps(plan.to_document(), ensure_ascii=False, indent=2))
+        return EXIT_OK
+    from rich.console import Console
+
+    from planrun.obs import plan_tree
+
+    Console().print(plan_tree(plan))
+    return EXIT_OK
+
+
+def _add_run(subparsers: _Subparsers) -> None:
+    from planrun.core import STRATEGIES
+
+    parser = subparsers.add_parser(
+        "run", help="run a goal (decomposed first) or a plan file to the end",
+        description="Decompose GOAL (or read PLAN.json), validate, run it under the "
+        "supervisor and print the report. Exit 0 when every task completed, 1 otherwise.",
+    )
+    parser.add_argument("goal", metavar="GOAL|PLAN.json", nargs="?",
+                        help="a plan file (an existing path, or - for stdin), else the goal")
+    parser.add_argument("--goal", dest="goal_text", metavar="TEXT",
+                        help="the goal, even where it names an existing file")
+    _add_model_args(parser)
+    parser.add_argument("--strategy", choices=STRATEGIES,
+                        help="routing (default balanced; local workers only)")
+    parser.add_argument("--on-dead", choices=["cancel_dependents", "abort_run", "replan"],
+                        default="cancel_dependents")
+    parser.add_argument("--budget-tokens", type=_positive_int, metavar="N",
+                        help="tokens the whole run may use, in every process")
+    parser.add_argument("--budget-usd", type=_positive_float, metavar="X",
+                        help="USD the whole run may spend, in every process")
+    _limit_flags(parser)
+    parser.add_argument("--retry-budget", type=_non_negative_int, metavar="N",
+                        help="retries allowed over the whole run (default: no limit)")
+    parser.add_argument("--deadline", type=_seconds, metavar="S",
+                        help="seconds after which nothing new starts: tasks not started are "
+                        "cancelled (cause: deadline); attempts in flight keep their timeout")
+    parser.add_argument("--quiet", action="store_true", help="no live progress")
+    _db_flag(parser, required=False)
+    parser.add_argument("--workers", choices=["local", "external"], default="local",
+                        help="external: worker processes (planrun worker) do the tasks; "
+                        "this process only coordinates (needs --db)")
+    parser.add_argument("--mode", choices=["push", "peer"],
+                        help="external workers: the coordinator assigns (push, the default) "
+                        "or workers claim ready tasks themselves (peer)")
+    parser.add_argument("--stale-after", type=_seconds, metavar="S",
+                        help="external workers: reclaim a task whose lease is this old "
+                        "(default 30)")
+    parser.set_defaults(func=_cmd_run)
+
+
+def _plan_source(args: argparse.Namespace) -> Any:
+    """A goal (text) or a plan document: only a goal given as a goal goes to the model."""
+    if args.goal_text is not None:
+        if args.goal is not None:
+            raise _CliError("give the goal once: a GOAL argument or --goal, not both")
+        if not args.goal_text.strip():
+            raise _CliError("--goal is empty")
+        return args.goal_text
+    text = args.goal
+    if text is None:
+        raise _CliError("run needs a GOAL, a PLAN.json or --goal TEXT")
+    if text == "-" or text.endswith(".json") or os.path.lexists(text):
+        return _read_document(text)
+    if not text.strip():
+        raise _CliError("the goal is empty")
+    return text
+
+
+def _refuse_unhonoured(args: argparse.Namespace) -> None:
+    """A flag the chosen mode cannot honour is an error, never silently ignored."""
+    if args.workers == "external":
+        if args.strategy is not None:
+            raise _CliError("--strategy routes local workers; with --workers external the "
+                            "coordinator assigns (drop --strategy)")
+        return
+    for flag, value in (("--mode", args.mode), ("--stale-after", args.stale_after)):
+        if value is not None:
+            raise _CliError(f"{flag} applies to --workers external only")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from planrun._facade import load_app
+
+    _check_run_flags(args)
+    _refuse_unhonoured(args)
+    source = _plan_source(args)
+    app = load_app(args.app)
+    limits = _run_limits(args)
+    budget = limits.budget()
+    if not isinstance(source, str):
+        from planrun._facade import READY_PLAN_MAX_TASKS
+        from planrun.core import Plan
+
+        source = Plan.parse(source, app.registry, max_tasks=READY_PLAN_MAX_TASKS)
+    strategy = args.strategy or "balanced"
+    meta: dict[str, Any] = {"app": args.app, "on_dead": args.on_dead, "strategy": strategy,
+                            "retry_budget": args.retry_budget}
+    if limits.rated or limits.budgeted:
+        meta["limits"] = limits.to_meta()
+    if args.workers == "external":
+        if not args.db:
+            raise _CliError("--workers external needs --db (the database the workers use)")
+        planner = None
+        if isinstance(source, str) or (args.on_dead == "replan" and app.needs_model()):
+            planner = _limited(_model(args), limits)
+        if isinstance(source, str):
+            from planrun.model import decompose
+
+            assert planner is not None
+            with _cassette(args):
+                source = decompose(source, app.registry, planner,
+                                   min_tasks=args.min_tasks, max_tasks=args.max_tasks)
+        replanner = _replanner(args.on_dead, source.goal, app, planner,
+                               min_tasks=args.min_tasks, max_tasks=args.max_tasks)
+        return _coordinate(source, app, args, limits, replanner)
+    model = _model(args) if isinstance(source, str) or app.needs_model() else None
+    options: dict[str, Any] = {
+        "model": _limited(model, limits), "strategy": strategy, "budget": budget,
+        "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
+        "meta": meta, "retry_budget": args.retry_budget, "deadline_s": args.deadline,
+    }
+    if args.db:
+        options["store"] = args.db
+    return _execute(source, app, options, args)
+
+
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """Refuse flags the chosen mode cannot use, rather than ignore them."""
+    if args.db is not None:
+        _check_db(args.db)
+    if args.workers != "external":
+        if args.mode == "peer":
+            raise _CliError("--mode peer needs --workers external (local runs are supervised "
+                            "in this process)")
+        if args.stale_after is not None:
+            raise _CliError("--stale-after applies to --workers external; local runs notice "
+                            "a stuck attempt by its timeout")
+
+
+def _check_db(url: str, *, must_exist: bool = False) -> None:
+    """A store URL that can be what the user meant; read-only verbs need an existing file."""
+    if not url.strip():
+        raise _CliError("--db is empty; give a store URL such as sqlite:///runs.db")
+    scheme, sep, rest = url.partition("://")
+    if must_exist and sep and scheme.lower() == "sqlite" and rest.startswith("/") \
+            and rest != "/" and not Path(rest[1:]).is_file():
+        raise _CliError(f"no database file {rest[1:]!r} (from --db {url}); nothing was created")
+
+
+class _RunReplanner:
+    """The decomposer's replanner for a coordinated run, charged to the run's budget in its
+    store (``Usage(shared=SharedBudget(store, run_id))``) once :meth:`bind` names the run."""
+
+    def __init__(self, goal: str, registry: Any, model: Any, **options: Any) -> None:
+        self.goal, self.registry, self.model, self.options = goal, registry, model, options
+        self.meter: Any = None
+        self._replan: Any = None
+
+    async def bind(self, store: Any, run_id: str, *, budgeted: bool) -> None:
+        from planrun.model import SharedBudget, Usage
+
+        # as a worker process does: the run's stored limits, shared with every process
+        shared = SharedBudget(store, run_id, enforce=budgeted)
+        await shared.open()
+        self.meter = Usage(shared=shared)
+        self._replan = None
+
+    async def __call__(self, request: Any) -> Any:
+        if self._replan is None:
+            from planrun.model import replanner
+
+            self._replan = replanner(self.goal, self.registry, self.model, meter=self.meter,
+                                     **self.options)
+        return await self._replan(request)
+
+
+def _replanner(on_dead: str | None, goal: str, app: Any, model: Any,
+               **options: Any) -> _RunReplanner | None:
+    """With ``--on-dead replan`` and a model, the coordinator re-plans through the
+    decomposer, as a supervised run does, charged to the run's budget."""
+    if on_dead != "replan" or model is None:
+        return None
+    return _RunReplanner(goal, app.registry, model, **options)
+
+
+def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any,
+                replanner: Any = None) -> int:
+    from planrun.model import SharedBudget
+    from planrun.runtime import Coordinator, hold_run
+
+    mode: Any = args.mode or "push"
+    stale_after = 30.0 if args.stale_after is None else args.stale_after
+    meta: dict[str, Any] = {"app": args.app, "on_dead": args.on_dead,
+                            "stale_after": stale_after, "retry_budget": args.retry_budget}
+    if limits.rated or limits.budgeted:
+        meta["limits"] = limits.to_meta()
+
+    async def go(store: Any) -> Any:
+        coordinator = Coordinator(app.registry, store, mode=mode, on_dead=args.on_dead,
+                                  effects=app.effects, stale_after=stale_after,
+                                  approvals=app.approvals, replanner=replanner,
+                                  retry_budget=args.retry_budget, goal=plan.goal, meta=meta,
+                                  deadline_s=args.deadline)
+        # The run's budget is in the database before any worker can see the run.
+        await SharedBudget(store, coordinator.run_id).open(limits.budget())
+        if replanner is not None:
+            await replanner.bind(store, coordinator.run_id, budgeted=limits.budgeted)
+        print(f"run {coordinator.run_id}: waiting for workers "
+              f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
+        # With tracing on, the run's span is the parent of its worker processes' spans:
+        # its trace context is stored in the run's meta, where the workers read it.
+        with tracing.traced_run(coordinator.run_id, goal=plan.goal) as traced:
+            if traced is not None:
+                coordinator.meta.update(traced.meta)
+            async with hold_run(store, coordinator.run_id, new_run=True):
+                result = await coordinator.arun(plan.to_tasks())
+            if traced is not None:
+                traced.set_result(result)
+            return result
+
+    result = _with_store(args.db, go)
+    summary = {"run_id": result.run_id, "counts": result.counts,
+               "audit": result.audit.to_dict(), "workers": dict(result.workers)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
+        print(f"run {result.run_id}: {counts}")
+        print("audit: " + ("clean" if result.audit.clean else str(result.audit.to_dict())))
+    return EXIT_OK if result.ok else 1
+
+
+def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from planrun._facade import aplan_and_run
+    from planrun.obs import Progress, report_table
+
+    console = Console(stderr=args.json)
+    progress = None if args.quiet or args.json else Progress(0, console)
+    run = _interruptible(options.pop("_runner", aplan_and_run))
+    if options.get("store"):
+        import uuid
+
+        run_id = getattr(args, "run_id", None)  # resume names its run
+        if run_id is None:  # a new run: named now, so that an interrupt can say what to resume
+            run_id = options.setdefault("run_id", uuid.uuid4().hex[:12])
+        args.on_interrupt = (f"; run {run_id} is left resumable: planrun resume {run_id} "
+                             f"--db {_masked(options['store'])}")
+    with _cassette(args):
+        if progress is not None:
+            with progress:
+                report = run(source, app, progress=progress, **options)
+        else:
+            report = run(source, app, **options)
+    if args.json:
+        print(json.dumps(report.to_dict(), ensure_ascii=False, default=str))
+    else:
+        console.print(report_table(report))
+        console.print(report.summary())
+    return EXIT_OK if report.ok else 1
+
+
+# ------------------------------------------------------------------- resume / runs / status
+
+
+def _db_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    import os
+
+    default = os.environ.get("PLANRUN_DB")
+    parser.add_argument("--db", default=default, required=required and default is None,
+                        metavar="URL",
+                        help="store URL: sqlite:///runs.db or postgresql://... "
+                        "(default $PLANRUN_DB)")
+
+
+def _add_resume(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "resume", help="carry on a stored run after a crash",
+        description="Load the run's unfinished tasks and carry on: completed tasks keep their "
+        "results, tasks in flight under the dead supervisor are reclaimed.",
+    )
+    parser.add_argument("run_id", metavar="RUN_ID")
+    _db_flag(parser)
+    parser.add_argument("--app", metavar="module:attr",
+                        help="the App; default the one the run was started with")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    _cassette_flags(parser)
+    parser.set_defaults(func=_cmd_resume)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from planrun._facade import load_app
+
+    _check_db(args.db, must_exist=True)
+    run, counts = _stored_run(args.db, args.run_id)
+    if run.status in FINISHED_RUN:  # nothing to carry on: say so, exit 0
+        tally = ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "no tasks"
+        if args.json:
+            print(json.dumps({"run_id": run.id, "status": run.status, "resumed": False,
+                              "counts": counts}))
+        else:
+            print(f"run {run.id} is already {run.status} ({tally}); nothing to resume")
+        return EXIT_OK
+    meta = dict(run.meta)
+    ref = args.app or meta.get("app")
+    if not ref:
+        raise _CliError(f"run {args.run_id} does not name its app; pass --app module:attr")
+    app = load_app(ref)
+    if meta.get("coordinated"):  # started with --workers external: coordinate it again
+        from planrun.model import RunLimits
+        from planrun.runtime import Coordinator
+
+        on_dead = meta.get("on_dead", "cancel_dependents")
+        model = (_limited(_model(args), RunLimits.from_meta(meta))
+                 if on_dead == "replan" and app.needs_model() else None)
+        replanner = _replanner(on_dead, run.goal, app, model)
+
+        async def again(store: Any) -> Any:
+            from planrun.runtime import hold_run
+
+            if replanner is not None:
+                await replanner.bind(store, args.run_id,
+                                     budgeted=RunLimits.from_meta(meta).budgeted)
+            # The policies the run was started with.
+            coordinator = Coordinator(app.registry, store, run_id=args.run_id,
+                                      mode=meta.get("mode", "push"),
+                                      on_dead=on_dead, replanner=replanner,
+                                      stale_after=float(meta.get("stale_after", 30.0)),
+                                      retry_budget=meta.get("retry_budget"),
+                                      effects=app.effects, approvals=app.approvals)
+            async with hold_run(store, args.run_id):
+                return await coordinator.aresume()
+
+        result = _with_store(args.db, again)
+        done = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
+        print(f"run {result.run_id}: {done}")
+        return EXIT_OK if result.ok else 1
+    from planrun.model import RunLimits
+
+    limits = RunLimits.from_meta(meta)  # the limits the run was started with
+    options: dict[str, Any] = {"store": args.db, "_runner": _resume_runner(args.run_id),
+                               "budget": limits.budget()}
+    if meta.get("on_dead"):
+        options["on_dead"] = meta["on_dead"]
+    if meta.get("strategy"):
+        options["strategy"] = meta["strategy"]
+    if meta.get("retry_budget") is not None:
+        options["retry_budget"] = meta["retry_budget"]
+    if app.needs_model():
+        options["model"] = _limited(_model(args), limits)
+    return _execute(None, app, options, args)
+
+
+def _resume_runner(run_id: str) -> Any:
+    from planrun._facade import aresume_run
+
+    async def run(_: Any, app: Any, **options: Any) -> Any:
+        store = options.pop("store")
+        return await aresume_run(run_id, app, store, **options)
+
+    return run
+
+
+def _masked(url: str) -> str:
+    from planrun.stores import mask_url
+
+    return str(mask_url(url))
+
+
+def _interruptible(arun: Any) -> Any:
+    """``arun(...)`` as a blocking call that Ctrl-C stops within a moment (see
+    :func:`_run_interruptibly`)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _run_interruptibly(arun(*args, **kwargs))
+
+    return run
+
+
+class _AbandoningExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor for a CLI run: each call on a daemon thread.
+
+    ``asyncio.run`` waits for its executor's threads at the end; after Ctrl-C that would
+    mean waiting for every synchronous handler to return. These threads are abandoned
+    instead: a handler that finishes later finds its loop closed, so its result is never
+    written (the store keeps the attempt as it was, and ``resume`` reclaims it).
+    """
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the awaiting coroutine, as a pool does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=work, daemon=True, name="planrun-handler").start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: the threads are daemons."""
+
+
+_CLEANUP_S = 2.0
+"""How long cancelled work may take to wind down after Ctrl-C before it is left behind."""
+
+
+def _run_interruptibly(coro: Any) -> Any:
+    """Run ``coro`` on a fresh loop; Ctrl-C cancels it and raises KeyboardInterrupt.
+
+    In-flight async attempts are cancelled; synchronous handlers are abandoned on their
+    daemon threads; a second Ctrl-C while winding down changes nothing.
+    """
+    import asyncio
+    import signal
+
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(_AbandoningExecutor(thread_name_prefix="planrun-handler"))
+    main_task = loop.create_task(coro)
+    interrupted = False
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        main_task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+        handled = True
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread; Windows
+        handled = False
+    try:
+        return loop.run_until_complete(main_task)
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        try:
+            rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in rest:
+                task.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.wait(rest, timeout=_CLEANUP_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+            loop.close()
+
+
+def _with_store(url: str, fn: Any) -> Any:
+    import asyncio
+
+    from planrun.stores import open_store
+
+    async def go() -> Any:
+        store = open_store(url)
+        await store.open()
+        try:
+            return await fn(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def _stored_run(url: str, run_id: str) -> tuple[Any, dict[str, int]]:
+    """The stored run (a RunInfo) and its tasks by status."""
+    from planrun.core import Status
+
+    async def get(store: Any) -> tuple[Any, dict[str, int]]:
+        state = await store.load_tasks(run_id)
+        counts = {s.value: 0 for s in Status}
+        for task in state.tasks:
+            counts[task.status.value] += 1
+        return state.run, counts
+
+    result: tuple[Any, dict[str, int]] = _with_store(url, get)
+    return result
+
+
+def _add_runs(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser("runs", help="list stored runs with status counts")
+    _db_flag(parser)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_runs)
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    _check_db(args.db, must_exist=True)
+    import time
+
+    from planrun.stores.base import shown_status
+
+    async def get(store: Any) -> Any:
+        return await store.list_runs()
+
+    runs = _with_store(args.db, get)
+    now = time.time()
+    if args.json:
+        print(json.dumps([{"id": r.id, "created_at": r.created_at,
+                           "status": shown_status(r.status, r.owner_until, now),
+                           "recorded_status": r.status, "owner": r.owner,
+                           "owner_until": r.owner_until, "goal": r.goal,
+                           "counts": dict(r.counts)} for r in runs]))
+        return EXIT_OK
+    if not runs:
+        print("no runs")
+    for r in runs:
+        counts = ", ".join(f"{k} {v}" for k, v in r.counts.items() if v)
+        status = shown_status(r.status, r.owner_until, now)
+        print(f"{r.id}  {status:<11} {counts}  {r.goal[:60]}")
+    return EXIT_OK
+
+
+def _add_status(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "status", help="tasks by status, per-worker active count, oldest unfinished task age",
+    )
+    parser.add_argument("run_id", metavar="RUN_ID")
+    _db_flag(parser)
+    parser.add_argument("--watch", action="store_true", help="refresh until the run ends")
+    parser.add_argument("--interval", type=_interval, default=2.0, metavar="S",
+                        help="seconds between refreshes with --watch (0.1 to 3600; default 2)")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_status)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    from planrun.obs import run_status
+
+    _check_db(args.db, must_exist=True)
+
+    async def get(store: Any) -> Any:
+        from planrun.model import RunLimits
+
+        state = await store.load(args.run_id)
+        limits = RunLimits.from_meta(state.run.meta)
+        limiter: Any = await store.limiter_state(limits.key) if limits.key else None
+        if limiter is None and limits.rated:  # kept in memory by the one process running it
+            limiter = {"key": limits.key, "rpm": limits.rpm, "tpm": limits.tpm,
+                       "shared": False, "recent_rpm": None}
+        return run_status(state, time.time(), await store.spend(args.run_id), limiter)
+
+    while True:
+        status = _with_store(args.db, get)
+        if args.json:
+            print(json.dumps(status.to_dict()))
+        else:
+            print(status.render())
+        if not args.watch or status.finished:
+            return EXIT_OK
+        time.sleep(args.interval)
+
+
+
+def _add_approve(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "approve", help="approve a task waiting for approval (the run's process carries it out)")
+    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.add_argument("task_id", metavar="TASK_ID")
+    _db_flag(parser)
+    parser.add_argument("--note", default=None, help="recorded with the approval")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_decide, approve=True)
+    parser = subparsers.add_parser(
+        "reject", help="reject a task waiting for approval: it is dead, cause 'rejected'")
+    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.add_argument("task_id", metavar="TASK_ID")
+    _db_flag(parser)
+    parser.add_argument("--reason", required=True, help="why (recorded as the task's error)")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_cmd_decide, approve=False)
+
+
+def _cmd_decide(args: argparse.Namespace) -> int:
+    from planrun.runtime import approve_task, reject_task
+
+    _check_db(args.db, must_exist=True)
+
+    async def go(store: Any) -> Any:
+        if args.approve:
+            return await approve_task(store, args.run_id, args.task_id, args.note)
+        return await reject_task(store, args.run_id, args.task_id, args.reason)
+
+    task = _with_store(args.db, go)
+    decision = "approved" if args.approve else "rejected"
+    if args.json:
+        print(json.dumps({"run": args.run_id, "task": task.id, "decision": decision,
+                          "note": task.error, "status": task.status.value}))
+    else:
+        print(f"{task.id}: {decision}; the run's process carries it out "
+              f"(or 'planrun resume {args.run_id}' if none runs)")
+    return EXIT_OK
+
+
+def _add_worker(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "worker", help="a worker process: takes tasks of running runs from the database",
+        description="Register with the database's running runs, heartbeat, take assigned tasks "
+        "(or claim ready ones in peer mode), renew leases, write results fenced by token.",
+    )
+    _db_flag(parser)
+    parser.add_argument("--app", required=True, metavar="module:attr")
+    parser.add_argument("--kinds", type=_kind_list, metavar="a,b", help="default: all")
+    parser.add_argument("--concurrency", type=_positive_int, default=4, metavar="N")
+    parser.add_argument("--name", help="unique worker name (default host-pid)")
+    parser.add_argument("--mode", choices=["push", "peer"], default="push")
+    parser.add_argument("--lease", type=_seconds, default=30.0, metavar="S",
+                        help="seconds a taken task is held between heartbeats (default 30)")
+    parser.add_argument("--idle-exit", type=_seconds, metavar="S",
+                        help="exit after S seconds with no running run")
+    parser.add_argument("--timeout", type=_seconds, metavar="S",
+                        help="seconds one attempt may take (a kind's timeout_s wins); "
+                        "then it fails as transient and retries")
+    _limit_flags(parser, worker=True)
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.set_defaults(func=_cmd_worker)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import signal
+
+    from planrun._facade import load_app
+    from planrun.runtime import WorkerProcess
+
+    _check_db(args.db)
+    app = load_app(args.app)
+    model = _model(args) if app.needs_model() else None
+
+    async def go(store: Any) -> WorkerProcess:
+        import asyncio
+
+        worker = WorkerProcess(app.registry, store, name=args.name, kinds=args.kinds,
+                               capacity=args.concurrency, mode=args.mode, lease_s=args.lease,
+                               idle_exit=args.idle_exit, timeout=args.timeout,
+                               extras_for=_run_extras(store, model, args))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        print(f"worker {worker.name}: kinds {', '.join(worker.kinds)}, "
+              f"capacity {worker.capacity}, {args.mode} mode", file=sys.stderr)
+        await worker.arun()
+        return worker
+
+    worker = _with_store(args.db, go)
+    print(f"worker {worker.name}: {worker.done} completed, {worker.rejected} refused",
+          file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_extras(store: Any, model: Any, args: argparse.Namespace) -> Any:
+    """Per run: a model limited by the run's shared rate limit, a meter on its budget."""
+    import asyncio
+    import copy
+    import logging
+
+    from planrun.model import RunLimits, SharedBudget, SharedRateLimiter, Usage
+
+    log = logging.getLogger("planrun.cli")
+    cache: dict[str, dict[str, Any]] = {}
+    lock = asyncio.Lock()
+
+    async def extras_for(run_id: str) -> dict[str, Any]:
+        async with lock:
+            if run_id in cache:
+                return cache[run_id]
+            state = await store.load_tasks(run_id)
+            recorded = RunLimits.from_meta(state.run.meta)
+            mine = _run_limits(args, budget=False)
+            if recorded.rated and mine.rated and (recorded.rpm, recorded.tpm) != (
+                    mine.rpm, mine.tpm):
+                log.warning("run %s records its own rate limit (rpm %s, tpm %s); this "
+                            "worker's --rpm/--tpm apply to runs that record none",
+                            run_id, recorded.rpm, recorded.tpm)
+            limits = recorded if recorded.rated else mine
+            shared = SharedBudget(store, run_id, enforce=recorded.budgeted)
+            await shared.open()  # keeps the run's limits and what it spent
+            extras: dict[str, Any] = {"usage": Usage(shared=shared)}
+            if model is not None:
+                own = copy.copy(model)  # one HTTP client; this run's limiter
+                own.limiter = None
+                if limits.rated:
+                    own.limiter = SharedRateLimiter(
+                        store, limits.key or _limit_key(args), limits.rpm, limits.tpm,
+                        request_burst=limits.request_burst or 1.0)
+                extras["model"] = own
+            cache[run_id] = extras
+            return extras
+
+    return extras_for
+
+
+# ---------------------------------------------------------------------------------- demo
+
+
+def _add_demo(subparsers: _Subparsers) -> None:
+    from planrun.dev.demo import DEMOS
+
+    parser = subparsers.add_parser(
+        "demo", help="the worked examples end to end, offline from their fixtures",
+        description="Replay a worked example through the real decomposer, supervisor and "
+        "model client: the goal, the validated plan, live progress, the final report. "
+        "--live runs it against the configured endpoint instead (OPENAI_API_KEY).",
+    )
+    parser.add_argument("name", nargs="?", default="brief", choices=DEMOS,
+                        help="brief (default), tickets (200 tickets) or release")
+    parser.add_argument("--live", action="store_true", help="call the real endpoint")
+    parser.add_argument("--model", help="model name for --live")
+    parser.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from planrun.dev.demo import run_demo
+
+    report = run_demo(args.name, live=args.live, model_name=args.model)
+    return EXIT_OK if report.audit.clean else 1
+
+# -------------------------------------------------------------------------------- parser
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="planrun",
+        description="Turn a goal into a validated task plan and run it under a supervisor.",
+    )
+    parser.add_argument("--version", action="version", version=f"planrun {_version()}")
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, title="commands"
+    )
+    _add_validate(subparsers)
+    _add_simulate(subparsers)
+    _add_compare(subparsers)
+    _add_plan(subparsers)
+    _add_run(subparsers)
+    _add_resume(subparsers)
+    _add_runs(subparsers)
+    _add_status(subparsers)
+    _add_approve(subparsers)
+    _add_worker(subparsers)
+    _add_demo(subparsers)
+    from planrun.cli._eval import add_eval_parser
+
+    add_eval_parser(subparsers)
+    module = _fixtures_cli()
+    if module is not None:
+        module.add_fixtures_parser(subparsers)
+    return parser
+
+
+def _cwd_importable() -> None:
+    """Let ``--app myapp:app`` find ``myapp.py`` in the current directory, as uvicorn does."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return EXIT_OK
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a verb started (while importing, say)
+        print("planrun: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = _build_parser()
+    _cwd_importable()
+    tracing.configure_from_env(os.environ)  # PLANRUN_TRACE_FILE: spans to a file
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help, --version, or a usage error (2)
+        return _exit_code(exc.code)
+    try:
+        status: int = args.func(args)
+    except InvalidPlan as exc:
+        print(f"planrun: error: {_invalid_plan_line(exc)}", file=sys.stderr)
+        return EXIT_INVALID
+    except (_CliError, PlanrunError) as exc:
+        from planrun.dev.fixtures import FixtureMiss
+
+        if isinstance(exc, FixtureMiss):  # the one error that is more than a line: its diff
+            print(f"planrun: error: {_fixture_miss_text(exc, argv)}", file=sys.stderr)
+        else:
+            print(f"planrun: error: {_error_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"planrun: interrupted{getattr(args, 'on_interrupt', '')}", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a defect: still one line; PLANRUN_TRACEBACK=1 shows it all
+        if os.environ.get("PLANRUN_TRACEBACK"):
+            raise
+        print(f"planrun: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+              "(set PLANRUN_TRACEBACK=1 to see where)", file=sys.stderr)
+        return 1
+    return status
+
+
+_LISTED_PROBLEMS = 5
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _invalid_plan_line(exc: Any) -> str:
+    """Every problem of an invalid plan (the first few), on one line."""
+    problems = list(exc.problems)
+    shown = "; ".join(_one_line(str(p), 300) for p in problems[:_LISTED_PROBLEMS])
+    more = len(problems) - _LISTED_PROBLEMS
+    tail = f"; and {more} more (planrun validate lists them all)" if more > 0 else ""
+    count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    return f"invalid plan, {count}: {shown}{tail}"
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line for an error: the whole message (a server's error often says what is wrong
+    on its later lines), its lines joined, any key redacted."""
+    text = " ".join(line.strip() for line in redact(str(exc)).splitlines() if line.strip())
+    return _one_line(text) if text else type(exc).__name__
+
+
+def _fixture_miss_text(exc: Any, argv: Sequence[str] | None) -> str:
+    """The miss with its diff (as the README promises) and a re-record command that works
+    here: a shipped cassette's tool is not in a wheel, so the user's command is offered."""
+    module = _fixtures_cli()
+    text = str(exc)
+    if module is not None and exc.command:
+        fix = module.rerecord_command(exc.command, argv)
+        if fix != exc.command:
+            text = text.replace(exc.command, fix)
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

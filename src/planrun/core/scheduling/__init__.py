@@ -1,0 +1,55 @@
+"""The scheduling core: every rule of a run, in one place, with no I/O.
+
+:class:`Scheduler` holds a run's state and decides (ready, route, retry or die, reclaim,
+cancel, lock, budget, deadline, effects due, stall); :class:`RetryPolicy` is the one retry
+policy of planrun (the scheduler's and the model client's); :func:`failure_of` turns an
+attempt's exception into the :class:`Failure` the scheduler decides on. The in-process
+:class:`~planrun.Supervisor` and the database :class:`~planrun.Coordinator` are drivers over
+it: they feed it what happened and carry out what it decided.
+"""
+
+from planrun.core.scheduling._approval import Approval, decide_record, kept_gate, waiting_cause
+from planrun.core.scheduling._outcome import Failure, failure_of, timed_out
+from planrun.core.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_policy
+from planrun.core.scheduling._scheduler import (
+    EFFECT_RETRY,
+    OnDead,
+    ReplanRequest,
+    RunFacts,
+    Scheduler,
+    Sink,
+    check_policies,
+    dependency_order,
+    replans_spent,
+    retries_spent,
+    spawn_refused,
+)
+from planrun.core.scheduling._spawn import Addition, SpawnLimits, expand
+
+__all__ = [
+    "EFFECT_RETRY",
+    "SCHEDULER_RETRY",
+    "Addition",
+    "Approval",
+    "Backoff",
+    "Failure",
+    "OnDead",
+    "ReplanRequest",
+    "RetryPolicy",
+    "RunFacts",
+    "Scheduler",
+    "Sink",
+    "SpawnLimits",
+    "as_policy",
+    "check_policies",
+    "decide_record",
+    "dependency_order",
+    "expand",
+    "failure_of",
+    "kept_gate",
+    "replans_spent",
+    "retries_spent",
+    "spawn_refused",
+    "timed_out",
+    "waiting_cause",
+]

@@ -1,0 +1,114 @@
+"""One retry policy for every layer that retries: the scheduler and the model client."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from dataclasses import dataclass
+
+from planrun.core._errors import UsageError
+
+__all__ = ["Backoff", "RetryPolicy"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient errors are retried: ``attempts`` tries at most, exponential backoff.
+
+    The n-th retry waits ``min(cap, base * 2**(n-1))``, of which the fraction ``jitter``
+    is random (0: exact; 0.5: between half and all of it), and never less than the
+    server's ``Retry-After``.
+
+    ``max_retry_after`` is the longest ``Retry-After`` a layer waits out itself. The model
+    client hands a longer one to its caller at once (the scheduler is better placed to wait);
+    the scheduler clamps a longer one to it, so a server asking for an hour cannot park a task
+    (and the run) for an hour. The openai SDK itself ignores values above 60 s.
+    """
+
+    attempts: int = 4
+    base: float = 0.5
+    cap: float = 30.0
+    jitter: float = 0.5
+    max_retry_after: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise UsageError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
+        if not 0 <= self.jitter <= 1:
+            raise UsageError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter}")
+        if not (self.base >= 0 and self.cap >= 0 and self.max_retry_after >= 0):
+            raise UsageError("RetryPolicy.base, cap and max_retry_after must be >= 0")
+
+    @classmethod
+    def of(cls, retry: int | RetryPolicy) -> RetryPolicy:
+        """Normalise a number of attempts or a policy."""
+        return retry if isinstance(retry, RetryPolicy) else cls(attempts=retry)
+
+    def backoff(self, retry_number: int, rng: random.Random | None = None) -> float:
+        """Wait before retry ``retry_number`` (1 for the first retry), with jitter."""
+        full = min(self.cap, self.base * 2.0 ** (retry_number - 1))
+        draw = rng.random() if rng is not None else random.random()
+        return full * (1.0 - self.jitter * draw)
+
+    def delay(
+        self, retry_number: int, retry_after: float | None, rng: random.Random | None = None
+    ) -> float:
+        """The wait: backoff, but never shorter than ``retry_after``."""
+        return max(self.backoff(retry_number, rng), retry_after or 0.0)
+
+    def clamp(self, retry_after: float | None) -> float | None:
+        """A server's ``Retry-After`` bounded by ``max_retry_after`` (None stays None)."""
+        if retry_after is None:
+            return None
+        return min(max(0.0, float(retry_after)), self.max_retry_after)
+
+
+SCHEDULER_RETRY = RetryPolicy(attempts=3, base=2.0, cap=60.0, jitter=0.25, max_retry_after=60.0)
+"""The scheduler's default: 3 attempts, 2 s doubling to 60 s, up to 25 % less at random,
+``Retry-After`` honoured up to 60 s."""
+
+
+class Backoff:
+    """Deprecated: use :class:`RetryPolicy` (one policy type for every layer).
+
+    ``Backoff(base, cap, jitter)`` still works and becomes
+    ``RetryPolicy(base=base, cap=cap, jitter=jitter)`` where a policy is expected.
+    """
+
+    def __init__(self, base: float = 2.0, cap: float = 60.0, jitter: float = 0.25) -> None:
+        warnings.warn(
+            "planrun.Backoff is deprecated; pass planrun.RetryPolicy(base=..., cap=..., "
+            "jitter=...) instead", DeprecationWarning, stacklevel=2,
+        )
+        self.policy = RetryPolicy(attempts=SCHEDULER_RETRY.attempts, base=base, cap=cap,
+                                  jitter=jitter, max_retry_after=SCHEDULER_RETRY.max_retry_after)
+
+    @property
+    def base(self) -> float:
+        """Seconds before the first retry."""
+        return self.policy.base
+
+    @property
+    def cap(self) -> float:
+        """Longest wait between attempts."""
+        return self.policy.cap
+
+    @property
+    def jitter(self) -> float:
+        """The random fraction of each wait."""
+        return self.policy.jitter
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait after the ``attempt``-th failure."""
+        return self.policy.backoff(attempt, rng)
+
+
+def as_policy(value: RetryPolicy | Backoff | None, default: RetryPolicy) -> RetryPolicy:
+    """Normalise what a caller passed as a retry policy."""
+    if value is None:
+        return default
+    if isinstance(value, Backoff):
+        return value.policy
+    if isinstance(value, RetryPolicy):
+        return value
+    raise UsageError(f"expected a planrun.RetryPolicy, got {type(value).__name__}")

@@ -1,0 +1,613 @@
+"""Measure decomposition prompts over a set of goals: validity, repairs, problems, closeness.
+
+A goal set is a JSON Lines file, one goal a line::
+
+    {"id": "brief-eu", "goal": "produce a competitive brief ...", "tags": ["brief"],
+     "registry": "planrun.examples.brief:app",
+     "expected_kinds": ["research", "analyse", "write_brief"],
+     "reference": {"goal": "...", "tasks": [...]}}
+
+``registry`` names the kinds the goal is planned over: an app or registry
+(``module:attribute``) or a TaskBench tool graph (``taskbench:<folder>``, relative to the
+goal file); ``--app`` / ``registry=`` gives a default for lines that name none.
+``expected_kinds`` and ``reference`` are optional.
+
+:func:`evaluate` runs the real decomposer (:func:`planrun.adecompose`) on every goal for
+every prompt version (a :class:`~planrun.PromptLibrary`, a folder, or a ``decompose.md``
+file) and reports, per version: how often the first plan validated, how often the plan
+validated after repairs, the mean number of repairs, the problem codes seen (with counts),
+the mean plan size, tokens and cost, and, against a reference plan, how close the plan is:
+node (kind) and link (dependency edge between kinds) precision, recall and F1, averaged
+over goals as TaskBench scores its node and link F1. Model calls are recorded and replayed
+like every other (``record=`` / ``replay=``); a prompt edited since its recording is a
+:class:`~planrun.FixtureMiss` naming the template, never a network call.
+
+    report = evaluate("examples", {"default": None, "strict": "strict"}, replay="examples")
+    print(report.table())
+    report.compare("default", "strict")
+
+Shipped goal sets (``examples``, ``taskbench``), their cassettes and the ``strict`` prompt
+variant live in :mod:`planrun`'s ``evals`` data folder (:func:`shipped`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planrun.core import InvalidPlan, Plan, Registry, UsageError, WorkerError
+from planrun.model import PromptLibrary
+
+if TYPE_CHECKING:
+    from planrun.model import Completion, Model, PriceTable
+
+__all__ = [
+    "EVALS_DIR",
+    "EvalReport",
+    "Goal",
+    "GoalOutcome",
+    "Scores",
+    "VersionReport",
+    "aevaluate",
+    "evaluate",
+    "load_goals",
+    "prompt_versions",
+    "score_plan",
+    "shipped",
+]
+
+EVALS_DIR = Path(__file__).resolve().parent / "evals"
+"""The shipped goal sets (``<name>.jsonl``), cassettes (``cassettes/<name>.json``) and
+prompt variants (``prompts/<name>/``)."""
+
+DEFAULT_VERSION = "default"
+
+
+# ---- goals ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One line of a goal set."""
+
+    id: str
+    goal: str
+    registry: Registry
+    tags: tuple[str, ...] = ()
+    expected_kinds: tuple[str, ...] | None = None
+    reference: Mapping[str, Any] | None = None
+
+
+def shipped(name: str) -> tuple[Path, Path]:
+    """The goal file and cassette of a shipped goal set (``examples`` or ``taskbench``)."""
+    goals = EVALS_DIR / f"{name}.jsonl"
+    if not goals.is_file():
+        have = sorted(p.stem for p in EVALS_DIR.glob("*.jsonl"))
+        raise UsageError(f"no shipped goal set {name!r}; have {have}")
+    return goals, EVALS_DIR / "cassettes" / f"{name}.json"
+
+
+def _goal_file(source: str | os.PathLike[str]) -> Path:
+    path = Path(source)
+    if path.is_file():
+        return path
+    if isinstance(source, str) and "/" not in source and not source.endswith(".jsonl"):
+        return shipped(source)[0]
+    raise UsageError(f"no goal file {str(source)!r}")
+
+
+def _registry(ref: str, base: Path, cache: dict[str, Registry]) -> Registry:
+    if ref in cache:
+        return cache[ref]
+    if ref.startswith("taskbench:"):
+        from planrun.dev.taskbench import load_tool_graph
+
+        folder = base / ref.split(":", 1)[1]
+        if not folder.is_dir():
+            raise UsageError(f"no TaskBench tool graph folder {str(folder)!r}")
+        found = load_tool_graph(folder)
+    else:
+        from planrun._facade import load_app
+
+        found = load_app(ref).registry
+    cache[ref] = found
+    return found
+
+
+def load_goals(
+    source: str | os.PathLike[str], *, registry: Registry | str | None = None
+) -> list[Goal]:
+    """Read a goal set (a path, or the name of a shipped one); every line is checked.
+
+    Raises:
+        UsageError: a line is not JSON, has no goal, names no registry (and none is
+            given), or repeats an id; the message names the line.
+    """
+    path = _goal_file(source)
+    cache: dict[str, Registry] = {}
+    goals: list[Goal] = []
+    seen: set[str] = set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("goal"), str):
+            raise UsageError(f"{where}: a goal line needs a \"goal\" string")
+        ref = data.get("registry")
+        if isinstance(ref, str):
+            kinds = _registry(ref, path.parent, cache)
+        elif isinstance(registry, Registry):
+            kinds = registry
+        elif isinstance(registry, str):
+            kinds = _registry(registry, path.parent, cache)
+        else:
+            raise UsageError(f"{where}: no \"registry\" and no --app given")
+        goal_id = str(data.get("id") or f"goal-{number}")
+        if goal_id in seen:
+            raise UsageError(f"{where}: id {goal_id!r} is used twice")
+        seen.add(goal_id)
+        expected = data.get("expected_kinds")
+        goals.append(Goal(
+            goal_id, data["goal"], kinds, tuple(str(t) for t in data.get("tags") or ()),
+            tuple(str(k) for k in expected) if isinstance(expected, list) else None,
+            data.get("reference") if isinstance(data.get("reference"), dict) else None,
+        ))
+    if not goals:
+        raise UsageError(f"{path}: no goals")
+    return goals
+
+
+# ---- prompt versions --------------------------------------------------------------------------
+
+
+PromptSource = PromptLibrary | str | os.PathLike[str] | None
+
+
+def _library(source: PromptSource, stack: ExitStack) -> PromptLibrary:
+    if source is None or source == DEFAULT_VERSION:
+        return PromptLibrary()
+    if isinstance(source, PromptLibrary):
+        return source
+    path = Path(source)
+    if not path.exists() and isinstance(source, str) and (EVALS_DIR / "prompts" / source).is_dir():
+        path = EVALS_DIR / "prompts" / source
+    if path.is_dir():
+        return PromptLibrary(path)
+    if path.is_file():  # one template file: it is the decomposition prompt
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        shutil.copyfile(path, folder / "decompose.md")
+        return PromptLibrary(folder)
+    raise UsageError(f"no prompt folder or file {str(source)!r}")
+
+
+def prompt_versions(specs: Sequence[str]) -> dict[str, str | None]:
+    """``NAME=PATH`` or ``NAME`` (a shipped variant, or ``default``) -> name: source."""
+    versions: dict[str, str | None] = {}
+    for spec in specs or [DEFAULT_VERSION]:
+        name, _, source = spec.partition("=")
+        if not name:
+            raise UsageError(f"--prompts wants NAME=PATH or NAME, got {spec!r}")
+        if name in versions:
+            raise UsageError(f"prompt version {name!r} is given twice")
+        versions[name] = source or (None if name == DEFAULT_VERSION else name)
+    return versions
+
+
+# ---- scoring ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Precision, recall and F1 of one comparison (None when there is nothing to compare)."""
+
+    precision: float
+    recall: float
+    f1: float
+
+    @classmethod
+    def of(cls, predicted: Counter[Any], gold: Counter[Any]) -> Scores | None:
+        """Multiset overlap of ``predicted`` and ``gold``; None when both are empty."""
+        if not predicted and not gold:
+            return None
+        hits = sum((predicted & gold).values())
+        p = hits / sum(predicted.values()) if predicted else 0.0
+        r = hits / sum(gold.values()) if gold else 0.0
+        return cls(p, r, 2 * p * r / (p + r) if p + r else 0.0)
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON-ready form, rounded to 4 places."""
+        return {"precision": round(self.precision, 4), "recall": round(self.recall, 4),
+                "f1": round(self.f1, 4)}
+
+
+def _nodes_and_links(document: Mapping[str, Any]) -> tuple[Counter[str], Counter[tuple[str, str]]]:
+    tasks = list(document.get("tasks") or [])
+    ids = {str(t.get("id", i)): i for i, t in enumerate(tasks)}
+    kinds = [str(t.get("kind")) for t in tasks]
+    links: Counter[tuple[str, str]] = Counter()
+    for i, task in enumerate(tasks):
+        for dep in task.get("depends_on") or []:
+            j = dep if isinstance(dep, int) else ids.get(str(dep))
+            if isinstance(j, int) and 0 <= j < len(kinds):
+                links[kinds[j], kinds[i]] += 1
+    return Counter(kinds), links
+
+
+def score_plan(
+    plan: Plan | Mapping[str, Any] | None, reference: Mapping[str, Any]
+) -> tuple[Scores | None, Scores | None]:
+    """Node and link scores of ``plan`` against ``reference`` (TaskBench's node/link F1).
+
+    Nodes are the plan's kinds and links its dependency edges as (kind before, kind
+    after) pairs, both counted as multisets. No plan scores zero against a non-empty
+    reference.
+    """
+    document = plan.to_document() if isinstance(plan, Plan) else (plan or {"tasks": []})
+    nodes, links = _nodes_and_links(document)
+    gold_nodes, gold_links = _nodes_and_links(reference)
+    return Scores.of(nodes, gold_nodes), Scores.of(links, gold_links)
+
+
+# ---- outcomes and reports ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GoalOutcome:
+    """What one prompt version made of one goal."""
+
+    id: str
+    tags: tuple[str, ...]
+    valid: bool
+    first_try_valid: bool
+    attempts: int
+    problems: list[list[str]]
+    """Problem codes of each invalid attempt, in order."""
+    plan: dict[str, Any] | None
+    tokens: int
+    cost_usd: float
+    nodes: Scores | None = None
+    links: Scores | None = None
+    kinds: Scores | None = None
+    """Kinds of the plan against ``expected_kinds`` (when given)."""
+    error: str | None = None
+
+    @property
+    def repairs(self) -> int:
+        """Attempts after the first."""
+        return max(0, self.attempts - 1)
+
+    @property
+    def size(self) -> int:
+        """Tasks in the plan (0 without one)."""
+        return len(self.plan["tasks"]) if self.plan else 0
+
+    def outcome(self) -> str:
+        """One word: ``first_try``, ``repaired``, ``invalid`` or ``error``."""
+        if self.error:
+            return "error"
+        if not self.valid:
+            return "invalid"
+        return "first_try" if self.first_try_valid else "repaired"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "id": self.id, "tags": list(self.tags), "outcome": self.outcome(),
+            "valid": self.valid, "first_try_valid": self.first_try_valid,
+            "attempts": self.attempts, "repairs": self.repairs, "problems": self.problems,
+            "tasks": self.size, "tokens": self.tokens, "cost_usd": round(self.cost_usd, 6),
+            "nodes": self.nodes.to_dict() if self.nodes else None,
+            "links": self.links.to_dict() if self.links else None,
+            "kinds": self.kinds.to_dict() if self.kinds else None,
+            "error": self.error, "plan": self.plan,
+        }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class VersionReport:
+    """One prompt version over the whole goal set."""
+
+    name: str
+    outcomes: list[GoalOutcome]
+
+    def summary(self) -> dict[str, Any]:
+        """The rates and means of this version (what the table shows)."""
+        out = self.outcomes
+        n = len(out)
+        codes: Counter[str] = Counter(c for o in out for attempt in o.problems for c in attempt)
+        valid = [o for o in out if o.valid]
+
+        def mean_score(attr: str, part: str) -> float | None:
+            scores = [getattr(getattr(o, attr), part) for o in out if getattr(o, attr)]
+            value = _mean(scores)
+            return None if value is None else round(value, 4)
+
+        return {
+            "goals": n,
+            "first_try_valid_rate": round(sum(o.first_try_valid for o in out) / n, 4),
+            "valid_rate": round(len(valid) / n, 4),
+            "mean_repairs": round(sum(o.repairs for o in out) / n, 4),
+            "problem_codes": dict(sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "mean_tasks": round(_mean([o.size for o in valid]) or 0.0, 4),
+            "tokens": sum(o.tokens for o in out),
+            "cost_usd": round(sum(o.cost_usd for o in out), 6),
+            "errors": sum(1 for o in out if o.error),
+            "node_precision": mean_score("nodes", "precision"),
+            "node_recall": mean_score("nodes", "recall"),
+            "node_f1": mean_score("nodes", "f1"),
+            "link_precision": mean_score("links", "precision"),
+            "link_recall": mean_score("links", "recall"),
+            "link_f1": mean_score("links", "f1"),
+            "kind_f1": mean_score("kinds", "f1"),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: the summary and every goal's outcome."""
+        return {"name": self.name, **self.summary(),
+                "outcomes": [o.to_dict() for o in self.outcomes]}
+
+
+_ROWS = [
+    ("goals", "goals", "{}"),
+    ("first-try valid", "first_try_valid_rate", "{:.0%}"),
+    ("valid after repair", "valid_rate", "{:.0%}"),
+    ("mean repairs", "mean_repairs", "{:.2f}"),
+    ("mean tasks", "mean_tasks", "{:.2f}"),
+    ("node F1", "node_f1", "{:.3f}"),
+    ("link F1", "link_f1", "{:.3f}"),
+    ("kind F1 (expected)", "kind_f1", "{:.3f}"),
+    ("tokens", "tokens", "{}"),
+    ("cost USD", "cost_usd", "{:.4f}"),
+    ("errors", "errors", "{}"),
+]
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """Every prompt version's report over one goal set."""
+
+    versions: dict[str, VersionReport]
+
+    def __getitem__(self, name: str) -> VersionReport:
+        try:
+            return self.versions[name]
+        except KeyError:
+            raise UsageError(f"no prompt version {name!r}; have {list(self.versions)}") from None
+
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """Version name -> :meth:`VersionReport.summary`."""
+        return {name: v.summary() for name, v in self.versions.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``planrun eval --json``)."""
+        return {"versions": {name: v.to_dict() for name, v in self.versions.items()}}
+
+    def table(self) -> str:
+        """The versions side by side, one metric a row, then the problem codes."""
+        summaries = self.summaries()
+        names = list(summaries)
+        rows: list[list[str]] = [["", *names]]
+        for label, key, fmt in _ROWS:
+            rows.append([label, *("-" if s[key] is None else fmt.format(s[key])
+                                  for s in summaries.values())])
+        codes = sorted({c for s in summaries.values() for c in s["problem_codes"]})
+        for code in codes:
+            rows.append([f"problem {code}",
+                         *(str(s["problem_codes"].get(code, 0)) for s in summaries.values())])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(names) + 1)]
+        return "\n".join(
+            "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows)
+
+    def compare(self, a: str, b: str) -> list[dict[str, Any]]:
+        """The goals whose outcome or plan differs between versions ``a`` and ``b``."""
+        left = {o.id: o for o in self[a].outcomes}
+        changed = []
+        for right in self[b].outcomes:
+            before = left.get(right.id)
+            if before is None:
+                continue
+            plan_changed = _shape(before.plan) != _shape(right.plan)
+            if before.outcome() == right.outcome() and not plan_changed:
+                continue
+            changed.append({
+                "id": right.id, a: before.outcome(), b: right.outcome(),
+                "plan_changed": plan_changed,
+                "repairs": {a: before.repairs, b: right.repairs},
+                "tasks": {a: before.size, b: right.size},
+                "link_f1": {a: before.links.f1 if before.links else None,
+                            b: right.links.f1 if right.links else None},
+            })
+        return changed
+
+
+def _shape(plan: Mapping[str, Any] | None) -> Any:
+    if not plan:
+        return None
+    return [(t["kind"], tuple(t.get("depends_on") or ()), json.dumps(t.get("payload"),
+                                                                       sort_keys=True))
+            for t in plan["tasks"]]
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+class _Counting:
+    """A model that remembers the replies of the decomposer's calls (one goal at a time)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.replies: list[Completion[Any]] = []
+
+    async def complete(self, *args: Any, **kwargs: Any) -> Any:
+        reply = await self.model.complete(*args, **kwargs)
+        self.replies.append(reply)
+        return reply
+
+
+async def _one(
+    goal: Goal, library: PromptLibrary, model: _Counting, options: Mapping[str, Any],
+    prices: PriceTable | None,
+) -> GoalOutcome:
+    from planrun.model import Usage, adecompose
+
+    meter = Usage(prices)
+    model.replies.clear()
+    plan: Plan | None = None
+    error: str | None = None
+    try:
+        plan = await adecompose(goal.goal, goal.registry, model, prompts=library,  # type: ignore[arg-type]
+                                meter=meter, **options)
+    except InvalidPlan:
+        pass
+    except WorkerError as exc:  # a transport failure of a live eval: noted, the set goes on
+        error = f"{type(exc).__name__}: {exc}"
+    problems = [_problems(reply, goal.registry, options) for reply in model.replies]
+    invalid = [codes for codes in problems if codes]
+    document = plan.to_document() if plan is not None else None
+    nodes = links = kinds = None
+    if goal.reference is not None:
+        nodes, links = score_plan(plan, goal.reference)
+    if goal.expected_kinds is not None:
+        got = Counter(t["kind"] for t in document["tasks"]) if document else Counter()
+        kinds = Scores.of(Counter(set(got)), Counter(set(goal.expected_kinds)))
+    total = meter.total
+    return GoalOutcome(
+        goal.id, goal.tags, plan is not None,
+        bool(problems) and not problems[0] and plan is not None,
+        len(model.replies), invalid, document, total.total_tokens, total.cost_usd,
+        nodes, links, kinds, error)
+
+
+def _problems(reply: Any, registry: Registry, options: Mapping[str, Any]) -> list[str]:
+    candidate = reply.parsed if reply.parsed is not None else reply.text
+    try:
+        Plan.parse(candidate, registry, min_tasks=options["min_tasks"],
+                   max_tasks=options["max_tasks"])
+    except InvalidPlan as exc:
+        return [p.code for p in exc.problems]
+    return []
+
+
+def _cassette(
+    record: str | os.PathLike[str] | None, replay: str | os.PathLike[str] | None,
+    command: str | None,
+) -> AbstractContextManager[Any]:
+    from planrun.dev import fixtures
+
+    if record and replay:
+        raise UsageError("record and replay cannot be used together")
+    if replay:
+        return fixtures.replay(_cassette_path(replay))
+    if record:
+        return fixtures.record(record, command=command)
+    return nullcontext()
+
+
+def _cassette_path(source: str | os.PathLike[str]) -> Path:
+    path = Path(source)
+    if path.is_file():
+        return path
+    if isinstance(source, str) and (EVALS_DIR / "cassettes" / f"{source}.json").is_file():
+        return EVALS_DIR / "cassettes" / f"{source}.json"
+    raise UsageError(f"no cassette {str(source)!r}")
+
+
+def evaluate(
+    goals: str | os.PathLike[str] | Sequence[Goal],
+    prompts: Mapping[str, PromptSource] | Sequence[str] | None = None,
+    **options: Any,
+) -> EvalReport:
+    """Decompose every goal with every prompt version; see :func:`aevaluate`.
+
+    Synchronous (on a private thread inside a running loop, as in a notebook).
+    """
+    from planrun.runtime import RealClock, run_blocking
+
+    return run_blocking(RealClock(), lambda: aevaluate(goals, prompts, **options))
+
+
+async def aevaluate(
+    goals: str | os.PathLike[str] | Sequence[Goal],
+    prompts: Mapping[str, PromptSource] | Sequence[str] | None = None,
+    *,
+    model: Model | None = None,
+    replay: str | os.PathLike[str] | None = None,
+    record: str | os.PathLike[str] | None = None,
+    registry: Registry | str | None = None,
+    min_tasks: int = 1,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prices: PriceTable | None = None,
+    command: str | None = None,
+) -> EvalReport:
+    """Decompose every goal with every prompt version and measure each version.
+
+    Args:
+        goals: a goal file, the name of a shipped set (``examples``, ``taskbench``), or
+            :class:`Goal` objects.
+        prompts: version name -> a :class:`PromptLibrary`, a folder, a ``decompose.md``
+            file, a shipped variant name, or None (the shipped prompts); or ``NAME=PATH``
+            strings. Default: the shipped prompts alone, as ``default``.
+        model: the model (default: from the environment; under ``replay`` the cassette's).
+            A model passed in is not closed.
+        replay, record: a cassette to answer from (a path or a shipped set's name), or
+            to write. A request with no recording raises :class:`~planrun.FixtureMiss`.
+        registry: the kinds for goal lines that name none (an app ``module:attr``).
+        min_tasks, max_tasks, repair_attempts: as for :func:`planrun.decompose`.
+        prices: the price table for the cost.
+        command: the re-record command stored in a recorded cassette.
+    """
+    items = list(goals) if isinstance(goals, Sequence) and not isinstance(goals, str) else \
+        load_goals(goals, registry=registry)
+    versions = prompts if isinstance(prompts, Mapping) else prompt_versions(list(prompts or []))
+    options = {"min_tasks": min_tasks, "max_tasks": max_tasks,
+               "repair_attempts": repair_attempts}
+    with ExitStack() as stack:
+        cassette = stack.enter_context(_cassette(record, replay, command))
+        chosen = model
+        if chosen is None:
+            chosen = cassette.model() if replay else _default_model()
+        counting = _Counting(chosen)
+        reports: dict[str, VersionReport] = {}
+        try:
+            for name, source in versions.items():
+                library = _library(source, stack)
+                outcomes = [await _one(g, library, counting, options, prices) for g in items]
+                reports[name] = VersionReport(name, outcomes)
+        finally:
+            if model is None:
+                await chosen.aclose()
+        return EvalReport(reports)
+
+
+def _default_model() -> Model:
+    from planrun.model import Model
+
+    return Model()
+
+
+def iter_changed(report: EvalReport, a: str, b: str) -> Iterator[str]:
+    """Lines for a terminal: one per goal whose outcome or plan changed from ``a`` to ``b``."""
+    for row in report.compare(a, b):
+        plan = ", plan changed" if row["plan_changed"] else ""
+        yield (f"{row['id']}: {row[a]} -> {row[b]} (repairs {row['repairs'][a]} -> "
+               f"{row['repairs'][b]}, tasks {row['tasks'][a]} -> {row['tasks'][b]}{plan})")
+

@@ -1,0 +1,218 @@
+"""Decomposer: a prose goal becomes a validated plan, or an error with the evidence.
+
+The model is asked for a plan with the plan schema generated from the registry as its
+response format, so under strict structured output it cannot name a kind that does not
+exist. Its answer is still validated by the core (dependencies, payloads, bounds). When it
+is invalid, the model is shown its previous answer and the problem list, and asked again,
+at most ``repair_attempts`` times. The conversation never grows beyond the original request
+plus the last attempt, and transport errors are never pasted into it: they propagate.
+
+Nothing is dispatched from an invalid plan: :func:`decompose` either returns a
+:class:`~planrun.Plan` that validated or raises :class:`~planrun.InvalidPlan`
+with every problem of the last attempt and the raw output of each attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from planrun.core import (
+    InvalidPlan,
+    Plan,
+    Problem,
+    Registry,
+    SpawnRequest,
+    UsageError,
+    plan_schema,
+    spawn_id,
+)
+from planrun.model._prompts import PromptLibrary, describe_kinds
+from planrun.obs import tracing
+from planrun.runtime import RealClock, run_blocking
+
+if TYPE_CHECKING:
+    from planrun.core.scheduling import ReplanRequest
+    from planrun.model._client import Model
+    from planrun.model._usage import Usage
+
+__all__ = ["adecompose", "decompose", "repair_message", "replan_goal", "replanner"]
+
+
+def repair_message(problems: Sequence[Problem]) -> str:
+    """The user message that asks for a corrected plan, listing each problem by code."""
+    lines = [
+        "That plan is invalid. Problems found (code, task index, what to fix):",
+        *(f"- {p.code} (task {'-' if p.task is None else p.task}): {p.message}" for p in problems),
+        "",
+        "Return the complete corrected plan as JSON only, following every rule above.",
+    ]
+    return "\n".join(lines)
+
+
+@tracing.traced_decompose
+async def adecompose(
+    goal: str,
+    registry: Registry,
+    model: Model,
+    *,
+    min_tasks: int = 3,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    meter: Usage | None = None,
+) -> Plan:
+    """Ask ``model`` to break ``goal`` into a plan over the kinds of ``registry``.
+
+    Raises:
+        InvalidPlan: still invalid after ``repair_attempts`` repairs; ``problems`` are the
+            last attempt's, ``raw_outputs`` every attempt's text.
+        TransientError, PermanentError, BudgetExceeded: the model call itself failed.
+    """
+    if not isinstance(goal, str) or not goal.strip():
+        raise UsageError("a goal must be a non-empty string")
+    if repair_attempts < 0:
+        raise UsageError("repair_attempts must be >= 0")
+    library = prompts or PromptLibrary()
+    rendered = library.render(
+        "decompose",
+        goal=goal.strip(),
+        kinds=describe_kinds(registry),
+        min_tasks=min_tasks,
+        max_tasks=max_tasks,
+    )
+    schema = plan_schema(registry, min_tasks=min_tasks, max_tasks=max_tasks)
+    request = {"role": "user", "content": rendered.text}
+    scoped = meter.scoped("decompose") if meter is not None else None
+    messages: list[dict[str, str]] = [request]
+    outputs: list[str] = []
+    history: list[list[Problem]] = []
+    for _ in range(repair_attempts + 1):
+        completion = await model.complete(
+            messages,
+            result_model=schema,
+            schema_name="plan",
+            prompt_hash=rendered.hash,
+            prompt_name=rendered.name,
+            meter=scoped,
+            validate=False,
+        )
+        outputs.append(completion.text)
+        candidate: Any = completion.parsed if completion.parsed is not None else completion.text
+        try:
+            plan = Plan.parse(candidate, registry, min_tasks=min_tasks, max_tasks=max_tasks)
+        except InvalidPlan as exc:
+            history.append(exc.problems)
+            tracing.plan_problems(len(history), exc.problems)
+            answer = completion.text or json.dumps(candidate)
+            messages = [
+                request,
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": repair_message(exc.problems)},
+            ]
+            continue
+        if not plan.goal:
+            plan = Plan(goal.strip(), plan.tasks)
+        return plan
+    raise InvalidPlan(
+        history[-1],
+        raw_outputs=outputs,
+        attempts=history,
+        message=_failure_message(history, len(outputs)),
+    )
+
+
+def decompose(
+    goal: str,
+    registry: Registry,
+    model: Model,
+    *,
+    min_tasks: int = 3,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    meter: Usage | None = None,
+) -> Plan:
+    """Synchronous :func:`adecompose` (on a private thread inside a running loop)."""
+    return run_blocking(
+        RealClock(),
+        lambda: adecompose(
+            goal, registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
+            repair_attempts=repair_attempts, prompts=prompts, meter=meter,
+        ),
+    )
+
+
+def replan_goal(goal: str, request: ReplanRequest, *, max_chars: int = 4000) -> str:
+    """The goal the decomposer is given to re-plan a dead task's part of ``goal``."""
+    dead = request.dead
+    results = json.dumps(dict(request.results), default=str, sort_keys=True)
+    if len(results) > max_chars:
+        results = results[:max_chars] + " ..."
+    replaced = ", ".join(f"{t.id} ({t.kind} {json.dumps(dict(t.payload), sort_keys=True)})"
+                         for t in request.cancelled) or "none"
+    return (
+        f"{goal.strip()}\n\n"
+        f"Re-plan part of this goal. Task {dead.id} ({dead.kind} "
+        f"{json.dumps(dict(dead.payload), sort_keys=True)}) failed for good: {dead.error}. "
+        f"Its dependents were cancelled: {replaced}. Results so far: {results}. "
+        "Plan only the tasks that replace the failed task and its cancelled dependents, "
+        "another way if the failure says the same way cannot work."
+    )
+
+
+def replanner(
+    goal: str,
+    registry: Registry,
+    model: Model,
+    *,
+    min_tasks: int = 1,
+    max_tasks: int = 8,
+    repair_attempts: int = 2,
+    prompts: PromptLibrary | None = None,
+    meter: Usage | None = None,
+) -> Callable[[ReplanRequest], Awaitable[list[SpawnRequest]]]:
+    """A replanner for ``Supervisor(on_dead="replan", replanner=...)`` over the decomposer.
+
+    Each replan is one decomposition (with its repair loop, charged to ``meter``, so to the
+    run's budget) of :func:`replan_goal`; the fragment's first tasks depend on what the
+    dead task depended on, the others on earlier tasks of the fragment.
+    """
+
+    async def replan(request: ReplanRequest) -> list[SpawnRequest]:
+        plan = await adecompose(
+            replan_goal(goal, request), registry, model, min_tasks=min_tasks,
+            max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts, meter=meter)
+        return fragment_of(plan, request)
+
+    return replan
+
+
+def fragment_of(plan: Plan, request: ReplanRequest) -> list[SpawnRequest]:
+    """A plan as the fragment that replaces the dead task and its cancelled dependents.
+
+    Ids are ``"<dead>/<n>"``. Its first tasks wait for what the dead task waited for; its
+    last ones (no task of the fragment waits for them) also get what the replaced tasks
+    had from the rest of the run (their completed dependencies), so a replacement of the
+    final step still sees every input the original would have seen.
+    """
+    dead = request.dead
+    replaced = {dead.id, *(t.id for t in request.cancelled)}
+    kept = tuple(dict.fromkeys(d for t in request.cancelled for d in t.depends_on
+                               if d not in replaced and d in request.results))
+    used = {d for t in plan.tasks for d in t.depends_on}
+    out = []
+    for i, t in enumerate(plan.tasks):
+        deps = tuple(spawn_id(dead.id, d) for d in t.depends_on) or dead.depends_on
+        if i not in used:
+            deps = tuple(dict.fromkeys(deps + kept))
+        out.append(SpawnRequest(t.kind, dict(t.payload), deps))
+    return out
+
+
+def _failure_message(history: Sequence[Sequence[Problem]], attempts: int) -> str:
+    last = history[-1]
+    lines = [f"the model's plan was still invalid after {attempts} attempt(s); last problems:"]
+    lines += [f"  {p}" for p in last]
+    return "\n".join(lines)

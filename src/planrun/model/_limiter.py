@@ -1,0 +1,178 @@
+"""One client-side rate limiter for every caller of an API in the process.
+
+Forty workers sharing an API that allows ten requests a second get a quarter of a request
+each; if each retried on its own they would spend their time being throttled (429s, retry
+storms, wasted budget). A :class:`RateLimiter` makes them queue instead: callers are served
+first come, first served, and each request waits for its slot *before* it is sent.
+
+Two token buckets, each optional:
+
+* requests per minute — ``request_burst`` requests may go back to back (default 1: requests
+  are evenly spaced, so no one-second window holds more than the rate allows);
+* tokens per minute — a request takes its estimated tokens; once it finishes,
+  :meth:`RateLimiter.reconcile` corrects the estimate with what the server reported.
+
+A request larger than a bucket waits until the bucket is full and then borrows, so it still
+goes, and later callers wait until the debt is paid back.
+
+:meth:`RateLimiter.penalize` is called when the server answers 429: the whole limiter pauses
+for ``retry_after`` seconds, since the server's limit is shared by every caller.
+
+Time is ``asyncio.get_running_loop().time()`` and waiting is ``asyncio.sleep``, so the same
+limiter runs instantly under :class:`planrun.VirtualClock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from planrun.core import UsageError
+
+__all__ = ["RateLimiter"]
+
+_TOLERANCE_S = 1e-9
+"""A wait shorter than this is no wait: float error must not leave a caller spinning on
+sleeps too short to move the clock."""
+
+
+@dataclass
+class _Bucket:
+    """A token bucket kept as the time it is full again (GCRA), so waits are exact times."""
+
+    rate: float
+    """Units refilled per second."""
+    capacity: float
+    full_at: float = float("-inf")
+
+    def ready_at(self, cost: float) -> float:
+        """When ``cost`` may be taken (a cost above capacity needs a full bucket)."""
+        need = min(cost, self.capacity)
+        return self.full_at - (self.capacity - need) / self.rate
+
+    def take(self, now: float, cost: float) -> None:
+        self.full_at = max(self.full_at, now) + cost / self.rate
+
+    def give(self, now: float, amount: float) -> None:
+        """Return ``amount`` units (negative: take more), never beyond a full bucket."""
+        self.full_at = max(now, max(self.full_at, now) - amount / self.rate)
+
+    def level(self, now: float) -> float:
+        """Units available at ``now`` (negative while a large request is being paid back)."""
+        return self.capacity - max(0.0, self.full_at - now) * self.rate
+
+
+class RateLimiter:
+    """Requests-per-minute and tokens-per-minute limits shared by every caller.
+
+    Example::
+
+        limiter = RateLimiter(requests_per_minute=600, tokens_per_minute=200_000)
+        model = Model(limiter=limiter)          # every attempt waits for its slot
+
+    ``request_burst`` is how many requests may go at once after an idle spell (default 1);
+    ``token_burst`` is how many tokens may (default: one second's worth, at least 1).
+    """
+
+    def __init__(
+        self,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        *,
+        request_burst: float = 1.0,
+        token_burst: float | None = None,
+    ) -> None:
+        check_rates("RateLimiter", requests_per_minute, tokens_per_minute, request_burst)
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self._requests = self._bucket(requests_per_minute, request_burst)
+        token_capacity = token_burst
+        if tokens_per_minute is not None and token_capacity is None:
+            token_capacity = max(1.0, tokens_per_minute / 60)
+        self._tokens = self._bucket(tokens_per_minute, token_capacity or 1.0)
+        self._paused_until = float("-inf")
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.waited = 0.0
+        """Seconds callers spent waiting here, summed (a measure of throttling)."""
+        self.acquired = 0
+        """Requests let through so far."""
+
+    @staticmethod
+    def _bucket(per_minute: float | None, capacity: float) -> _Bucket | None:
+        return None if per_minute is None else _Bucket(rate=per_minute / 60, capacity=capacity)
+
+    def __repr__(self) -> str:
+        return (
+            f"RateLimiter(requests_per_minute={self.requests_per_minute}, "
+            f"tokens_per_minute={self.tokens_per_minute})"
+        )
+
+    def _queue(self) -> asyncio.Lock:
+        # An asyncio.Lock hands itself to waiters in FIFO order, which is the fairness we
+        # want. It is bound to one loop, and loop times of two loops need not compare, so a
+        # limiter reused on a new loop starts afresh there.
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._loop is not loop:
+            self._lock, self._loop = asyncio.Lock(), loop
+            self._paused_until = float("-inf")
+            for bucket in (self._requests, self._tokens):
+                if bucket is not None:
+                    bucket.full_at = float("-inf")
+        return self._lock
+
+    def _wait_time(self, now: float, tokens: float) -> float:
+        ready = self._paused_until
+        for bucket, cost in ((self._requests, 1.0), (self._tokens, tokens)):
+            if bucket is not None:
+                ready = max(ready, bucket.ready_at(cost))
+        wait = ready - now
+        return wait if wait > _TOLERANCE_S else 0.0
+
+    async def acquire(self, tokens_estimate: int = 0) -> None:
+        """Wait for this caller's turn, then take one request and ``tokens_estimate`` tokens."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with self._queue():
+            while (wait := self._wait_time(loop.time(), tokens_estimate)) > 0:
+                await asyncio.sleep(wait)
+            now = loop.time()
+            if self._requests is not None:
+                self._requests.take(now, 1.0)
+            if self._tokens is not None:
+                self._tokens.take(now, float(tokens_estimate))
+            self.acquired += 1
+        self.waited += loop.time() - start
+
+    def reconcile(self, estimated: int, actual: int) -> None:
+        """Correct a request's token estimate with the tokens it really used."""
+        if self._tokens is not None:
+            now = asyncio.get_running_loop().time()
+            self._tokens.give(now, float(estimated - actual))
+
+    def available_tokens(self) -> float | None:
+        """Tokens the token bucket holds now (None without a tokens-per-minute limit)."""
+        if self._tokens is None:
+            return None
+        return self._tokens.level(asyncio.get_running_loop().time())
+
+    def penalize(self, retry_after: float) -> None:
+        """The server said 429: nobody sends anything for ``retry_after`` seconds."""
+        if retry_after <= 0:
+            return
+        self._queue()  # binds this loop first, so the pause is not reset by the next acquire
+        now = asyncio.get_running_loop().time()
+        self._paused_until = max(self._paused_until, now + retry_after)
+
+
+def check_rates(owner: str, requests_per_minute: float | None,
+                tokens_per_minute: float | None, request_burst: float) -> None:
+    """Refuse rates that are not positive and a request burst below one (every limiter)."""
+    for name, value in (
+        ("requests_per_minute", requests_per_minute),
+        ("tokens_per_minute", tokens_per_minute),
+    ):
+        if value is not None and not value > 0:
+            raise UsageError(f"{owner}: {name} must be > 0, got {value}")
+    if not request_burst >= 1:
+        raise UsageError(f"{owner}: request_burst must be >= 1, got {request_burst}")

@@ -1,0 +1,431 @@
+"""Tokens, money and budgets: what every model call spent, summed per key and per run.
+
+One :class:`Usage` meter belongs to a run. Every HTTP attempt a :class:`~planrun.Model` makes
+is recorded on it as a :class:`UsageRecord` (failed attempts too, with zero tokens, so that
+retries show up in ``requests``). Records are summed for the run and for each key the record
+carries; keys are plain strings chosen by the caller, by convention a task id, a worker name
+and ``"decompose"``::
+
+    usage = Usage(budget=Budget(max_cost=2.00))
+    await model.complete(messages, meter=usage.scoped("decompose"))
+    await model.complete(messages, meter=usage.scoped(task.id, worker.name))
+    usage.total.cost_usd, usage["decompose"].total_tokens
+
+Cost comes from a :class:`PriceTable` (USD per million tokens: input, cached input, output).
+A model the table does not know costs 0 and is listed in :attr:`Usage.unpriced_models`, so a
+money budget is never silently trusted for it.
+
+A :class:`Budget` is checked *before* each request against what was spent, plus what calls
+in flight have reserved, plus a conservative estimate of the next call
+(:func:`estimate_tokens`); when it would be exceeded, :class:`~planrun.BudgetExceeded`
+is raised and no request is made. With ``shared=`` (a :class:`~planrun.SharedBudget`)
+the check is also made against the run's budget in its store, which every process of the
+run draws on (:meth:`Usage.areserve`), and what was used is added there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from planrun.core import BudgetExceeded
+from planrun.model._budget import Budget, Tally
+
+if TYPE_CHECKING:
+    from planrun.model._limits import SharedBudget
+
+__all__ = [
+    "DEFAULT_PRICES",
+    "Budget",
+    "Price",
+    "PriceTable",
+    "Reservation",
+    "Tally",
+    "Usage",
+    "UsageRecord",
+    "estimate_tokens",
+]
+
+log = logging.getLogger("planrun.usage")
+
+CHARS_PER_TOKEN = 3
+"""Conservative: English text averages about 4 characters per token."""
+
+MESSAGE_OVERHEAD_TOKENS = 4
+"""Tokens the chat format adds around each message."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per one million tokens."""
+
+    input: float
+    cached_input: float
+    output: float
+
+    def cost(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+        """Cost in USD; cached prompt tokens are billed at ``cached_input`` instead of ``input``."""
+        uncached = max(0, prompt_tokens - cached_tokens)
+        per_million = (
+            uncached * self.input
+            + cached_tokens * self.cached_input
+            + completion_tokens * self.output
+        )
+        return per_million / 1_000_000
+
+
+DEFAULT_PRICES: Mapping[str, Price] = {
+    "gpt-4o-mini": Price(0.15, 0.075, 0.60),
+    "gpt-4o": Price(2.50, 1.25, 10.00),
+    "gpt-4.1": Price(2.00, 0.50, 8.00),
+    "gpt-4.1-mini": Price(0.40, 0.10, 1.60),
+    "gpt-4.1-nano": Price(0.10, 0.025, 0.40),
+    "o4-mini": Price(1.10, 0.275, 4.40),
+    "o3": Price(2.00, 0.50, 8.00),
+    "gpt-5": Price(1.25, 0.125, 10.00),
+    "gpt-5-mini": Price(0.25, 0.025, 2.00),
+    "gpt-5-nano": Price(0.05, 0.005, 0.40),
+}
+"""Published list prices (USD per 1M tokens) of a few current models; override as needed."""
+
+
+_SNAPSHOT = re.compile(r"(.+?)-(\d{4}-\d{2}-\d{2}|\d{4})")
+
+
+class PriceTable:
+    """Model name -> :class:`Price`, matching dated snapshots to their model.
+
+    ``gpt-4o-mini-2024-07-18`` (and ``gpt-4-0613``) are priced as the name before the date.
+    Other variants (``gpt-4o-audio-preview``) are priced only when listed: a model billed
+    at another rate is better reported unpriced than priced wrong.
+    """
+
+    def __init__(
+        self,
+        prices: Mapping[str, Price | tuple[float, float, float]] | None = None,
+        *,
+        defaults: bool = True,
+    ) -> None:
+        table: dict[str, Price] = dict(DEFAULT_PRICES) if defaults else {}
+        for name, price in (prices or {}).items():
+            table[name] = price if isinstance(price, Price) else Price(*price)
+        self._prices = table
+
+    @classmethod
+    def of(
+        cls, prices: PriceTable | Mapping[str, Price | tuple[float, float, float]] | None
+    ) -> PriceTable:
+        """Normalise a table, a mapping of extra prices, or ``None`` (the defaults)."""
+        return prices if isinstance(prices, PriceTable) else cls(prices)
+
+    def lookup(self, model: str) -> Price | None:
+        """The price of ``model``, or ``None`` when the table does not know it."""
+        if model in self._prices:
+            return self._prices[model]
+        snapshot = _SNAPSHOT.fullmatch(model)
+        return self._prices.get(snapshot.group(1)) if snapshot else None
+
+    def __contains__(self, model: object) -> bool:
+        return isinstance(model, str) and self.lookup(model) is not None
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One HTTP request: what it used and cost, and what it was for."""
+
+    model: str
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    priced: bool = True
+    """False when the price table did not know the model (``cost_usd`` is then 0)."""
+    keys: tuple[str, ...] = ()
+    prompt_hash: str | None = None
+    request_id: str | None = None
+    error: str | None = None
+    """Name of the error class when the request failed (tokens are then usually 0)."""
+    reasoning_tokens: int = 0
+    """Of ``completion_tokens``, those a reasoning model spent thinking (billed as output)."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def tally(self) -> Tally:
+        """This record as a one-request :class:`Tally`."""
+        return Tally(
+            1, self.prompt_tokens, self.cached_tokens, self.completion_tokens, self.cost_usd
+        )
+
+
+def estimate_tokens(
+    messages: Sequence[Mapping[str, Any]], *, extra_text: str = "", max_completion: int = 0
+) -> int:
+    """A deliberately high estimate of the tokens one request may use.
+
+    Counts one token per :data:`CHARS_PER_TOKEN` characters of every message (and of
+    ``extra_text``, such as a response schema), a per-message overhead, and the
+    completion allowance ``max_completion``.
+    """
+    chars = len(extra_text)
+    for message in messages:
+        content = message.get("content")
+        chars += len(content) if isinstance(content, str) else len(json.dumps(content, default=str))
+    prompt = math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1)
+    return prompt + max(0, max_completion)
+
+
+@dataclass
+class _Ledger:
+    """State shared by a meter and all its scoped views."""
+
+    prices: PriceTable
+    budget: Budget | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    records: list[UsageRecord] = field(default_factory=list)
+    total: Tally = field(default_factory=Tally)
+    by_key: dict[str, Tally] = field(default_factory=dict)
+    reserved_tokens: int = 0
+    reserved_cost: float = 0.0
+    unpriced: set[str] = field(default_factory=set)
+    shared: SharedBudget | None = None
+
+
+class Reservation:
+    """Tokens and money held back for one request in flight; release it when it ends.
+
+    A reservation taken with :meth:`Usage.areserve` from a shared budget also holds them
+    in the store: :meth:`used` notes what the request really used, and :meth:`aclose`
+    gives the reservation back there and adds what was used.
+    """
+
+    def __init__(self, ledger: _Ledger, tokens: int, cost: float) -> None:
+        self._ledger = ledger
+        self.tokens = tokens
+        self.cost = cost
+        self._open = True
+        self._shared: SharedBudget | None = None
+        self._used = Tally()
+
+    def release(self) -> None:
+        """Give the reservation back in this process (idempotent)."""
+        with self._ledger.lock:
+            if self._open:
+                self._ledger.reserved_tokens -= self.tokens
+                self._ledger.reserved_cost -= self.cost
+                self._open = False
+
+    def used(self, record: UsageRecord) -> None:
+        """Note a request this reservation covered (settled into the store by aclose)."""
+        self._used = self._used + record.tally()
+
+    async def aclose(self) -> None:
+        """Release, and settle a shared reservation with what was used (idempotent)."""
+        self.release()
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await shared.settle(self.tokens, self.cost, self._used)
+
+
+class Usage:
+    """The usage meter of a run: records every request, sums per key, enforces a budget.
+
+    Safe to share between the coroutines of one loop and between threads (one lock guards
+    it). :meth:`scoped` returns a view that shares everything but adds keys to what it records.
+    """
+
+    def __init__(
+        self,
+        prices: PriceTable | Mapping[str, Price | tuple[float, float, float]] | None = None,
+        budget: Budget | None = None,
+        *,
+        shared: SharedBudget | None = None,
+    ) -> None:
+        self._ledger = _Ledger(PriceTable.of(prices), budget, shared=shared)
+        self._keys: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        t = self.total
+        return (
+            f"Usage(keys={self._keys!r}, requests={t.requests}, tokens={t.total_tokens}, "
+            f"cost_usd={t.cost_usd:.6f})"
+        )
+
+    def scoped(self, *keys: str) -> Usage:
+        """A view of this meter whose records also count under ``keys``."""
+        view = Usage.__new__(Usage)
+        view._ledger = self._ledger
+        view._keys = (*self._keys, *(k for k in keys if k not in self._keys))
+        return view
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys this view adds to every record."""
+        return self._keys
+
+    @property
+    def budget(self) -> Budget | None:
+        """The run's budget, if any."""
+        return self._ledger.budget
+
+    @property
+    def shared(self) -> SharedBudget | None:
+        """The run's budget in its store, shared with every process of the run, if any."""
+        return self._ledger.shared
+
+    @property
+    def prices(self) -> PriceTable:
+        """The price table used for cost."""
+        return self._ledger.prices
+
+    def record(
+        self,
+        model: str,
+        *,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        cached_tokens: int = 0,
+        prompt_hash: str | None = None,
+        request_id: str | None = None,
+        error: str | None = None,
+        keys: Iterable[str] = (),
+        reasoning_tokens: int = 0,
+    ) -> UsageRecord:
+        """Record one request and return its :class:`UsageRecord` (with its cost)."""
+        price = self._ledger.prices.lookup(model)
+        cost = price.cost(prompt_tokens, cached_tokens, completion_tokens) if price else 0.0
+        all_keys = (*self._keys, *(k for k in keys if k not in self._keys))
+        rec = UsageRecord(
+            model,
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens,
+            cost,
+            price is not None,
+            all_keys,
+            prompt_hash,
+            request_id,
+            error,
+            reasoning_tokens,
+        )
+        self._add(rec)
+        return rec
+
+    def _add(self, rec: UsageRecord) -> None:
+        ledger = self._ledger
+        tally = rec.tally()
+        with ledger.lock:
+            ledger.records.append(rec)
+            ledger.total = ledger.total + tally
+            for key in rec.keys:
+                ledger.by_key[key] = ledger.by_key.get(key, Tally()) + tally
+            first_unpriced = not rec.priced and rec.model not in ledger.unpriced
+            if first_unpriced:
+                ledger.unpriced.add(rec.model)
+        if first_unpriced:
+            log.warning("no price for model %r: its cost is counted as 0", rec.model)
+
+    def estimate_cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
+        """Upper-bound cost of a request (no cache discount); 0 for an unpriced model."""
+        price = self._ledger.prices.lookup(model)
+        return price.cost(prompt_tokens, 0, completion_tokens) if price else 0.0
+
+    def reserve(self, model: str, prompt_tokens: int, completion_tokens: int) -> Reservation:
+        """Check the budget for a request of this size and hold it back while it runs.
+
+        Raises :class:`~planrun.BudgetExceeded` (and reserves nothing) when what was
+        spent, plus what is reserved, plus this request could pass a limit.
+        """
+        return self._reserve(model, prompt_tokens, completion_tokens, check=True)
+
+    def _reserve(
+        self, model: str, prompt_tokens: int, completion_tokens: int, *, check: bool
+    ) -> Reservation:
+        tokens = prompt_tokens + completion_tokens
+        cost = self.estimate_cost(model, prompt_tokens, completion_tokens)
+        ledger = self._ledger
+        with ledger.lock:
+            if check:
+                self._check(tokens, cost)
+            ledger.reserved_tokens += tokens
+            ledger.reserved_cost += cost
+        return Reservation(ledger, tokens, cost)
+
+    async def areserve(self, model: str, prompt_tokens: int, completion_tokens: int) -> Reservation:
+        """:meth:`reserve`, or with a shared budget the same reservation taken there.
+
+        The shared budget holds what every process of the run spent (this one's too), so
+        it alone decides; a request that fits what is left waits there for calls in flight
+        to settle. Raises :class:`~planrun.BudgetExceeded` (and holds nothing back)
+        when the budget cannot afford the request. Close the reservation with
+        :meth:`Reservation.aclose`.
+        """
+        shared = self._ledger.shared
+        enforced = shared is not None and shared.enforce
+        reservation = self._reserve(model, prompt_tokens, completion_tokens, check=not enforced)
+        if shared is not None:
+            try:
+                await shared.reserve(reservation.tokens, reservation.cost)
+            except BaseException:
+                reservation.release()
+                raise
+            reservation._shared = shared
+        return reservation
+
+    def _check(self, tokens: int, cost: float) -> None:
+        ledger, budget = self._ledger, self._ledger.budget
+        if budget is None:
+            return
+        used_tokens, used_cost = ledger.total.total_tokens, ledger.total.cost_usd
+        if budget.max_tokens is not None and (
+            used_tokens + ledger.reserved_tokens + tokens > budget.max_tokens
+        ):
+            raise BudgetExceeded(
+                f"token budget exceeded: the next call may use up to {tokens} tokens; "
+                f"{used_tokens} used and {ledger.reserved_tokens} reserved "
+                f"of {budget.max_tokens}"
+            )
+        if budget.max_cost is not None and (
+            used_cost + ledger.reserved_cost + cost > budget.max_cost
+        ):
+            raise BudgetExceeded(
+                f"cost budget exceeded: the next call may cost up to ${cost:.6f}; "
+                f"${used_cost:.6f} spent and ${ledger.reserved_cost:.6f} reserved "
+                f"of ${budget.max_cost:.6f}"
+            )
+
+    @property
+    def total(self) -> Tally:
+        """Sums over every record of the run (not only this view's)."""
+        with self._ledger.lock:
+            return self._ledger.total
+
+    def by_key(self) -> dict[str, Tally]:
+        """Sums per key, for every key seen."""
+        with self._ledger.lock:
+            return dict(self._ledger.by_key)
+
+    def __getitem__(self, key: str) -> Tally:
+        """Sums for one key (an empty :class:`Tally` for a key never seen)."""
+        with self._ledger.lock:
+            return self._ledger.by_key.get(key, Tally())
+
+    @property
+    def records(self) -> tuple[UsageRecord, ...]:
+        """Every record of the run, in order."""
+        with self._ledger.lock:
+            return tuple(self._ledger.records)
+
+    @property
+    def unpriced_models(self) -> frozenset[str]:
+        """Models that were used but have no price: their cost was counted as 0."""
+        with self._ledger.lock:
+            return frozenset(self._ledger.unpriced)

@@ -1,0 +1,223 @@
+"""The three numbers to watch, computed from a stored run.
+
+Tasks by status (is the run converging?), per-worker active count (is the load spread, or
+is one worker pinned while others idle?), and the age of the oldest unfinished task (a
+task stuck in ``assigned`` shows up as an age that climbs while everything else looks
+healthy). A task waiting for a person's approval is shown apart (``waiting``: what it waits
+for and since when): it is not a stall, and not "oldest unfinished" in the alarming sense.
+Beside them, when the store holds them: what the run spent and what its budget
+leaves (``spend``), and the shared rate limiter's rates and the rate of its last minute
+(``limiter``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planrun.core import FINAL, Event, Status
+from planrun.stores.base import LimiterState, RunState, SpendState, shown_status
+
+__all__ = ["RunStatus", "Sample", "run_status", "timeline"]
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A snapshot of a run."""
+
+    run_id: str
+    run_status: str
+    """What the run's status means now (:func:`planrun.stores.base.shown_status`): as
+    recorded, or ``interrupted`` when it is not finished and no live process owns it."""
+    counts: dict[str, int]
+    active_by_worker: dict[str, int]
+    oldest_unfinished_s: float | None
+    oldest_unfinished: str | None
+    recorded_status: str = ""
+    """The status the last driver recorded (``running``, ``failed``, ``finished``...)."""
+    owner: str | None = None
+    """The process holding the run's owner lease, if any (it may have expired)."""
+    owner_until: float | None = None
+    """When that lease ends (epoch seconds)."""
+    spend: dict[str, Any] | None = None
+    """What the run spent and what its budget leaves (None: the store has no record)."""
+    limiter: dict[str, Any] | None = None
+    """The run's rate limit: its rates and key; for a shared one (``shared``) also
+    ``recent_rpm``, ``acquired``, ``penalties`` and ``paused_for`` (None: no limit)."""
+    waiting: list[dict[str, Any]] | None = None
+    """Tasks waiting for approval, longest wait first: ``task``, ``for`` (``start`` or
+    ``effect``), ``waiting_s``, ``timeout_at`` (they are not in ``oldest_unfinished``)."""
+
+    @property
+    def finished(self) -> bool:
+        """The run is over (every task final, or the run is marked ended)."""
+        unfinished = sum(v for k, v in self.counts.items() if Status(k) not in FINAL)
+        return unfinished == 0 or self.run_status in ("finished", "aborted")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``planrun status --json``)."""
+        return dict(self.__dict__)
+
+    def render(self) -> str:
+        """A few lines for a terminal."""
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v) or "no tasks"
+        workers = ", ".join(f"{w} {n}" for w, n in sorted(self.active_by_worker.items()))
+        oldest = (f"{self.oldest_unfinished_s:.1f} s ({self.oldest_unfinished})"
+                  if self.oldest_unfinished_s is not None else "-")
+        lines = (f"run {self.run_id} [{self.run_status}]\n"
+                 f"  tasks by status:        {counts}\n"
+                 f"  active per worker:      {workers or '-'}\n"
+                 f"  oldest unfinished task: {oldest}")
+        if self.waiting:
+            shown = ", ".join(f"{w['task']} ({w['for']}) {w['waiting_s']:.1f} s"
+                              for w in self.waiting[:5])
+            more = f" and {len(self.waiting) - 5} more" if len(self.waiting) > 5 else ""
+            lines += f"\n  waiting for approval:   {shown}{more}"
+        if self.spend is not None:
+            lines += f"\n  spent:                  {_spent(self.spend)}"
+            lines += f"\n  budget left:            {_left(self.spend)}"
+        if self.limiter is not None:
+            lines += f"\n  rate limit:             {_rate(self.limiter)}"
+        return lines
+
+
+def _spent(spend: dict[str, Any]) -> str:
+    return (f"{spend['requests']} requests, {spend['total_tokens']} tokens, "
+            f"${spend['cost_usd']:.4f}")
+
+
+def _left(spend: dict[str, Any]) -> str:
+    parts = []
+    if spend["tokens_left"] is not None:
+        parts.append(f"{spend['tokens_left']} of {spend['max_tokens']} tokens")
+    if spend["cost_left"] is not None:
+        parts.append(f"${spend['cost_left']:.4f} of ${spend['max_cost']:.4f}")
+    return ", ".join(parts) or "no budget"
+
+
+def _rate(limiter: dict[str, Any]) -> str:
+    limits = ", ".join(f"{limiter[k]:g} {k}" for k in ("rpm", "tpm") if limiter[k] is not None)
+    if limiter.get("recent_rpm") is None:
+        return f"{limits or 'none'} [{limiter['key']}], kept by the process running the run"
+    text = (f"{limits or 'none'} [{limiter['key']}]; last minute "
+            f"{limiter['recent_rpm']:.0f} requests")
+    if limiter["paused_for"] > 0:
+        text += f"; paused {limiter['paused_for']:.1f} s after a 429"
+    return text
+
+
+def run_status(
+    state: RunState,
+    now: float,
+    spend: SpendState | None = None,
+    limiter: LimiterState | Mapping[str, Any] | None = None,
+) -> RunStatus:
+    """The snapshot of ``state`` at time ``now`` (the clock the run's records use), with
+    the run's ``spend`` and shared ``limiter`` rows when the store has them (``limiter``
+    may instead be the rates the run recorded, for a limiter kept in one process)."""
+    counts = {s.value: 0 for s in Status}
+    active: Counter[str] = Counter()
+    oldest: tuple[float, str] | None = None
+    for task in state.tasks:
+        counts[task.status.value] += 1
+        if task.status in (Status.ASSIGNED, Status.RUNNING) and task.assigned_to:
+            active[task.assigned_to] += 1
+        created = task.created_at
+        if task.status in FINAL or task.status is Status.WAITING or created is None:
+            continue
+        if oldest is None or created < oldest[0]:
+            oldest = (created, task.id)
+    run = state.run
+    return RunStatus(
+        waiting=_waiting(state, now),
+        run_id=run.id,
+        run_status=shown_status(run.status, run.owner_until, now),
+        recorded_status=run.status,
+        owner=run.owner,
+        owner_until=run.owner_until,
+        counts=counts,
+        active_by_worker=dict(active),
+        oldest_unfinished_s=None if oldest is None else max(0.0, now - oldest[0]),
+        oldest_unfinished=None if oldest is None else oldest[1],
+        spend=None if spend is None else spend.to_dict(),
+        limiter=(None if limiter is None else dict(limiter) if isinstance(limiter, Mapping)
+                 else {**limiter.to_dict(), "shared": True}),
+    )
+
+
+def _waiting(state: RunState, now: float) -> list[dict[str, Any]]:
+    """Tasks waiting for approval, with the time of the event that made them wait."""
+    since = {e.task: e.at for e in state.events if e.event == "waiting"}
+    rows = []
+    for task in state.tasks:
+        if task.status is not Status.WAITING:
+            continue
+        at = since.get(task.id, task.finished_at or task.created_at or now)
+        stage = (task.cause or "").split(":", 1)[-1] or "start"
+        rows.append({"task": task.id, "for": stage, "waiting_s": max(0.0, now - at),
+                     "timeout_at": task.not_before})
+    return sorted(rows, key=lambda r: -r["waiting_s"])
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The three numbers at one instant of a run, computed from its ledger."""
+
+    at: float
+    """Seconds since the run's first event."""
+    counts: dict[str, int]
+    active_by_worker: dict[str, int]
+    oldest_unfinished_s: float | None
+
+
+def timeline(events: Sequence[Event], points: int = 100) -> list[Sample]:
+    """Replay a ledger and sample, ``points`` times, tasks by status, per-worker active
+    count (tasks running on it, not those queued) and the age of the oldest unfinished
+    task: the article's three numbers."""
+    ordered = sorted(events, key=lambda e: e.seq)
+    if not ordered:
+        return []
+    start = min(e.at for e in ordered)
+    end = max(e.at for e in ordered)
+    step = (end - start) / max(1, points - 1)
+    status: dict[str, str] = {}
+    created: dict[str, float] = {}
+    running_on: dict[str, str] = {}
+    samples: list[Sample] = []
+    i = 0
+    for n in range(points):
+        now = start + n * step if n < points - 1 else end
+        while i < len(ordered) and ordered[i].at <= now:
+            e = ordered[i]
+            i += 1
+            new = _EVENT_STATUS.get(e.event)
+            if e.event == "approved":  # before an effect: its "completed" follows
+                new = None if e.detail.get("for") == "effect" else "pending"
+            if e.event == "created":
+                created[e.task] = e.at
+            if new is None:
+                continue
+            status[e.task] = new
+            if new == "running" and e.worker:
+                running_on[e.task] = e.worker
+            else:
+                running_on.pop(e.task, None)
+        counts = {s.value: 0 for s in Status}
+        for value in status.values():
+            counts[value] += 1
+        active: Counter[str] = Counter(running_on.values())
+        open_ = [created[t] for t, s in status.items()
+                 if s not in _FINAL_NAMES and s != "waiting" and t in created]
+        samples.append(Sample(now - start, counts, dict(active),
+                              (now - min(open_)) if open_ else None))
+    return samples
+
+
+_EVENT_STATUS = {
+    "created": "pending", "assigned": "assigned", "started": "running",
+    "completed": "completed", "failed": "failed", "retry": "pending",
+    "reclaimed": "pending", "dead": "dead", "cancelled": "cancelled", "waiting": "waiting",
+}
+_FINAL_NAMES = frozenset(s.value for s in FINAL)

@@ -1,0 +1,27 @@
+"""The runtime: drivers that feed the scheduling core what happened and carry out what it
+decided.
+
+The in-process :class:`Supervisor` (asyncio tasks, batched store writes), running one
+attempt, run ownership (:func:`hold_run`), approvals given from outside a run, and clocks.
+Nothing here decides what the core decides.
+"""
+
+from planrun.runtime._clock import Clock, RealClock, VirtualClock, run_blocking
+from planrun.runtime._decisions import approve_task, reject_task
+from planrun.runtime._distributed import Coordinator, WorkerProcess
+from planrun.runtime._ownership import hold_run
+from planrun.runtime._supervisor import EffectFn, Supervisor
+
+__all__ = [
+    "Clock",
+    "Coordinator",
+    "EffectFn",
+    "RealClock",
+    "Supervisor",
+    "VirtualClock",
+    "WorkerProcess",
+    "approve_task",
+    "hold_run",
+    "reject_task",
+    "run_blocking",
+]
