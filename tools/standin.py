@@ -20,6 +20,7 @@ test can show that a client-side limiter prevents 429s while using the whole rat
 
     python tools/standin.py --scenario rate_limited      # serve until Ctrl-C
     python tools/standin.py --rpm-limit 600              # 429 beyond 600 requests/minute
+    python tools/standin.py --malformed 0.05             # 5 % of answers cut short
     OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 OPENAI_API_KEY=sk-anything planrun ...
 
     with StandIn(FakeOpenAI(answers())) as server:       # from Python
@@ -136,7 +137,10 @@ class StandIn:
         raw: Iterable[Raw] = (),
         rpm_limit: float | None = None,
         rpm_burst: float | None = None,
+        malformed: float = 0.0,
     ) -> None:
+        if not 0.0 <= malformed < 1.0:
+            raise ValueError(f"malformed must be a fraction in [0, 1), got {malformed!r}")
         if emulate is not None and emulate not in EMULATIONS:
             raise ValueError(f"emulate must be one of {sorted(EMULATIONS)}, got {emulate!r}")
         self.fake = fake
@@ -156,6 +160,11 @@ class StandIn:
         """Chat requests answered 429 by ``rpm_limit``."""
         self.admitted: list[float] = []
         """``time.monotonic()`` of every chat request let through under ``rpm_limit``."""
+        self.malformed_every = round(1 / malformed) if malformed else 0
+        """Every n-th answer of 200 is cut short (``malformed``: the fraction of them)."""
+        self.malformed_sent = 0
+        """Answers cut short: complete HTTP messages whose JSON body stops half-way."""
+        self._answered = 0
         self._lock = threading.Lock()
         self._server = _QuietServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -231,8 +240,15 @@ class StandIn:
             response = self.fake(request)
             out = {k: v for k, v in response.headers.items()
                    if k.lower() not in ("content-length", "content-type")}
+            content = response.content
+            if response.status_code == 200 and self.malformed_every:
+                self._answered += 1
+                if self._answered % self.malformed_every == 0:
+                    self.malformed_sent += 1  # cut somewhere in its second to fourth fifth
+                    cut = (self._answered * 7919) % (len(content) * 3 // 5) + len(content) // 5
+                    content = content[:cut]
             return (response.status_code, {**out, **limit_headers, **self.extra_headers},
-                    response.content)
+                    content)
 
     def _take_raw(self) -> Raw | object:
         with self._lock:
@@ -364,11 +380,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse response schemas the way this server does")
     parser.add_argument("--rpm-limit", type=float, metavar="N",
                         help="answer 429 beyond N requests per minute, over all clients")
+    parser.add_argument("--malformed", type=float, default=0.0, metavar="F",
+                        help="cut this fraction of answers short (their JSON stops half-way)")
     args = parser.parse_args(argv)
     if args.rpm_limit is not None and not args.rpm_limit > 0:
         parser.error(f"--rpm-limit must be > 0, got {args.rpm_limit}")
+    if not 0.0 <= args.malformed < 1.0:
+        parser.error(f"--malformed must be a fraction in [0, 1), got {args.malformed}")
     server = for_scenario(args.scenario, port=args.port, emulate=args.emulate,
-                          rpm_limit=args.rpm_limit)
+                          rpm_limit=args.rpm_limit, malformed=args.malformed)
     print(f"stand-in serving at {server.base_url}", flush=True)
     try:
         server._server.serve_forever()

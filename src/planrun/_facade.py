@@ -36,7 +36,7 @@ from planrun.core import (
 from planrun.core.scheduling import Approval
 from planrun.model import ModelWorker, PromptLibrary
 from planrun.obs import tracing
-from planrun.runtime import Clock, EffectFn, RealClock, Supervisor, run_blocking
+from planrun.runtime import Clock, EffectFn, RealClock, Supervisor, WaitHook, run_blocking
 
 if TYPE_CHECKING:
     from planrun.model import Budget, Model, PriceTable, SharedBudget, Tally, Usage
@@ -399,12 +399,18 @@ async def aresume_run(
     prices: PriceTable | None = None,
     progress: Callable[[Event, Task], None] | None = None,
     clock: Clock | None = None,
+    wait: bool = True,
+    on_wait: WaitHook | None = None,
     **supervisor_options: Any,
 ) -> RunReport:
     """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
 
-    The run is resumed under its owner lease (:mod:`planrun.runtime._ownership`): while another
-    live process owns it, this raises :class:`~planrun.RunInUse` and changes nothing.
+    The run is resumed under its owner lease (:func:`planrun.hold_run`). An owner that is a
+    process of this host that no longer exists is taken over at once. Another owner is
+    waited for until its lease runs out (``wait=True``; ``on_wait(owner, seconds_left)``
+    is called about once a second meanwhile); a live owner keeps renewing it, and then (or
+    at once with ``wait=False``) this raises :class:`~planrun.RunInUse` and changes
+    nothing.
     The budget draws on what the run already spent (stored with it); ``budget`` replaces
     the stored limits, if given. Reservations of calls that died with the run are dropped.
     """
@@ -429,7 +435,7 @@ async def aresume_run(
                 on_event=traced.on_event if traced else progress,
                 extras={"model": model, "usage": meter}, store=opened, **supervisor_options,
             )
-            async with _owning(opened, run_id, sup.clock):
+            async with _owning(opened, run_id, sup.clock, wait=wait, on_wait=on_wait):
                 result = await (traced.run(sup.aresume()) if traced else sup.aresume())
             if traced:
                 traced.set_result(result)
@@ -462,7 +468,8 @@ async def _opened(store: Store | str | None) -> AsyncIterator[Store | None]:
 
 @contextlib.asynccontextmanager
 async def _owning(
-    store: Store | None, run_id: str, clock: Clock, new_run: bool = False
+    store: Store | None, run_id: str, clock: Clock, new_run: bool = False,
+    wait: bool = True, on_wait: WaitHook | None = None,
 ) -> AsyncIterator[None]:
     """Hold the run's owner lease while a durable run on the wall clock goes on."""
     if store is None or not isinstance(clock, RealClock):
@@ -470,7 +477,7 @@ async def _owning(
         return
     from planrun.runtime import hold_run
 
-    async with hold_run(store, run_id, new_run=new_run):
+    async with hold_run(store, run_id, new_run=new_run, wait=wait, on_wait=on_wait):
         yield
 
 

@@ -250,8 +250,9 @@ def test_one_owner_a_killed_run_shows_interrupted_and_a_finished_one_says_so(
         live = wait_for_progress(db, proc, 10)
         run_id = live["id"]
         assert live["status"] == "running" and live["owner"], live
-        # A resume while the owner lives is refused, in one line naming the owner.
-        second = cli("resume", run_id, "--db", db, env=ttl)
+        # A resume that will not wait while the owner lives is refused, in one line naming
+        # the owner.
+        second = cli("resume", run_id, "--db", db, "--no-wait", env=ttl)
         assert second.returncode == 2
         assert second.stderr.count("\n") == 1 and f"is owned by {live['owner']}" in second.stderr
     finally:

@@ -1144,6 +1144,21 @@ async def test_a_run_has_one_owner_at_a_time(store: Store) -> None:
     assert await store.run_owner(run_id) == RunOwner("p3", 177.0)
 
 
+async def test_a_gone_owner_is_taken_over_only_while_it_still_holds_the_run(
+    store: Store,
+) -> None:
+    run_id = await make_run(store, [Task("a", "k")])
+    await store.acquire_run(run_id, "dead", ttl=30.0, now=100.0)
+    # Its lease still holds, but the caller found it gone: compare and set takes it over.
+    await store.acquire_run(run_id, "p1", ttl=30.0, now=101.0, take_from="dead")
+    assert await store.run_owner(run_id) == RunOwner("p1", 131.0)
+    # A second process that also saw "dead" finds p1 there instead and is refused.
+    with pytest.raises(RunInUse, match="owned by p1") as info:
+        await store.acquire_run(run_id, "p2", ttl=30.0, now=102.0, take_from="dead")
+    assert info.value.owner == "p1"
+    assert await store.run_owner(run_id) == RunOwner("p1", 131.0)
+
+
 async def test_owner_calls_name_an_unknown_run_and_refuse_a_bad_ttl(store: Store) -> None:
     run_id = await make_run(store, [Task("a", "k")])
     for call in (store.acquire_run("nope", "p", 30.0, 1.0), store.renew_run("nope", "p", 30.0, 1.0),

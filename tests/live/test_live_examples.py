@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,15 @@ def test_example_module_ends_an_invalid_plan_without_a_traceback() -> None:
     assert "still invalid after 3 attempt(s)" in done.stderr
     assert "unknown_kind" in done.stderr or "verify_sources" in done.stderr
     assert "Traceback" not in done.stderr and "no running event loop" not in done.stderr
+
+
+def test_five_percent_of_replies_cut_short_lose_no_task_of_the_triage(
+    standin: Callable[..., StandIn],
+) -> None:
+    server = standin(malformed=0.05)
+    app, outbox, desk = tickets.make_app()
+    plan = tickets.ticket_plan(generate_tickets(200, seed=0), app.registry)
+    report = plan_and_run(plan, app, model=live_model(server))
+    assert server.malformed_sent >= 19  # every 20th of the 400-odd answers
+    _all_completed(report, 400)
+    assert len(outbox.sent) + len(desk.flagged) == 200  # every reply delivered, once per key

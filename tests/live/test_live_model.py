@@ -133,19 +133,44 @@ def test_connections_dropped_every_time_end_in_transient_error(make: Any) -> Non
     assert server.requests == 4
 
 
-@pytest.mark.parametrize(
-    ("content_type", "body"),
-    [("text/html", b"<html><body>Welcome to nginx!</body></html>"),
-     ("application/json", b"{\"id\": \"chatcmpl-1\", truncated")],
-)
-def test_a_200_that_is_not_json_is_a_planrun_error(
-    make: Any, content_type: str, body: bytes
-) -> None:
-    server = make(raw=[(200, {"content-type": content_type}, body)])
-    with pytest.raises(PermanentError, match=r"not JSON|not a completion") as caught:
+def test_a_200_page_that_is_not_an_api_answer_is_permanent_at_once(make: Any) -> None:
+    server = make(raw=[(200, {"content-type": "text/html"},
+                        b"<html><body>Welcome to nginx!</body></html>")])
+    with pytest.raises(PermanentError, match=r"not a completion") as caught:
         run(live_model(server).complete("hi"))
     assert not isinstance(caught.value, json.JSONDecodeError)
     assert server.requests == 1
+
+
+CUT = b"{\"id\": \"chatcmpl-1\", \"object\": \"chat.compl"
+PAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+
+
+def test_a_body_cut_short_is_transient_and_the_retry_gets_the_answer(make: Any) -> None:
+    server = make(raw=[(200, {"content-type": "application/json"}, CUT)])
+    completion = run(live_model(server).complete("hi"))
+    assert completion.text == "ok" and completion.attempts == 2 and server.requests == 2
+
+
+def test_the_same_body_that_is_not_json_twice_is_permanent_naming_the_server(
+    make: Any,
+) -> None:
+    server = make(raw=[(200, {"content-type": "application/json"}, PAGE)] * 5)
+    with pytest.raises(PermanentError, match=r"answered twice with the same body") as caught:
+        run(live_model(server).complete("hi"))
+    assert server.base_url.removesuffix("/v1") in str(caught.value)
+    assert LIVE_KEY not in str(caught.value)
+    assert server.requests == 2  # not retried until the policy runs out
+
+
+def test_bodies_cut_short_every_time_end_in_a_transient_error_naming_the_server(
+    make: Any,
+) -> None:
+    server = make(raw=[(200, {"content-type": "application/json"}, CUT)] * 6)
+    with pytest.raises(TransientError, match=r"answered with a body that is not JSON") as caught:
+        run(live_model(server).complete("hi"))
+    assert server.base_url.removesuffix("/v1") in str(caught.value)
+    assert server.requests == live_model(server).retry.attempts
 
 
 def test_a_second_event_loop_gets_a_working_connection(make: Any) -> None:

@@ -779,8 +779,32 @@ def _add_resume(subparsers: _Subparsers) -> None:
     parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--no-wait", dest="wait", action="store_false",
+        help="when another live process owns the run, fail at once instead of waiting for "
+        "its lease to run out (an owner that is a gone process of this host is taken over "
+        "at once either way)")
     _cassette_flags(parser)
     parser.set_defaults(func=_cmd_resume)
+
+
+def _owner_countdown(quiet: bool) -> Any:
+    """A countdown on stderr while a run's live owner is waited for: one line rewritten in
+    place on a terminal, a line when the wait starts otherwise."""
+    said: list[str] = []
+
+    def show(owner: Any, left: float) -> None:
+        if quiet:
+            return
+        text = (f"waiting for the run's owner {owner.name} to end or let its lease run out "
+                f"({left:.0f} s left)")
+        if sys.stderr.isatty():
+            print(f"\r{text}\033[K", end="", file=sys.stderr, flush=True)
+        elif not said:
+            print(text, file=sys.stderr, flush=True)
+        said.append(owner.name)
+
+    return show
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
@@ -823,7 +847,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
                                       stale_after=float(meta.get("stale_after", 30.0)),
                                       retry_budget=meta.get("retry_budget"),
                                       effects=app.effects, approvals=app.approvals)
-            async with hold_run(store, args.run_id):
+            async with hold_run(store, args.run_id, wait=args.wait,
+                                on_wait=_owner_countdown(args.quiet)):
                 return await coordinator.aresume()
 
         result = _with_store(args.db, again)
@@ -834,7 +859,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
     limits = RunLimits.from_meta(meta)  # the limits the run was started with
     options: dict[str, Any] = {"store": args.db, "_runner": _resume_runner(args.run_id),
-                               "budget": limits.budget()}
+                               "budget": limits.budget(), "wait": args.wait,
+                               "on_wait": _owner_countdown(args.quiet or args.json)}
     if meta.get("on_dead"):
         options["on_dead"] = meta["on_dead"]
     if meta.get("strategy"):

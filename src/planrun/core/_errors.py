@@ -124,11 +124,17 @@ class RunInUse(DispatchError):
     it renews it; a run has one owner at a time (see ``Store.acquire_run``).
     """
 
-    def __init__(self, run_id: str, owner: str, until: float, now: float) -> None:
+    def __init__(self, run_id: str, owner: str, until: float, now: float, *,
+                 waited: float | None = None) -> None:
         self.run_id = run_id
         self.owner = owner
         self.until = until
         ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+        if waited is not None:
+            super().__init__(
+                f"run {run_id} is owned by {owner}, a live process: it kept renewing its "
+                f"lease while this one waited {waited:.0f} s; stop it first")
+            return
         super().__init__(
             f"run {run_id} is owned by {owner}, whose lease ends at {ends} "
             f"(in {max(0.0, until - now):.0f} s) unless it renews it; if that process is "

@@ -11,9 +11,10 @@ import os
 import random
 import re
 import threading
+import urllib.parse
 import weakref
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, overload
 
 import jsonschema  # type: ignore[import-untyped]
@@ -34,6 +35,7 @@ from planrun.core import (
 )
 from planrun.core.scheduling import RetryPolicy
 from planrun.model._errors import (
+    MalformedReply,
     _own_error,
     _redact,
     _transport_error,
@@ -192,6 +194,8 @@ class _Call:
     prompt_name: str | None = None
     level: int = 0
     """0: strict ``json_schema``; 1: JSON mode with the schema; 2: JSON mode, prompt only."""
+    malformed: set[str] = field(default_factory=set)
+    """Fingerprints of the bodies that were not JSON (:class:`MalformedReply`)."""
 
 
 class _LoopClient:
@@ -336,6 +340,13 @@ class Model:
     def base_url(self) -> str:
         """Where requests go."""
         return str(self._template.base_url)
+
+    @property
+    def _server(self) -> str:
+        """The server as errors name it: scheme, host and port of the base URL (no path,
+        no user information)."""
+        parts = urllib.parse.urlsplit(self.base_url)
+        return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
 
     @property
     def json_schema_supported(self) -> bool:
@@ -636,7 +647,12 @@ class Model:
         if isinstance(exc, openai.OpenAIError | asyncio.TimeoutError | WorkerError):
             error = translate_error(exc, secrets=self._secrets)
         else:
-            error = _transport_error(exc, self._secrets)
+            error = _transport_error(exc, self._secrets, self._server)
+        if isinstance(error, MalformedReply) and error.fingerprint is not None:
+            seen = error.fingerprint in call.malformed  # the same page each time
+            call.malformed.add(error.fingerprint)
+            if seen:
+                error = error.repeated(self._server)
         reservation.used(call.meter.record(self.model, prompt_hash=call.prompt_hash,
                                            error=type(error).__name__))
         if isinstance(error, RateLimited) and self.limiter is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import hashlib
 import json
 import re
 import time
@@ -148,11 +149,45 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, Runtime
 """Raised beneath the SDK by a broken connection or a loop going away: worth a retry."""
 
 
-def _transport_error(exc: BaseException, secrets: Sequence[str]) -> WorkerError:
+class MalformedReply(TransientError):
+    """The server's answer was not JSON: cut short on the way (a transport fault, worth a
+    retry like a reset connection) or not an API answer at all (a proxy's page, which a
+    retry does not mend: the same such body twice is :meth:`repeated`)."""
+
+    def __init__(self, message: str, fingerprint: str | None) -> None:
+        super().__init__(message)
+        self.fingerprint = fingerprint
+        """A digest of a body that is not JSON from the start or mid-way, to see it come
+        back; None for a body cut short (JSON that stops at its end), which is retried
+        like a reset connection until the retry policy runs out."""
+
+    def repeated(self, server: str) -> PermanentError:
+        """The permanent error for a server that gave this same body twice."""
+        return PermanentError(
+            f"the model API at {server} answered twice with the same body that is not JSON "
+            f"(a proxy's or gateway's page? check the base URL): {self}")
+
+
+def _malformed(exc: json.JSONDecodeError | UnicodeDecodeError, server: str,
+               secrets: Sequence[str]) -> MalformedReply:
+    body = exc.doc if isinstance(exc, json.JSONDecodeError) else bytes(exc.object).decode(
+        "utf-8", "replace")
+    shown = _redact(body[:80], secrets)
+    cut = (isinstance(exc, json.JSONDecodeError) and exc.pos >= len(body.rstrip()) - 1) \
+        or "Unterminated" in str(exc)
+    return MalformedReply(
+        f"the model API at {server} answered with a body that is not JSON "
+        f"({'cut short, ' if cut else ''}{len(body)} characters: {shown!r}...; "
+        f"{type(exc).__name__}: {_redact(str(exc), secrets)})",
+        None if cut else hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()[:16])
+
+
+def _transport_error(exc: BaseException, secrets: Sequence[str],
+                     server: str = "its base URL") -> WorkerError:
     """A planrun error for an exception the SDK let through (never a raw foreign one)."""
     detail = _redact(f"{type(exc).__name__}: {exc}", secrets)
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
-        return PermanentError(f"the model API answered with a body that is not JSON ({detail})")
+        return _malformed(exc, server, secrets)
     if isinstance(exc, _TRANSPORT_ERRORS) or _is_transport_error(exc):
         return TransientError(f"the connection to the model API failed: {detail}")
     return PermanentError(f"model API call failed: {detail}")

@@ -9,7 +9,7 @@ Nothing here decides what the core decides.
 from planrun.runtime._clock import Clock, RealClock, VirtualClock, run_blocking
 from planrun.runtime._decisions import approve_task, reject_task
 from planrun.runtime._distributed import Coordinator, WorkerProcess
-from planrun.runtime._ownership import hold_run
+from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
 from planrun.runtime._supervisor import EffectFn, Supervisor
 
 __all__ = [
@@ -19,9 +19,11 @@ __all__ = [
     "RealClock",
     "Supervisor",
     "VirtualClock",
+    "WaitHook",
     "WorkerProcess",
     "approve_task",
     "hold_run",
+    "owner_gone",
     "reject_task",
     "run_blocking",
 ]

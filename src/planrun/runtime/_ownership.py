@@ -8,8 +8,15 @@ name and an expiry, renewed every third of its ``ttl`` while the block runs and 
 when it ends, however it ends. A process that dies stops renewing, so its lease runs out
 after at most ``ttl`` seconds and the run shows as ``interrupted``
 (:func:`planrun.stores.base.shown_status`); another process may then resume it. While the
-lease holds, a second resume is refused with a one-line :class:`~planrun.RunInUse`
-naming the owner and when its lease ends.
+lease holds, a second owner waits for it to run out (``wait=True``, the default: a live
+owner keeps renewing, so after one lease the wait ends in a one-line
+:class:`~planrun.RunInUse` naming the owner) or is refused at once (``wait=False``).
+
+An owner that is a process of this host that no longer exists (killed with SIGKILL, say) is
+taken over at once: owner names are ``host:pid:start:random``, where ``start`` is the
+process's start time, so a pid reused by another process is not mistaken for the owner
+(:func:`owner_gone` decides it, and the store takes the run over only if that owner still
+holds it).
 
 Lease times are wall-clock seconds (``time.time()``), the clock every process sharing the
 store agrees on.
@@ -24,12 +31,13 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from planrun.core import RunInUse, StoreError, UnknownRun, UsageError
-from planrun.stores.base import Store
+from planrun.stores.base import RunOwner, Store
 
-__all__ = ["OWNER_TTL", "default_ttl", "hold_run", "owner_name"]
+__all__ = ["OWNER_TTL", "default_ttl", "hold_run", "owner_gone", "owner_name"]
 
 log = logging.getLogger("planrun.ownership")
 
@@ -54,9 +62,56 @@ def default_ttl() -> float:
     return ttl
 
 
+WaitHook = Callable[[RunOwner, float], None]
+"""``hook(owner, seconds_left)``: called about once a second while a run's live owner is
+waited for (the CLI shows a countdown with it)."""
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot, or None where /proc does not
+    tell (another system, or no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: count after it.
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[19] if len(fields) > 19 else None
+
+
 def owner_name() -> str:
-    """A name for this process as a run's owner: ``host:pid:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    """A name for this process as a run's owner: ``host:pid:start:random``."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_started(pid) or 0}:{uuid.uuid4().hex[:6]}"
+
+
+def owner_gone(name: str) -> bool:
+    """Whether ``name`` is a process of this host that no longer exists.
+
+    Only an owner named by :func:`owner_name` on this host can be known to be gone: one
+    on another host, or a name of another form, is not (its lease decides). A pid that
+    exists but belongs to a process started at another time than the owner's was reused,
+    so the owner is gone too.
+    """
+    parts = name.split(":")
+    if len(parts) not in (3, 4) or parts[0] != socket.gethostname():
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, as another user's process
+        pass
+    if len(parts) == 4 and parts[2] != "0":
+        started = _started(pid)
+        return started is not None and started != parts[2]
+    return False
 
 
 @contextlib.asynccontextmanager
@@ -67,6 +122,8 @@ async def hold_run(
     owner: str | None = None,
     ttl: float | None = None,
     new_run: bool = False,
+    wait: bool = True,
+    on_wait: WaitHook | None = None,
 ) -> AsyncIterator[str]:
     """Own ``run_id`` for the duration of the block; yield the owner name.
 
@@ -78,9 +135,14 @@ async def hold_run(
             (default :func:`default_ttl`).
         new_run: the block itself creates the run (a fresh ``arun``): take the lease as
             soon as the run exists instead of before the block starts.
+        wait: when another owner holds a live lease, wait until that lease (as first
+            seen) runs out, trying again each second, instead of failing at once. An
+            owner that is a gone process of this host is taken over at once either way.
+        on_wait: called about once a second while waiting (see :data:`WaitHook`).
 
     Raises:
-        RunInUse: (on entry) another process holds a live lease on the run.
+        RunInUse: (on entry) another live process holds the run (at once with
+            ``wait=False``; after its lease, which it kept renewing, otherwise).
         UnknownRun: (on entry, unless ``new_run``) the store holds no such run.
     """
     ttl = default_ttl() if ttl is None else ttl
@@ -88,7 +150,7 @@ async def hold_run(
         raise UsageError(f"an owner lease needs a positive ttl, not {ttl!r}")
     name = owner or owner_name()
     if not new_run:
-        await store.acquire_run(run_id, name, ttl, time.time())
+        await _acquire(store, run_id, name, ttl, wait=wait, on_wait=on_wait)
     keeper = asyncio.ensure_future(_keep(store, run_id, name, ttl, acquired=not new_run))
     try:
         yield name
@@ -101,6 +163,36 @@ async def hold_run(
             pass  # the block failed before it created the run
         except StoreError as exc:  # it runs out by itself within ttl
             log.warning("run %s: could not release its owner lease: %s", run_id, exc)
+
+
+async def _acquire(store: Store, run_id: str, name: str, ttl: float, *, wait: bool,
+                   on_wait: WaitHook | None) -> None:
+    """Take the lease: at once, from a gone owner of this host, or after a live owner's
+    lease as first seen runs out (``wait``)."""
+    deadline: float | None = None
+    began = time.time()
+    while True:
+        try:
+            await store.acquire_run(run_id, name, ttl, time.time())
+            return
+        except RunInUse as exc:
+            if owner_gone(exc.owner):
+                log.warning("run %s: its owner %s is a process of this host that no longer "
+                            "exists; taking the run over", run_id, exc.owner)
+                try:
+                    await store.acquire_run(run_id, name, ttl, time.time(), take_from=exc.owner)
+                    return
+                except RunInUse as again:  # another process took it first
+                    exc = again
+            now = time.time()
+            deadline = exc.until if deadline is None else deadline
+            if not wait:
+                raise exc from None
+            if now > deadline:
+                raise RunInUse(run_id, exc.owner, exc.until, now, waited=now - began) from None
+            if on_wait is not None:
+                on_wait(RunOwner(exc.owner, exc.until), deadline - now)
+            await asyncio.sleep(min(1.0, max(deadline - now, 0.0) + 0.05))
 
 
 async def _keep(store: Store, run_id: str, name: str, ttl: float, acquired: bool) -> None:

@@ -254,11 +254,15 @@ class Store(Protocol):
         """Change a run's status (``running``, ``completed``, ``aborted``, …)."""
         ...
 
-    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float, *,
+                          take_from: str | None = None) -> None:
         """Make ``owner`` the run's one owner until ``now + ttl``, atomically.
 
-        Succeeds when the run has no owner, when its owner's lease ended before ``now``, or
-        when ``owner`` already holds it (then the lease is extended). Otherwise raises
+        Succeeds when the run has no owner, when its owner's lease ended before ``now``,
+        when ``owner`` already holds it (then the lease is extended), or when the holder is
+        still ``take_from`` (an owner the caller found to be a process that no longer
+        exists: compare and set, so an owner that took the run meanwhile keeps it).
+        Otherwise raises
         :class:`planrun.RunInUse` naming the live owner and when its lease ends; an
         unknown run is a :class:`planrun.UnknownRun`.
         """

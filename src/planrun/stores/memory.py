@@ -150,13 +150,15 @@ class InMemoryStore:
         self._run(run_id).row["status"] = status
         self._changed(run_id)
 
-    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float, *,
+                          take_from: str | None = None) -> None:
         """Own the run until ``now + ttl`` unless another owner's lease holds (RunInUse)."""
         self._record("acquire_run", run_id=run_id, owner=owner, ttl=ttl, now=now)
         check_lease(ttl)
         row = self._run(run_id).row
         held, until = row["owner"], row["owner_until"]
-        if held is not None and held != owner and until is not None and until >= now:
+        if (held is not None and held not in (owner, take_from) and until is not None
+                and until >= now):
             raise RunInUse(run_id, held, until, now)
         row.update(owner=owner, owner_until=now + ttl)
 

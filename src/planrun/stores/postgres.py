@@ -434,10 +434,12 @@ class PostgresStore:
 
         await self._tx(go)
 
-    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float, *,
+                          take_from: str | None = None) -> None:
         """Own the run until ``now + ttl`` unless another owner's lease holds (RunInUse)."""
         check_lease(ttl)
-        args = {"run_id": run_id, "owner": owner, "until": now + ttl, "now": now}
+        args = {"run_id": run_id, "owner": owner, "until": now + ttl, "now": now,
+                "take_from": take_from}
 
         async def go(cur: Cursor) -> RunOwner | None:
             await cur.execute(Q["acquire_run"], args)

@@ -384,10 +384,12 @@ class SQLiteStore:
         await self._with_conn(go)
         self._waiters.notify(run_id)
 
-    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float) -> None:
+    async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float, *,
+                          take_from: str | None = None) -> None:
         """Own the run until ``now + ttl`` unless another owner's lease holds (RunInUse)."""
         check_lease(ttl)
-        args = {"run_id": run_id, "owner": owner, "until": now + ttl, "now": now}
+        args = {"run_id": run_id, "owner": owner, "until": now + ttl, "now": now,
+                "take_from": take_from}
 
         def go(conn: sqlite3.Connection) -> RunOwner | None:
             with _transaction(conn):

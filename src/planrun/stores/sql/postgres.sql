@@ -302,9 +302,11 @@ ORDER BY created_at, id;
 -- Take the lease when nobody holds it, when it ran out, or when it is ours already. Of
 -- two racing acquirers the second waits for the first's row lock, then re-reads the row
 -- (READ COMMITTED) and finds it owned.
+-- take_from: the owner the caller found gone (compare and set, as for SQLite).
 UPDATE planrun_runs SET owner = %(owner)s, owner_until = %(until)s
 WHERE id = %(run_id)s
-  AND (owner IS NULL OR owner = %(owner)s OR owner_until IS NULL OR owner_until < %(now)s)
+  AND (owner IS NULL OR owner = %(owner)s OR owner_until IS NULL OR owner_until < %(now)s
+       OR owner = %(take_from)s)
 RETURNING id;
 
 -- name: renew_run

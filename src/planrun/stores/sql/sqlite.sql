@@ -224,10 +224,13 @@ INSERT INTO planrun_runs (id, created_at, status, goal, meta)
 VALUES (:id, :created_at, :status, :goal, :meta);
 
 -- name: acquire_run
--- Take the lease when nobody holds it, when it ran out, or when it is ours already.
+-- Take the lease when nobody holds it, when it ran out, when it is ours already, or when
+-- its holder is the owner the caller found gone (take_from: compare and set, so an owner
+-- that took the run meanwhile keeps it).
 UPDATE planrun_runs SET owner = :owner, owner_until = :until
 WHERE id = :run_id
-  AND (owner IS NULL OR owner = :owner OR owner_until IS NULL OR owner_until < :now);
+  AND (owner IS NULL OR owner = :owner OR owner_until IS NULL OR owner_until < :now
+       OR owner = :take_from);
 
 -- name: renew_run
 UPDATE planrun_runs SET owner_until = :until WHERE id = :run_id AND owner = :owner;
