@@ -81,8 +81,9 @@ class Scenario:
         for i, w in enumerate(workers):
             _check_worker(i, w, names)
         ids = [_task_id(t, i) if isinstance(t, Mapping) else "" for i, t in enumerate(tasks)]
+        known = frozenset(ids)
         for i, t in enumerate(tasks):
-            _check_task(i, t, ids)
+            _check_task(i, t, ids, known)
         if len(set(ids)) != len(ids):
             raise UsageError("scenario: task ids must be unique")
         options = data.get("options") or {}
@@ -168,12 +169,18 @@ class _SimWorker:
     def __init__(self, name: str, plans: Mapping[str, Mapping[str, dict[str, int]]],
                  spawns: Mapping[str, list[Mapping[str, Any]]] | None = None) -> None:
         self.name = name
-        self.left = {tid: {k: v.get(name, 0) for k, v in p.items()} for tid, p in plans.items()}
+        self.plans = plans
+        """Task id -> its failure plans (only tasks that have any)."""
+        self.left: dict[str, dict[str, int]] = {}
+        """What is left of this worker's share of a task's plans, from its first attempt."""
         self.spawns = dict(spawns or {})
 
     async def __call__(self, payload: Any, ctx: TaskContext) -> dict[str, Any]:
         await asyncio.sleep(ctx.estimate_s / ctx.skill)
-        left = self.left.get(ctx.task_id, {})
+        left = self.left.get(ctx.task_id)
+        if left is None:
+            plans = self.plans.get(ctx.task_id, {})
+            left = self.left[ctx.task_id] = {k: v.get(self.name, 0) for k, v in plans.items()}
         for what in ("hang", "fail_permanent", "fail"):
             if left.get(what, 0) > 0:
                 left[what] -= 1
@@ -297,7 +304,9 @@ def _check_worker(i: int, w: object, names: set[str]) -> None:
                          "numbers > 0")
 
 
-def _check_task(i: int, t: object, ids: Sequence[str]) -> None:
+def _check_task(i: int, t: object, ids: Sequence[str], known: frozenset[str]) -> None:
+    """Check one task of a scenario file; ``known`` is ``ids`` as a set (a lookup per
+    dependency, so a file of any size is read in time linear in its size)."""
     if not isinstance(t, Mapping) or not isinstance(t.get("kind"), str):
         raise UsageError(f"scenario: task {i} needs a 'kind'")
     estimate = t.get("estimate", 1.0)
@@ -310,14 +319,14 @@ def _check_task(i: int, t: object, ids: Sequence[str]) -> None:
     if not isinstance(deps, list):
         raise UsageError(f"scenario: task {i}: 'depends_on' must be a list")
     for d in deps:
-        known = (0 <= d < len(ids) if isinstance(d, int) and not isinstance(d, bool)
-                 else isinstance(d, str) and d in ids)
-        if not known or (isinstance(d, int) and d == i) or d == ids[i]:
+        found = (0 <= d < len(ids) if isinstance(d, int) and not isinstance(d, bool)
+                 else isinstance(d, str) and d in known)
+        if not found or (isinstance(d, int) and d == i) or d == ids[i]:
             raise UsageError(f"scenario: task {i} depends on {d!r}, which is no other task "
                              "(use task ids or indices)")
     joins = t.get("joins", [])
     if not isinstance(joins, list) or not all(
-            (isinstance(d, str) and d in ids) or (isinstance(d, int) and not isinstance(d, bool)
+            (isinstance(d, str) and d in known) or (isinstance(d, int) and not isinstance(d, bool)
                                                  and 0 <= d < len(ids) and d != i)
             for d in joins):
         raise UsageError(f"scenario: task {i}: 'joins' must list other tasks (ids or indices)")
@@ -361,6 +370,7 @@ def build(scenario: Scenario, strategy: str | None = None, seed: int = 0) -> Sup
     plans = {
         ids[i]: {k: dict(t.get(k) or {}) for k in ("fail", "fail_permanent", "hang")}
         for i, t in enumerate(scenario.tasks)
+        if t.get("fail") or t.get("fail_permanent") or t.get("hang")
     }
     spawns = {ids[i]: list(t["spawn"]) for i, t in enumerate(scenario.tasks) if t.get("spawn")}
     kinds = sorted({str(t["kind"]) for t in scenario.tasks}
