@@ -33,7 +33,7 @@ from planrun.core import (
     fast_init,
     redact,
 )
-from planrun.core.scheduling import Approval
+from planrun.core.scheduling import Approval, as_approval
 from planrun.model import ModelWorker, PromptLibrary
 from planrun.obs import tracing
 from planrun.runtime import Clock, EffectFn, RealClock, Supervisor, WaitHook, run_blocking
@@ -73,6 +73,35 @@ class App:
     concurrency: int = 8
     description: str = ""
     approvals: Mapping[str, Approval | str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse a setting a run could not honour now, not when a run starts."""
+        if not isinstance(self.registry, Registry):
+            raise UsageError(f"App.registry must be a planrun.Registry, got "
+                             f"{type(self.registry).__name__}")
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
+                or self.concurrency < 1:
+            raise UsageError(f"App.concurrency must be a whole number >= 1, got "
+                             f"{self.concurrency!r}")
+        if self.workers is not None:
+            bad = [w for w in self.workers if not isinstance(w, WorkerSpec)]
+            if isinstance(self.workers, str | bytes) or bad:
+                raise UsageError("App.workers must be a list of planrun.WorkerSpec, got "
+                                 f"{type(bad[0] if bad else self.workers).__name__}")
+        for name, table in (("effects", self.effects), ("approvals", self.approvals)):
+            if not isinstance(table, Mapping):
+                raise UsageError(f"App.{name} must map kind names to "
+                                 f"{'functions' if name == 'effects' else 'approvals'}")
+            unknown = sorted(str(k) for k in table if k not in self.registry)
+            if unknown:
+                raise UsageError(f"App.{name} names kind(s) {unknown} that the registry does "
+                                 f"not know (known: {sorted(self.registry.names)})")
+        for kind, effect in self.effects.items():
+            if not callable(effect):
+                raise UsageError(f"App.effects[{kind!r}] must be a function (task, key), got "
+                                 f"{type(effect).__name__}")
+        for rule in self.approvals.values():
+            as_approval(rule)  # a UsageError naming what is wrong
 
     def worker_specs(self) -> list[WorkerSpec]:
         """The workers, or the default pool."""
@@ -259,6 +288,7 @@ class RunReport:
             }
         return {
             "run_id": self.run_id,
+            "ok": self.ok,
             "goal": self.goal,
             "plan": self.plan.to_document(),
             "counts": dict(self.counts),
@@ -276,7 +306,7 @@ class RunReport:
         """A few lines for a terminal."""
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
         lines = [f"run {self.run_id}: {counts} in {self.duration_s:.1f} s"]
-        if self.usage is not None:
+        if self.usage is not None and self.usage.total.requests:  # a model was called
             t = self.usage.total
             lines.append(
                 f"usage: {t.requests} requests, {t.total_tokens} tokens "
@@ -292,8 +322,8 @@ class RunReport:
         if self.effects_failed:
             lines.append("effects failed: " + ", ".join(
                 f"{k} ({v})" for k, v in sorted(self.effects_failed.items())))
-        audit = "clean" if self.audit.clean else str(self.audit.to_dict())
-        lines.append(f"audit: {audit}")
+        statuses = {} if self.audit.clean else {t.id: t.status for t in self.tasks}
+        lines.append(f"audit: {self.audit.describe(statuses)}")
         return "\n".join(lines)
 
 

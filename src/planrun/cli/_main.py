@@ -36,6 +36,8 @@ import concurrent.futures
 import json
 import math
 import os
+import re
+import shlex
 import sys
 import threading
 from collections.abc import Sequence
@@ -377,10 +379,36 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- plan / run
 
 
+def _timeout_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=_seconds, metavar="S",
+                        help="seconds one model request may take (default $PLANRUN_TIMEOUT, "
+                        "else 60; a slow local model may need more)")
+
+
+def _concurrency_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=_positive_int, metavar="N",
+                        help="tasks run at once by the app's default workers (default: the "
+                        "App's concurrency, 8)")
+
+
+def _with_concurrency(app: Any, args: argparse.Namespace) -> Any:
+    """The app with ``--concurrency`` applied to its default pool of workers."""
+    if getattr(args, "concurrency", None) is None:
+        return app
+    if app.workers:
+        raise _CliError(f"--concurrency sizes the default pool of workers, and app "
+                        f"{getattr(args, 'app', None) or 'of the run'} declares its own "
+                        f"({len(app.workers)} workers): their capacities decide")
+    import dataclasses
+
+    return dataclasses.replace(app, concurrency=args.concurrency)
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app", required=True, metavar="module:attr",
                         help="the App (or Registry) to use, e.g. planrun.examples.brief:app")
     parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    _timeout_flag(parser)
     parser.add_argument("--min-tasks", type=_positive_int, default=3, metavar="N")
     parser.add_argument("--max-tasks", type=_positive_int, default=8, metavar="N")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -416,7 +444,8 @@ def _model(args: argparse.Namespace) -> Any:
     replayed = module.replay_model(args) if module is not None else None
     if replayed is not None:  # --replay: the cassette answers; no key needed
         return replayed
-    return Model(args.model) if args.model else Model()
+    timeout = getattr(args, "timeout", None)
+    return Model(args.model) if timeout is None else Model(args.model, timeout=timeout)
 
 
 def _limit_flags(parser: argparse.ArgumentParser, worker: bool = False) -> None:
@@ -527,6 +556,7 @@ def _add_run(subparsers: _Subparsers) -> None:
                         help="seconds after which nothing new starts: tasks not started are "
                         "cancelled (cause: deadline); attempts in flight keep their timeout")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
+    _concurrency_flag(parser)
     _db_flag(parser, required=False)
     parser.add_argument("--workers", choices=["local", "external"], default="local",
                         help="external: worker processes (planrun worker) do the tasks; "
@@ -551,11 +581,25 @@ def _plan_source(args: argparse.Namespace) -> Any:
     text = args.goal
     if text is None:
         raise _CliError("run needs a GOAL, a PLAN.json or --goal TEXT")
-    if text == "-" or text.endswith(".json") or os.path.lexists(text):
+    if text == "-" or os.path.lexists(text):
         return _read_document(text)
+    if looks_like_a_file(text):
+        raise _CliError(f"no such plan file: {text}; to run it as a goal, give it as "
+                        f"--goal {shlex.quote(text)}")
     if not text.strip():
         raise _CliError("the goal is empty")
     return text
+
+
+_FILE_LIKE = re.compile(r"\S*[/\\]\S*|\S*\.[A-Za-z][A-Za-z0-9]{0,4}")
+
+
+def looks_like_a_file(text: str) -> bool:
+    """Whether a GOAL|PLAN argument reads as a file name rather than a goal: one word (no
+    white space) with a path separator, or ending in a file extension (``plan.json``,
+    ``plans/next``, ``plan_ok.jsn``). Prose has spaces: ``write a brief on Node.js`` is a
+    goal."""
+    return _FILE_LIKE.fullmatch(text) is not None
 
 
 def _refuse_unhonoured(args: argparse.Namespace) -> None:
@@ -576,7 +620,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _check_run_flags(args)
     _refuse_unhonoured(args)
     source = _plan_source(args)
-    app = load_app(args.app)
+    app = _with_concurrency(load_app(args.app), args)
     limits = _run_limits(args)
     budget = limits.budget()
     if not isinstance(source, str):
@@ -711,14 +755,15 @@ def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any,
             return result
 
     result = _with_store(args.db, go)
-    summary = {"run_id": result.run_id, "counts": result.counts,
+    summary = {"run_id": result.run_id, "ok": result.ok, "counts": result.counts,
                "audit": result.audit.to_dict(), "workers": dict(result.workers)}
     if args.json:
         print(json.dumps(summary))
     else:
         counts = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
         print(f"run {result.run_id}: {counts}")
-        print("audit: " + ("clean" if result.audit.clean else str(result.audit.to_dict())))
+        statuses = {t.id: t.status.value for t in result.tasks.values()}
+        print(f"audit: {result.audit.describe(statuses)}")
     return EXIT_OK if result.ok else 1
 
 
@@ -728,6 +773,8 @@ def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Name
     from planrun._facade import aplan_and_run
     from planrun.obs import Progress, report_table
 
+    if options.get("store"):  # a database that does not answer: one line, nothing shown
+        _with_store(options["store"], _reachable)
     console = Console(stderr=args.json)
     progress = None if args.quiet or args.json else Progress(0, console)
     run = _interruptible(options.pop("_runner", aplan_and_run))
@@ -777,6 +824,8 @@ def _add_resume(subparsers: _Subparsers) -> None:
     parser.add_argument("--app", metavar="module:attr",
                         help="the App; default the one the run was started with")
     parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    _timeout_flag(parser)
+    _concurrency_flag(parser)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument(
@@ -824,7 +873,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     ref = args.app or meta.get("app")
     if not ref:
         raise _CliError(f"run {args.run_id} does not name its app; pass --app module:attr")
-    app = load_app(ref)
+    app = _with_concurrency(load_app(ref), args)
     if meta.get("coordinated"):  # started with --workers external: coordinate it again
         from planrun.model import RunLimits
         from planrun.runtime import Coordinator
@@ -989,6 +1038,10 @@ def _with_store(url: str, fn: Any) -> Any:
             await store.close()
 
     return asyncio.run(go())
+
+
+async def _reachable(store: Any) -> None:
+    """Nothing: opening the store (``_with_store``) was the check."""
 
 
 def _stored_run(url: str, run_id: str) -> tuple[Any, dict[str, int]]:
@@ -1236,13 +1289,14 @@ def _add_demo(subparsers: _Subparsers) -> None:
                         help="brief (default), tickets (200 tickets) or release")
     parser.add_argument("--live", action="store_true", help="call the real endpoint")
     parser.add_argument("--model", help="model name for --live")
+    _timeout_flag(parser)
     parser.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from planrun.dev.demo import run_demo
 
-    report = run_demo(args.name, live=args.live, model_name=args.model)
+    report = run_demo(args.name, live=args.live, model_name=args.model, timeout=args.timeout)
     return EXIT_OK if report.audit.clean else 1
 
 # -------------------------------------------------------------------------------- parser

@@ -357,6 +357,40 @@ class Audit:
         """The audit as JSON-ready data."""
         return asdict(self)
 
+    def describe(self, statuses: Mapping[str, str] | None = None) -> str:
+        """The audit in words: ``clean``, or what the log shows.
+
+        Tasks that never completed are no violation by themselves (a dead task and what
+        it cancelled never complete); given ``statuses`` (task id -> status) they are
+        named with the status each ended in.
+        """
+        if self.clean:
+            return "clean"
+        wrong = [text for count, text in (
+            (self.order_violations, "completion(s) came before a dependency completed"),
+            (self.duplicates, "task(s) completed more than once"),
+            (self.duplicate_effects, "effect(s) applied more than once"),
+            (len(self.missing_effects), "completed task(s) whose effect was never applied"),
+        ) if count for text in [f"{count} {text}"]]
+        head = "; ".join(wrong) if wrong else \
+            "no task completed twice or before its dependencies"
+        if not self.missing:
+            return head
+        return f"{head}; {len(self.missing)} did not complete " \
+               f"({_by_status(self.missing, statuses or {})})"
+
+
+def _by_status(ids: Sequence[str], statuses: Mapping[str, str], shown: int = 8) -> str:
+    """``t1 dead; t2, t3 cancelled``: ids grouped by the status they ended in."""
+    groups: dict[str, list[str]] = {}
+    for task_id in ids:
+        groups.setdefault(statuses.get(task_id, "unfinished"), []).append(task_id)
+    parts = []
+    for status, members in groups.items():
+        more = f" and {len(members) - shown} more" if len(members) > shown else ""
+        parts.append(f"{', '.join(members[:shown])}{more} {status}")
+    return "; ".join(parts)
+
 
 _AUDIT_FIELDS = ("order_violations", "duplicates", "missing", "duplicate_effects",
                  "missing_effects")

@@ -58,7 +58,7 @@ def _example(name: str) -> tuple[App, Any, dict[str, Any], Any]:
 
 
 def run_demo(name: str = "brief", *, live: bool = False, console: Console | None = None,
-             model_name: str | None = None) -> RunReport:
+             model_name: str | None = None, timeout: float | None = None) -> RunReport:
     """Run one demo and print it; returns the report."""
     from planrun._facade import plan_and_run
     from planrun.model import Model, Usage, decompose
@@ -67,7 +67,7 @@ def run_demo(name: str = "brief", *, live: bool = False, console: Console | None
         raise UsageError(f"unknown demo {name!r}; choose one of {', '.join(DEMOS)}")
     out = console or Console()
     app, source, options, sinks = _example(name)
-    with _model_for(name, live, model_name) as model:
+    with _model_for(name, live, model_name, timeout) as model:
         assert isinstance(model, Model)
         where = f"live, {model.base_url}" if live else f"replayed from {cassette_path(name).name}"
         out.rule(f"[bold]planrun demo {name}[/] [dim]({where})[/]")
@@ -98,11 +98,12 @@ def run_demo(name: str = "brief", *, live: bool = False, console: Console | None
 
 
 @contextlib.contextmanager
-def _model_for(name: str, live: bool, model_name: str | None) -> Iterator[Any]:
+def _model_for(name: str, live: bool, model_name: str | None,
+               timeout: float | None = None) -> Iterator[Any]:
     from planrun.model import Model
 
     if live:
-        yield Model(model_name) if model_name else Model()
+        yield Model(model_name) if timeout is None else Model(model_name, timeout=timeout)
         return
     from planrun.dev.fixtures import replay
 

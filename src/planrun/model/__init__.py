@@ -48,6 +48,7 @@ from planrun.core.scheduling import RetryPolicy
 from planrun.model._client import (
     DEFAULT_COMPLETION_ESTIMATE,
     DEFAULT_MODEL,
+    DEFAULT_TIMEOUT,
     PROMPT_HEADER,
     Api,
     Completion,
@@ -74,6 +75,7 @@ from planrun.model._workers import ModelWorker
 __all__ = [
     "DEFAULT_COMPLETION_ESTIMATE",
     "DEFAULT_MODEL",
+    "DEFAULT_TIMEOUT",
     "PROMPT_HEADER",
     "VALIDATION_KEYWORDS",
     "Api",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
 import inspect
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -215,14 +217,46 @@ class _LoopClient:
             await self.client.close()
 
 
+DEFAULT_TIMEOUT = 60.0
+"""Seconds a model request may take unless ``timeout=`` or ``$PLANRUN_TIMEOUT`` says."""
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET
+"""A ``timeout`` not given: ``$PLANRUN_TIMEOUT``, else :data:`DEFAULT_TIMEOUT`."""
+
+
+def _timeout(value: float | _Unset | None) -> float | None:
+    """The request timeout: as given, else from the environment, else the default."""
+    if value is not UNSET:
+        if value is not None and not value > 0:
+            raise UsageError(f"timeout must be a positive number of seconds (or None), "
+                             f"got {value!r}")
+        return value
+    text = os.environ.get("PLANRUN_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise UsageError(f"PLANRUN_TIMEOUT must be a positive number of seconds, not {text!r}")
+    return seconds
+
+
 class Model:
     """An async chat model client: one policy for structure, retries, rate and usage.
 
     Configuration comes from the arguments; what is not given is read from the
     environment once, here: ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``, ``PLANRUN_MODEL``
-    (default ``gpt-4o-mini``), ``PLANRUN_STRUCTURED``, ``PLANRUN_SCHEMA``,
-    ``PLANRUN_COMPAT`` and ``PLANRUN_API``. Pass ``client=`` to use a ready
-    ``openai.AsyncOpenAI`` (its SDK retries are switched off all the same). A missing key
+    (default ``gpt-4o-mini``), ``PLANRUN_TIMEOUT`` (seconds, default 60),
+    ``PLANRUN_STRUCTURED``, ``PLANRUN_SCHEMA``, ``PLANRUN_COMPAT`` and ``PLANRUN_API``.
+    Pass ``client=`` to use a ready ``openai.AsyncOpenAI`` (its SDK retries are switched
+    off all the same). A missing key
     raises :class:`~planrun.ConfigError` now, before any task starts.
 
     Args:
@@ -239,6 +273,10 @@ class Model:
             ``"portable"`` strips :data:`VALIDATION_KEYWORDS` (``minItems``, ``pattern``,
             ``format``, ...) from what is sent, for models that reject them, and enforces
             them locally all the same.
+        timeout: seconds one request may take (``None``: no limit); default
+            ``$PLANRUN_TIMEOUT``, else :data:`DEFAULT_TIMEOUT`. A slow local model may need
+            more; a request that runs out is transient (retried), and its error says how to
+            raise the limit.
         compat: also send ``max_tokens`` beside ``max_completion_tokens`` (Ollama and
             llama-cpp-python read only the former). OpenAI's reasoning models reject it,
             so it is off by default.
@@ -271,7 +309,7 @@ class Model:
         api_key: str | None = None,
         base_url: str | None = None,
         client: openai.AsyncOpenAI | None = None,
-        timeout: float | None = 60.0,
+        timeout: float | _Unset | None = UNSET,
         retry: int | RetryPolicy = 4,
         structured: Structured | None = None,
         limiter: Limiter | None = None,
@@ -290,6 +328,7 @@ class Model:
         self.api: Api = _choice("api", api, "PLANRUN_API", _APIS, "chat")
         self.compat = _flag(compat, "PLANRUN_COMPAT")
         self.model = model or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
+        timeout = _timeout(timeout)
         self._template = (
             client.with_options(max_retries=0)
             if client is not None
@@ -645,7 +684,7 @@ class Model:
             # transport) is not a connection problem: never retried, never translated.
             return own
         if isinstance(exc, openai.OpenAIError | asyncio.TimeoutError | WorkerError):
-            error = translate_error(exc, secrets=self._secrets)
+            error = translate_error(exc, secrets=self._secrets, timeout=call.timeout)
         else:
             error = _transport_error(exc, self._secrets, self._server)
         if isinstance(error, MalformedReply) and error.fingerprint is not None:

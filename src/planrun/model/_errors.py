@@ -70,20 +70,25 @@ def _status_error(exc: openai.APIStatusError, secrets: Sequence[str]) -> WorkerE
     return PermanentError(message)
 
 
-def translate_error(exc: BaseException, *, secrets: Sequence[str] = ()) -> WorkerError:
+def translate_error(exc: BaseException, *, secrets: Sequence[str] = (),
+                    timeout: float | None = None) -> WorkerError:
     """Map an exception met while calling the API to planrun's error classes.
 
     Timeouts, connection errors, 408, 409, 429 and 5xx -> :class:`TransientError`
     (:class:`RateLimited` for 429, with ``retry_after`` from the headers); everything
     else -> :class:`PermanentError`, including a 429 ``insufficient_quota`` and a 400
     ``context_length_exceeded``. planrun's own errors pass through. ``secrets`` (and
-    anything shaped like an OpenAI key) are redacted from the message.
-    The caller raises the result ``from exc``.
+    anything shaped like an OpenAI key) are redacted from the message; ``timeout`` (the
+    request's, in seconds) is named in a timeout's message. The caller raises the result
+    ``from exc``.
     """
     if isinstance(exc, WorkerError):
         return exc
     if isinstance(exc, openai.APITimeoutError | asyncio.TimeoutError | TimeoutError):
-        return TransientError("the model API request timed out")
+        after = f" after {timeout:g} s" if timeout else ""
+        return TransientError(
+            f"the model API request timed out{after} (a slow model or server? raise the "
+            "limit with --timeout S, PLANRUN_TIMEOUT=S or Model(timeout=S))")
     if isinstance(exc, openai.APIConnectionError):
         return TransientError(f"could not reach the model API: {_redact(str(exc), secrets)}")
     if isinstance(exc, openai.APIStatusError):

@@ -149,10 +149,11 @@ def report_table(report: _Report, limit: int = 20) -> Table:
     table = Table(title=f"run {report.run_id}", show_lines=False)
     for col in ("task", "kind", "status", "attempts", "tokens", "cost $"):
         table.add_column(col, justify="right" if col in ("attempts", "tokens", "cost $") else
-                         "left")
-    # The error is shown whole (wrapped): a server's message often says what is wrong on
-    # its later lines.
-    table.add_column("note", overflow="fold", min_width=24)
+                         "left", overflow="fold")
+    # The error is shown whole, wrapped to the width there is (a terminal's, or 80 columns
+    # when piped), never cut: a server's message often says what is wrong on its later
+    # lines. Every column may fold, so the table fits however narrow the width.
+    table.add_column("note", overflow="fold", ratio=1)
     for t in report.tasks[:limit]:
         note = redact(t.error) if t.error else (f"cause: {t.cause}" if t.cause else "")
         table.add_row(t.id, t.kind, Text(t.status, style=_STYLE.get(t.status, "")),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from planrun.core import FINAL, Event, Status
@@ -49,6 +49,10 @@ class RunStatus:
     waiting: list[dict[str, Any]] | None = None
     """Tasks waiting for approval, longest wait first: ``task``, ``for`` (``start`` or
     ``effect``), ``waiting_s``, ``timeout_at`` (they are not in ``oldest_unfinished``)."""
+    not_completed: list[dict[str, Any]] = field(default_factory=list)
+    """Tasks that ended without completing (``dead``, ``cancelled``) or whose last attempt
+    failed (``failed``: a retry is due), in plan order: ``task``, ``kind``, ``status``,
+    ``cause``, ``attempts``, ``error`` (whole; the text view shows its first line)."""
 
     @property
     def finished(self) -> bool:
@@ -75,17 +79,42 @@ class RunStatus:
                               for w in self.waiting[:5])
             more = f" and {len(self.waiting) - 5} more" if len(self.waiting) > 5 else ""
             lines += f"\n  waiting for approval:   {shown}{more}"
-        if self.spend is not None:
+        if self.spend is not None and (self.spend["requests"] or _budgeted(self.spend)):
             lines += f"\n  spent:                  {_spent(self.spend)}"
             lines += f"\n  budget left:            {_left(self.spend)}"
         if self.limiter is not None:
             lines += f"\n  rate limit:             {_rate(self.limiter)}"
+        if self.not_completed:
+            lines += "\n  did not complete:"
+            for row in self.not_completed[:_SHOWN]:
+                lines += f"\n    {_why(row)}"
+            if len(self.not_completed) > _SHOWN:
+                lines += (f"\n    ... and {len(self.not_completed) - _SHOWN} more "
+                          "(--json lists them all)")
         return lines
+
+
+_SHOWN = 10
+"""Tasks that did not complete listed in the text view."""
+
+
+def _why(row: Mapping[str, Any]) -> str:
+    """One task that did not complete, in a line: why, and the first line of its error."""
+    text = f"{row['task']} ({row['kind']}) {row['status']}"
+    if row["cause"]:
+        text += f", cause {row['cause']}"
+    text += f", {row['attempts']} attempt{'s' if row['attempts'] != 1 else ''}"
+    error = (row["error"] or "").strip().splitlines()
+    return f"{text}: {error[0]}" if error else text
 
 
 def _spent(spend: dict[str, Any]) -> str:
     return (f"{spend['requests']} requests, {spend['total_tokens']} tokens, "
             f"${spend['cost_usd']:.4f}")
+
+
+def _budgeted(spend: dict[str, Any]) -> bool:
+    return spend["tokens_left"] is not None or spend["cost_left"] is not None
 
 
 def _left(spend: dict[str, Any]) -> str:
@@ -132,6 +161,10 @@ def run_status(
     run = state.run
     return RunStatus(
         waiting=_waiting(state, now),
+        not_completed=[
+            {"task": task.id, "kind": task.kind, "status": task.status.value,
+             "cause": task.cause, "attempts": task.attempts, "error": task.error}
+            for task in state.tasks if task.status in _DID_NOT_COMPLETE],
         run_id=run.id,
         run_status=shown_status(run.status, run.owner_until, now),
         recorded_status=run.status,
@@ -145,6 +178,9 @@ def run_status(
         limiter=(None if limiter is None else dict(limiter) if isinstance(limiter, Mapping)
                  else {**limiter.to_dict(), "shared": True}),
     )
+
+
+_DID_NOT_COMPLETE = frozenset({Status.DEAD, Status.CANCELLED, Status.FAILED})
 
 
 def _waiting(state: RunState, now: float) -> list[dict[str, Any]]:

@@ -8,7 +8,13 @@ attempt's exception into the :class:`Failure` the scheduler decides on. The in-p
 it: they feed it what happened and carry out what it decided.
 """
 
-from planrun.core.scheduling._approval import Approval, decide_record, kept_gate, waiting_cause
+from planrun.core.scheduling._approval import (
+    Approval,
+    as_approval,
+    decide_record,
+    kept_gate,
+    waiting_cause,
+)
 from planrun.core.scheduling._outcome import Failure, failure_of, timed_out
 from planrun.core.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_policy
 from planrun.core.scheduling._scheduler import (
@@ -40,6 +46,7 @@ __all__ = [
     "Scheduler",
     "Sink",
     "SpawnLimits",
+    "as_approval",
     "as_policy",
     "check_policies",
     "decide_record",
