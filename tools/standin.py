@@ -91,8 +91,10 @@ def eval_planner(goal_file: str | Path) -> Any:
     plan, changed by fixed rules so that two prompt versions measure differently: under the
     shipped prompt every second goal's first plan has a dependency on a later task (or on
     itself), repaired when asked; under the ``strict`` variant (which names the rule) every
-    first plan validates. Some final plans miss one dependency (goal index 1 mod 3 under
-    the shipped prompt, 2 mod 3 under ``strict``), so the link F1 is not always 1.
+    first plan validates. Some final plans have one extra dependency (goal index 1 mod 3 under
+    the shipped prompt, 2 mod 3 under ``strict``): the last task that waits for others
+    also waits for the first task (a link the reference does not have, which keeps every
+    contract), so the link F1 is not always 1.
     """
     goals = [json.loads(line) for line in Path(goal_file).read_text().splitlines() if line]
 
@@ -100,18 +102,19 @@ def eval_planner(goal_file: str | Path) -> Any:
         prompt = req.messages[0]["content"] if req.messages else ""
         found = [i for i, g in enumerate(goals) if f"\n{g['goal']}\n" in prompt]
         if not found:
-            return {"goal": "", "tasks": []}
+            return {"tasks": []}
         index = found[0]
         strict = STRICT_MARKER in prompt
-        plan = copy.deepcopy(goals[index]["reference"])
+        # The tasks only: the model is not asked for the goal (the plan keeps the user's).
+        plan = {"tasks": copy.deepcopy(goals[index]["reference"]["tasks"])}
         tasks = plan["tasks"]
         if not strict and index % 2 == 0 and req.repairs == 0:
             tasks[0]["depends_on"] = [len(tasks) - 1]
             return plan
         if index % 3 == (2 if strict else 1):
             needing = [t for t in tasks if t["depends_on"]]
-            if needing:
-                needing[-1]["depends_on"] = needing[-1]["depends_on"][:-1]
+            if needing and 0 not in needing[-1]["depends_on"]:
+                needing[-1]["depends_on"] = [*needing[-1]["depends_on"], 0]
         return plan
 
     return answer

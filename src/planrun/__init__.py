@@ -31,6 +31,7 @@ from planrun._facade import (
     resume_run,
 )
 from planrun.core import (
+    CONTRACT_CODES,
     PROBLEM_CODES,
     Audit,
     BudgetExceeded,
@@ -116,6 +117,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
     __version__ = "0.0.0"
 
 __all__ = [
+    "CONTRACT_CODES",
     "PROBLEM_CODES",
     "App",
     "Approval",

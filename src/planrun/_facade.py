@@ -470,7 +470,8 @@ async def aresume_run(
             if traced:
                 traced.set_result(result)
         document = sup.meta.get("plan") or {"goal": sup.goal, "tasks": []}
-    plan = Plan.parse(document, app.registry, min_tasks=0, max_tasks=READY_PLAN_MAX_TASKS)
+    plan = Plan.parse(document, app.registry, min_tasks=0, max_tasks=READY_PLAN_MAX_TASKS,
+                      contracts=False)  # the plan it ran: read back, not judged again
     return _report(plan, result, meter)
 
 

@@ -237,3 +237,25 @@ def test_real_process(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert missing.stderr.startswith("planrun: error: cannot read")
     assert "Traceback" not in missing.stderr
+
+
+def test_validate_with_an_app_checks_its_contracts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from planrun.examples.answers import BRIEF_PLAN, PIX_FIRST_PLAN
+
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    bad.write_text(json.dumps({"goal": "g", **PIX_FIRST_PLAN}))
+    good.write_text(json.dumps({"goal": "g", **BRIEF_PLAN}))
+    app = "planrun.examples.brief:app"
+    assert main(["validate", str(bad), "--app", app, "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False
+    assert {p["code"] for p in report["problems"]} == {"duplicate_task", "no_deliverable"}
+    assert main(["validate", str(good), "--app", app]) == 0
+    assert capsys.readouterr().out.startswith("valid: 6 tasks")
+    # --kinds checks the kinds alone: the same plan is well formed.
+    assert main(["validate", str(bad), "--kinds", "research,analyse,write_brief"]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(good), "--app", "no_such_module:app"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

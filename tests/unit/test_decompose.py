@@ -169,3 +169,41 @@ def test_bad_arguments(fake_openai: FakeOpenAI) -> None:
 def test_sync_decompose(fake_openai: FakeOpenAI) -> None:
     fake_openai.answers["plan"] = GOOD
     assert len(decompose("a brief", REGISTRY, fake_model()).tasks) == 4
+
+
+def test_the_goal_is_the_users_whatever_the_model_writes(fake_openai: FakeOpenAI) -> None:
+    fake_openai.answers["plan"] = {**GOOD, "goal": "What to carry out"}
+    plan = run(adecompose("  a brief on payments ", REGISTRY, fake_model()))
+    assert plan.goal == "a brief on payments"
+    request = fake_openai.requests[0]
+    schema = request.body["response_format"]["json_schema"]["schema"]
+    assert "goal" not in schema["properties"]  # the model is not asked for it
+    assert '"goal"' not in request.prompt.split("## Answer")[-1]
+
+
+def test_a_run_from_a_goal_carries_the_users_goal_everywhere(
+    fake_openai: FakeOpenAI, tmp_path: Any,
+) -> None:
+    import asyncio
+
+    from planrun import App, aplan_and_run
+    from planrun.stores import open_store
+
+    fake_openai.answers["plan"] = {**GOOD, "goal": "The plan, with no prose."}
+    registry = Registry([KindSpec(s.name, s.description, s.payload_model,
+                                  handler=lambda p, c: {"ok": True}) for s in REGISTRY])
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+
+    async def go() -> Any:
+        report = await aplan_and_run("a brief on payments", App(registry), model=fake_model(),
+                                     store=db)
+        store = open_store(db)
+        await store.open()
+        try:
+            return report, (await store.load(report.run_id)).run
+        finally:
+            await store.close()
+
+    report, stored = asyncio.run(go())
+    assert report.goal == report.plan.goal == stored.goal == "a brief on payments"
+    assert stored.meta["plan"]["goal"] == "a brief on payments"

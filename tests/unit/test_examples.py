@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 from conftest import fake_model
 
 from planrun._facade import App, plan_and_run
-from planrun.core._registry import KindSpec, TaskContext
+from planrun.core._registry import TaskContext
 from planrun.dev.testing import FakeOpenAI, Scripted
 from planrun.examples import answers, brief, release, tickets
 from planrun.examples.ticket_data import LANGUAGES, generate_tickets, ground_truth
@@ -52,9 +53,7 @@ def test_reclaimed_draft_finishing_twice_sends_once(fake: FakeOpenAI) -> None:
         return await inner(payload, ctx)
 
     spec = app.registry["draft_reply"]
-    app.registry._kinds["draft_reply"] = KindSpec(
-        spec.name, spec.description, spec.payload_model, spec.result_model, slow_first_attempt
-    )
+    app.registry._kinds["draft_reply"] = dataclasses.replace(spec, handler=slow_first_attempt)
     batch = generate_tickets(1, seed=0)
     report = plan_and_run(tickets.ticket_plan(batch, app.registry), app, model=fake_model(),
                           clock=VirtualClock(), stale_after=60.0)

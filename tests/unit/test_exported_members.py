@@ -23,6 +23,7 @@ PINNED = {
     "aevaluate",
     "Approval", "approve_task", "reject_task",
     "Limiter", "RunLimits", "SharedBudget", "SharedRateLimiter", "limit_key",
+    "CONTRACT_CODES",
 }
 
 

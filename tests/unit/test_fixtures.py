@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import shutil
@@ -18,13 +19,14 @@ import pytest
 from conftest import REPO
 
 import planrun.model._prompts
-from planrun._facade import RunReport, aplan_and_run, plan_and_run
+from planrun._facade import App, RunReport, aplan_and_run, plan_and_run
 from planrun.cli._fixtures import (
     add_cassette_flags,
     add_fixtures_parser,
     cassette_context,
     replay_model,
 )
+from planrun.core import Registry
 from planrun.dev.fixtures import (
     Cassette,
     FixtureMiss,
@@ -94,6 +96,19 @@ def test_brief_replay_repairs_the_plan_once() -> None:
     assert report.usage is not None and report.usage["decompose"].requests == 2
     plans = [i for i in cassette.interactions if i.request.schema_name == "plan"]
     assert sorted(len(p.request.messages) for p in plans) == [1, 3]  # the repair turn
+
+
+def test_brief_contract_replay_repairs_a_plan_that_did_not_do_the_job() -> None:
+    from planrun.examples.answers import PIX_GOAL
+
+    report, cassette = run_cassette("brief_contract")
+    assert [t.kind for t in report.plan.tasks] == ["research", "research", "analyse",
+                                                   "write_brief"]
+    assert report.goal == report.plan.goal == PIX_GOAL and report.ok
+    plans = [i for i in cassette.interactions if i.request.schema_name == "plan"]
+    repair = next(p for p in plans if len(p.request.messages) == 3)
+    asked = repair.request.messages[-1]["content"]
+    assert "- duplicate_task (task 2)" in asked and "- no_deliverable (task -)" in asked
 
 
 def test_tickets_replay_sends_each_reply_once() -> None:
@@ -271,9 +286,11 @@ def test_one_recording_too_few_says_so() -> None:
 
 def test_unused_lists_interactions_never_played() -> None:
     only_migrate = {"goal": "migrate", "tasks": [release.RELEASE_PLAN["tasks"][0]]}
+    app = release.make_app()  # without its contracts: a migration alone is a whole plan here
+    app = App(Registry(dataclasses.replace(s, needs=(), delivers=False) for s in app.registry),
+              app.workers)
     with replay(FIXTURES / "release.json") as cassette:
-        report = plan_and_run(only_migrate, release.make_app(), model=cassette.model(),
-                              clock=VirtualClock())
+        report = plan_and_run(only_migrate, app, model=cassette.model(), clock=VirtualClock())
     assert report.ok
     unused = {i.request.schema_name for i in cassette.unused()}
     assert unused == {"deploy_app", "smoke_test"}

@@ -51,8 +51,13 @@ def test_problem_codes_are_exactly_the_design_table() -> None:
         "cycle",
         "too_few_tasks",
         "too_many_tasks",
+        "missing_input",
+        "no_deliverable",
+        "dead_end",
+        "duplicate_task",
+        "too_many_of_kind",
     }
-    assert len(PROBLEM_CODES) == 10
+    assert len(PROBLEM_CODES) == 15
 
 
 def test_problem_str_and_dict() -> None:

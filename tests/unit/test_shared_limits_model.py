@@ -109,7 +109,7 @@ def test_run_records_its_limits_and_status_shows_the_spend(
         endpoint: FakeOpenAI, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     code, out, err = _cli(capsys, "run", str(_plan(tmp_path)), "--app",
-                          "planrun.examples.tickets:app", "--db", db, "--rpm", "6000",
+                          "classify_app:app", "--db", db, "--rpm", "6000",
                           "--budget-tokens", "100000", "--json")
     assert code == 0, err
     report = json.loads(out)
@@ -143,7 +143,7 @@ def test_a_flag_the_mode_cannot_honour_is_refused(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str],
         message: str) -> None:
     code, _, err = _cli(capsys, "run", str(_plan(tmp_path)), "--app",
-                        "planrun.examples.tickets:app", *argv)
+                        "classify_app:app", *argv)
     last = err.strip().splitlines()[-1]  # argparse prints its usage above the error
     assert code == 2 and message in last and "error:" in last and "Traceback" not in err
 
@@ -153,7 +153,7 @@ def test_the_rate_flags_default_from_the_environment(
         tmp_path: Path) -> None:
     monkeypatch.setenv("PLANRUN_RPM", "many")
     code, _, err = _cli(capsys, "worker", "--db", f"sqlite:///{tmp_path}/x.db", "--app",
-                        "planrun.examples.tickets:app")
+                        "classify_app:app")
     assert code == 2 and "--rpm" in err and "many" in err
 
 

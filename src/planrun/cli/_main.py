@@ -202,12 +202,19 @@ def _add_validate(subparsers: _Subparsers) -> None:
         ),
     )
     parser.add_argument("plan", metavar="PLAN.json", help="the plan file, or - for stdin")
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--app",
+        metavar="module:attr",
+        help="the App (or Registry) whose kinds, payload models and contracts the plan must "
+        "keep",
+    )
+    which.add_argument(
         "--kinds",
-        required=True,
         type=_kind_list,
         metavar="a,b,c",
-        help="comma-separated names of the kinds that exist",
+        help="comma-separated names of the kinds that exist (the shape only: no payload "
+        "models, no contracts)",
     )
     parser.add_argument(
         "--json",
@@ -224,9 +231,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise _CliError(
             f"--min-tasks ({args.min_tasks}) is greater than --max-tasks ({args.max_tasks})"
         )
+    if args.app is not None:
+        from planrun._facade import load_app
+
+        kinds: Any = load_app(args.app).registry
+    else:
+        kinds = args.kinds
     raw = _read_input(args.plan)
     bounds = {"min_tasks": args.min_tasks, "max_tasks": args.max_tasks}
-    problems = validate_plan(raw, args.kinds, **bounds)
+    problems = validate_plan(raw, kinds, **bounds)
     if args.json:
         report = {"valid": not problems, "problems": [p.to_dict() for p in problems]}
         print(json.dumps(report, ensure_ascii=False))
@@ -237,7 +250,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         count = len(problems)
         print(f"invalid: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
         return EXIT_INVALID
-    plan = Plan.parse(raw, args.kinds, **bounds)
+    plan = Plan.parse(raw, kinds, **bounds)
     n = len(plan.tasks)
     print(f"valid: {n} task{'s' if n != 1 else ''}")
     order = plan.topological_order()

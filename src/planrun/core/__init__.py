@@ -7,6 +7,12 @@ of kinds and workers, the ledger and its audit, routing, errors, and the schedul
 development tools or the CLI; the import contract in ``pyproject.toml`` keeps it so.
 """
 
+from planrun.core._contracts import (
+    CONTRACT_CODES,
+    Node,
+    contract_problems,
+    describe_contract,
+)
 from planrun.core._errors import (
     BudgetExceeded,
     ConfigError,
@@ -55,6 +61,7 @@ from planrun.core._redact import redact, register_secret
 from planrun.core._registry import (
     Handler,
     KindSpec,
+    Need,
     Registry,
     SpawnRequest,
     TaskContext,
@@ -75,6 +82,7 @@ from planrun.core._task import (
 
 __all__ = [
     "CLAIMED_START",
+    "CONTRACT_CODES",
     "FINAL",
     "NOT_JSON",
     "PROBLEM_CODES",
@@ -94,6 +102,8 @@ __all__ = [
     "KindSpec",
     "Ledger",
     "ModelRefused",
+    "Need",
+    "Node",
     "PermanentError",
     "Plan",
     "PlanError",
@@ -123,6 +133,8 @@ __all__ = [
     "analyze",
     "as_event",
     "audit_when_read",
+    "contract_problems",
+    "describe_contract",
     "fast_init",
     "get_router",
     "plan_schema",

@@ -39,12 +39,14 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
+from planrun.core._contracts import CONTRACT_CODES, Node, contract_problems
 from planrun.core._errors import InvalidPlan, UsageError
 from planrun.core._problem import Problem
 from planrun.core._registry import KindSpec, Registry
 from planrun.core._task import Task
 
 __all__ = [
+    "CONTRACT_CODES",
     "CYCLE",
     "FORWARD_DEPENDENCY",
     "INVALID_PAYLOAD",
@@ -100,8 +102,13 @@ PROBLEM_CODES: Final[tuple[str, ...]] = (
     CYCLE,
     TOO_FEW_TASKS,
     TOO_MANY_TASKS,
+    *CONTRACT_CODES,
 )
 """Every problem code, in the order of the design's table."""
+
+_GRAPH_CODES: Final = frozenset(
+    (SELF_DEPENDENCY, FORWARD_DEPENDENCY, UNKNOWN_DEPENDENCY, CYCLE, SCHEMA))
+"""Problems after which the plan's graph cannot be trusted to judge its contracts."""
 
 _TASK_FIELDS: Final[tuple[str, ...]] = ("kind", "payload", "depends_on", "id")
 _SHAPE_HINT: Final = (
@@ -166,15 +173,18 @@ class Plan:
         *,
         min_tasks: int = 1,
         max_tasks: int = 50,
+        contracts: bool = True,
     ) -> Plan:
-        """Parse and validate ``raw`` (text, a plan document or a list of tasks).
+        """Parse and validate ``raw`` (text, a plan document or a list of tasks), its
+        kinds' contracts included unless ``contracts=False`` (a stored run's plan, read
+        back to report on it, is not judged again).
 
         Raises:
             InvalidPlan: with every problem found; ``raw_outputs`` holds ``raw`` when it
                 was text.
             UsageError: ``kinds`` or the bounds are themselves wrong.
         """
-        problems, plan = _check(raw, kinds, min_tasks, max_tasks)
+        problems, plan = _check(raw, kinds, min_tasks, max_tasks, contracts=contracts)
         if plan is None:
             raise InvalidPlan(problems, raw_outputs=_raw_text(raw))
         return plan
@@ -367,26 +377,38 @@ def validate_plan(
     *,
     min_tasks: int = 1,
     max_tasks: int = 50,
+    contracts: bool = True,
 ) -> list[Problem]:
     """Every problem with ``raw``; an empty list means the plan is valid.
 
     ``raw`` is model text (JSON, JSON in a code fence, or JSON inside prose), ``bytes``,
     a plan document (``{"goal", "tasks"}``) or a bare list of tasks. ``kinds`` is whatever
-    :meth:`Registry.of` accepts. Bad input never raises; it yields problems.
+    :meth:`Registry.of` accepts. Bad input never raises; it yields problems. With
+    ``contracts`` (the default) a well-formed plan is also held to the contracts its kinds
+    declare (``missing_input``, ``no_deliverable``, ``dead_end``, ``duplicate_task``,
+    ``too_many_of_kind``); ``contracts=False`` checks the shape alone.
 
     Raises:
         UsageError: ``kinds`` or the bounds are themselves wrong (a caller's mistake).
     """
-    return _check(raw, kinds, min_tasks, max_tasks)[0]
+    return _check(raw, kinds, min_tasks, max_tasks, contracts=contracts)[0]
 
 
-def plan_schema(kinds: KindsLike, *, min_tasks: int = 1, max_tasks: int = 50) -> dict[str, Any]:
+def plan_schema(kinds: KindsLike, *, min_tasks: int = 1, max_tasks: int = 50,
+                goal: bool = True) -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of the plan document for the kinds that exist.
 
     Each task is one of a variant per kind (``anyOf``), holding that kind's payload schema;
     pydantic ``$defs`` are hoisted to the top level (renamed per kind on a clash), so the
     schema is self-contained. The schema is strict (every property required, no extra
-    ones), as structured-output APIs want it.
+    ones), as structured-output APIs want it. ``goal=False`` leaves the goal out: the
+    decomposer asks the model for the tasks only, and the plan keeps the user's goal.
+
+    Of the kinds' contracts, the schema says what JSON Schema can: that the tasks contain
+    one of a delivering kind (``contains``; strict structured output drops the keyword and
+    the validator enforces it). Needs, counts per kind and unique payloads are beyond it
+    (they would take ``allOf`` of ``contains``, which strict mode refuses); the validator
+    and the decomposer's prompt carry them.
     """
     _check_bounds(min_tasks, max_tasks)
     registry = _registry(kinds)
@@ -408,24 +430,26 @@ def plan_schema(kinds: KindsLike, *, min_tasks: int = 1, max_tasks: int = 50) ->
             variant["description"] = spec.description
         variants.append(variant)
     items: Any = {"anyOf": variants} if variants else False
+    tasks: dict[str, Any] = {
+        "type": "array",
+        "minItems": min_tasks,
+        "maxItems": max_tasks,
+        "items": items,
+    }
+    delivering = [spec.name for spec in registry if spec.delivers]
+    if delivering:
+        tasks["contains"] = {"type": "object", "properties": {"kind": {"enum": delivering}},
+                             "required": ["kind"]}
     schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Plan",
         "description": (
-            "A goal and the tasks that reach it. depends_on holds zero-based indices of "
-            "earlier tasks."
+            ("A goal and the tasks that reach it." if goal else "The tasks that reach the goal.")
+            + " depends_on holds zero-based indices of earlier tasks."
         ),
         "type": "object",
-        "properties": {
-            "goal": {"type": "string"},
-            "tasks": {
-                "type": "array",
-                "minItems": min_tasks,
-                "maxItems": max_tasks,
-                "items": items,
-            },
-        },
-        "required": ["goal", "tasks"],
+        "properties": {**({"goal": {"type": "string"}} if goal else {}), "tasks": tasks},
+        "required": ["goal", "tasks"] if goal else ["tasks"],
         "additionalProperties": False,
     }
     if defs:
@@ -859,10 +883,33 @@ def _payload_fields(model: type[BaseModel]) -> str:
 
 
 def _check(
-    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True,
+    contracts: bool = True,
 ) -> tuple[list[Problem], Plan | None]:
     with _collector_paused(raw):
-        return _check_now(raw, kinds, min_tasks, max_tasks, quick=quick)
+        problems, plan = _check_now(raw, kinds, min_tasks, max_tasks, quick=quick,
+                                    contracts=contracts)
+    if plan is not None and contracts:
+        registry = _registry(kinds)
+        if _has_contracts(registry):
+            broken = _contracts_of(registry, [(t.kind, t.payload, t.depends_on)
+                                              for t in plan.tasks])
+            if broken:
+                return broken, None
+    return problems, plan
+
+
+def _has_contracts(registry: Registry) -> bool:
+    return any(spec.has_contract for spec in registry)
+
+
+def _contracts_of(registry: Registry,
+                  tasks: Iterable[tuple[str, Any, Sequence[int]]]) -> list[Problem]:
+    """What a plan's tasks (kind, payload, dependencies by index) break of the kinds'
+    contracts."""
+    nodes = [Node(kind, payload, tuple(deps), label=i)
+             for i, (kind, payload, deps) in enumerate(tasks)]
+    return contract_problems(nodes, registry)
 
 
 _LARGE_INPUT: Final = 1_000_000
@@ -893,9 +940,13 @@ def _collector_paused(raw: object) -> Iterator[None]:
 
 
 def _check_now(
-    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True,
+    contracts: bool = True,
 ) -> tuple[list[Problem], Plan | None]:
-    """Validate ``raw``; ``quick=False`` skips :func:`_plain_check` (tests compare both)."""
+    """Validate ``raw``'s shape; ``quick=False`` skips :func:`_plain_check` (tests compare
+    both). A plan it returns is then held to the kinds' contracts by :func:`_check`; one
+    with other problems is too, here, when its graph is sound, so that every problem is
+    reported at once."""
     _check_bounds(min_tasks, max_tasks)
     registry = _registry(kinds)
     problems: list[Problem] = []
@@ -923,7 +974,10 @@ def _check_now(
 
     if quick:
         read = _plain_check(doc, registry, min_tasks, max_tasks, copy_payload=not parsed_here)
-        if read is not None:
+        # A plan with problems is read again carefully when the kinds declare contracts, so
+        # the contracts it breaks are listed with its other problems.
+        if read is not None and (read[1] is not None or not contracts
+                                 or not _has_contracts(registry)):
             return read
 
     strict, too_deep = _strict_problems(doc)
@@ -1036,6 +1090,11 @@ def _check_now(
         )
 
     if problems:
+        if contracts and _has_contracts(registry) and all(
+                draft.kind in registry for draft in drafts) and not any(
+                p.code in _GRAPH_CODES for p in problems):
+            problems.extend(_contracts_of(registry, (
+                (draft.kind or "", draft.payload, resolved[i]) for i, draft in enumerate(drafts))))
         # document-level problems first, then by task index (stable: field order kept)
         problems.sort(key=lambda p: -1 if p.task is None else p.task)
         return problems, None

@@ -31,6 +31,7 @@ from planrun.core._errors import UsageError
 __all__ = [
     "Handler",
     "KindSpec",
+    "Need",
     "Registry",
     "SpawnRequest",
     "TaskContext",
@@ -70,6 +71,25 @@ class SpawnRequest:
     depends_on: tuple[str, ...] = ()
     joins: tuple[str, ...] = ()
     estimate_s: float = 1.0
+
+
+def _needs(kind: str, needs: object) -> tuple[Need, ...]:
+    """``needs`` as a tuple of kind names and tuples of alternatives, or a UsageError."""
+    items = (needs,) if isinstance(needs, str) else needs
+    if not isinstance(items, tuple | list):
+        raise UsageError(f"kind {kind!r}: needs must be a list of kinds (or tuples of kinds "
+                         f"any one of which will do), got {type(needs).__name__}")
+    out: list[Need] = []
+    for item in items:
+        if isinstance(item, str) and item:
+            out.append(item)
+        elif isinstance(item, tuple | list) and item and all(
+                isinstance(k, str) and k for k in item):
+            out.append(tuple(item))
+        else:
+            raise UsageError(f"kind {kind!r}: each need is a kind name or a tuple of kind "
+                             f"names, got {item!r}")
+    return tuple(out)
 
 
 def spawn_id(spawner: str, n: int) -> str:
@@ -128,12 +148,22 @@ class TaskContext:
         return idempotency_key(self.run_id, self.task_id, self.payload)
 
 
+Need = str | tuple[str, ...]
+"""A kind a task's dependencies must include, or a tuple of kinds any one of which will do."""
+
+
 @dataclass(frozen=True)
 class KindSpec:
     """A kind of work that a plan may name.
 
     ``timeout_s`` bounds one attempt of this kind (a timeout is a transient failure, so it
     retries); ``None`` leaves it to the supervisor's or worker process's ``timeout``.
+
+    The kind's *contract* (checked whenever a plan, a spawn or a replanned fragment is
+    validated; see :mod:`planrun.core._contracts`): ``needs`` (kinds its dependencies must
+    include), ``inputs`` (result models its dependencies must produce), ``delivers`` (its
+    tasks deliver the run's result), ``max_count`` (at most this many per plan) and
+    ``unique`` (no two of its tasks with the same payload).
     """
 
     name: str
@@ -142,10 +172,31 @@ class KindSpec:
     result_model: type[BaseModel] | None = None
     handler: Handler | None = None
     timeout_s: float | None = None
+    needs: tuple[Need, ...] = ()
+    inputs: tuple[type[BaseModel], ...] = ()
+    delivers: bool = False
+    max_count: int | None = None
+    unique: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise UsageError(f"kind {self.name!r}: timeout_s must be > 0, got {self.timeout_s}")
+        object.__setattr__(self, "needs", _needs(self.name, self.needs))
+        inputs = (self.inputs,) if isinstance(self.inputs, type) else tuple(self.inputs)
+        if not all(isinstance(m, type) and issubclass(m, BaseModel) for m in inputs):
+            raise UsageError(f"kind {self.name!r}: inputs must be pydantic models (the result "
+                             "models its dependencies produce)")
+        object.__setattr__(self, "inputs", inputs)
+        if self.max_count is not None and (isinstance(self.max_count, bool) or not isinstance(
+                self.max_count, int) or self.max_count < 1):
+            raise UsageError(f"kind {self.name!r}: max_count must be a whole number >= 1, got "
+                             f"{self.max_count!r}")
+
+    @property
+    def has_contract(self) -> bool:
+        """Whether the kind declares any contract."""
+        return bool(self.needs or self.inputs or self.delivers or self.max_count is not None
+                    or self.unique)
 
     def payload_schema(self) -> dict[str, Any]:
         """JSON Schema of the payload (any object when the kind has no payload model)."""
@@ -184,6 +235,14 @@ class WorkerSpec:
         return 1.0 if self.skills is None else float(self.skills.get(kind, 0.0))
 
 
+def _contract(needs: Iterable[Need] | Need, inputs: Iterable[type[BaseModel]] | type[BaseModel],
+              ) -> tuple[tuple[Need, ...], tuple[type[BaseModel], ...]]:
+    """``needs`` and ``inputs`` as :class:`KindSpec` holds them (one or many, checked there)."""
+    wanted = (needs,) if isinstance(needs, str) else tuple(needs)
+    models = (inputs,) if isinstance(inputs, type) else tuple(inputs)
+    return wanted, models
+
+
 class Registry:
     """The kinds that exist. Plans are validated against it; workers are routed by it."""
 
@@ -210,15 +269,25 @@ class Registry:
         result: type[BaseModel] | None = None,
         description: str = "",
         timeout_s: float | None = None,
+        needs: Iterable[Need] | Need = (),
+        inputs: Iterable[type[BaseModel]] | type[BaseModel] | None = None,
+        delivers: bool = False,
+        max_count: int | None = None,
+        unique: bool = False,
     ) -> KindSpec:
         """Register a kind done by ``handler``: a function (async or not) or a ModelWorker.
 
-        ``result`` defaults to the handler's own ``result_model`` when it has one;
-        ``timeout_s`` bounds one attempt (see :class:`KindSpec`).
+        ``result`` defaults to the handler's own ``result_model`` when it has one, and
+        ``inputs`` to its ``input_models`` (a :class:`~planrun.ModelWorker`'s ``inputs=``);
+        ``timeout_s`` bounds one attempt; ``needs``, ``inputs``, ``delivers``,
+        ``max_count`` and ``unique`` are the kind's contract (see :class:`KindSpec`).
         """
         if result is None:
             result = getattr(handler, "result_model", None)
-        return self.add(KindSpec(name, description, payload, result, handler, timeout_s))
+        if inputs is None:
+            inputs = getattr(handler, "input_models", ())
+        return self.add(KindSpec(name, description, payload, result, handler, timeout_s,
+                                 *_contract(needs, inputs), delivers, max_count, unique))
 
     def kind(
         self,
@@ -228,12 +297,19 @@ class Registry:
         payload: type[BaseModel] | None = None,
         result: type[BaseModel] | None = None,
         timeout_s: float | None = None,
+        needs: Iterable[Need] | Need = (),
+        inputs: Iterable[type[BaseModel]] | type[BaseModel] = (),
+        delivers: bool = False,
+        max_count: int | None = None,
+        unique: bool = False,
     ) -> Callable[[F], F]:
-        """Decorator: register the function as the handler of a new kind."""
+        """Decorator: register the function as the handler of a new kind (arguments as for
+        :meth:`register`)."""
 
         def register(fn: F) -> F:
             doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-            self.add(KindSpec(name, doc, payload, result, fn, timeout_s))
+            self.add(KindSpec(name, doc, payload, result, fn, timeout_s,
+                              *_contract(needs, inputs), delivers, max_count, unique))
             return fn
 
         return register

@@ -72,6 +72,14 @@ async def _brief(model: Model, clock: Clock | None) -> RunReport:
     return await aplan_and_run(brief.GOAL, brief.make_app(), model=model, clock=clock)
 
 
+async def _brief_contract(model: Model, clock: Clock | None) -> RunReport:
+    from planrun._facade import aplan_and_run
+    from planrun.examples import brief
+    from planrun.examples.answers import PIX_GOAL
+
+    return await aplan_and_run(PIX_GOAL, brief.make_app(), model=model, clock=clock)
+
+
 async def _tickets(model: Model, clock: Clock | None) -> RunReport:
     from planrun._facade import aplan_and_run
     from planrun.examples import tickets
@@ -134,6 +142,15 @@ SCENARIOS: dict[str, Scenario] = {
             _brief,
             counts={"completed": 6},
             requests=8,
+        ),
+        Scenario(
+            "brief_contract",
+            "A brief whose first plan is well formed but does not do the job (the same "
+            "research twice over, no brief: duplicate_task, no_deliverable); the repair "
+            "loop gets a plan that keeps the kinds' contracts, which then runs.",
+            _brief_contract,
+            counts={"completed": 4},
+            requests=6,
         ),
         Scenario(
             "tickets",

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from planrun.dev.testing import ChatRequest
-from planrun.examples.brief import GOAL
 from planrun.examples.ticket_data import ground_truth
 
-__all__ = ["BRIEF_PLAN", "BRIEF_REPLAN", "INVALID_BRIEF_PLAN", "answers"]
+__all__ = ["BRIEF_PLAN", "BRIEF_REPLAN", "INVALID_BRIEF_PLAN", "PIX_FIRST_PLAN", "PIX_GOAL",
+           "PIX_PLAN", "answers"]
 
 BRIEF_PLAN: dict[str, Any] = {
-    "goal": GOAL,
     "tasks": [
         {"kind": "research", "depends_on": [], "payload": {
             "topic": "Card acquirers and PSPs in Europe (Adyen, Worldline, Nexi, Stripe)",
@@ -42,7 +41,6 @@ BRIEF_PLAN: dict[str, Any] = {
 """The plan the synthetic planner settles on after one repair."""
 
 INVALID_BRIEF_PLAN: dict[str, Any] = {
-    "goal": GOAL,
     "tasks": [
         {"kind": "research", "depends_on": [], "payload": BRIEF_PLAN["tasks"][0]["payload"]},
         {"kind": "verify_sources", "depends_on": [0], "payload": {}},
@@ -53,7 +51,6 @@ INVALID_BRIEF_PLAN: dict[str, Any] = {
 """A first plan with the two classic mistakes: an invented kind and a forward dependency."""
 
 BRIEF_REPLAN: dict[str, Any] = {
-    "goal": GOAL,
     "tasks": [
         {"kind": "research", "depends_on": [], "payload": {
             "topic": "Digital wallets and BNPL in Europe from public filings (PayPal, Klarna)",
@@ -65,6 +62,30 @@ BRIEF_REPLAN: dict[str, Any] = {
     ],
 }
 """The fragment the synthetic planner gives to re-plan the wallets research that died."""
+
+PIX_GOAL = "produce a short brief on the risks of entering the Brazilian instant-payments market"
+"""The goal of the contract demo: a plan whose first form does not do the job."""
+
+_PIX_TOPICS = ("Pix adoption and the central bank's rules", "Incumbent banks and fintechs on Pix")
+PIX_FIRST_PLAN: dict[str, Any] = {
+    "tasks": [
+        {"kind": "research", "depends_on": [], "payload": {
+            "topic": topic, "questions": ["what are the risks for a new entrant?"]}}
+        for topic in (*_PIX_TOPICS, *_PIX_TOPICS)
+    ],
+}
+"""A well-formed first plan that breaks the brief's contracts: the same research twice over
+and no brief at all (``duplicate_task``, ``no_deliverable``)."""
+
+PIX_PLAN: dict[str, Any] = {
+    "tasks": [
+        *PIX_FIRST_PLAN["tasks"][:2],
+        {"kind": "analyse", "depends_on": [0, 1], "payload": {
+            "question": "What are the main risks of entering Pix as a new provider?"}},
+        {"kind": "write_brief", "depends_on": [2], "payload": {"audience": "the board"}},
+    ],
+}
+"""The plan the synthetic planner gives when the repair names the broken contracts."""
 
 _REPLIES = {
     "en": ("Re: {subject}", "Hello {name},\n\nthank you for writing to us. We are looking into "
@@ -123,6 +144,8 @@ def plan(req: ChatRequest) -> dict[str, Any]:
     brief gets its replacement fragment)."""
     if "Re-plan part of this goal" in req.prompt:
         return BRIEF_REPLAN
+    if PIX_GOAL in req.prompt:
+        return PIX_FIRST_PLAN if req.repairs == 0 else PIX_PLAN
     return INVALID_BRIEF_PLAN if req.repairs == 0 else BRIEF_PLAN
 
 

@@ -119,18 +119,22 @@ def make_app(researchers: int = 3, unavailable: Sequence[str] = ()) -> App:
     registry = Registry()
     research: ModelWorker | _Research = (
         _Research(unavailable) if unavailable else ModelWorker("research", result=Findings))
+    # The contracts: an analysis reads findings, the brief reads analyses and is the run's
+    # result (one of it); no two research tasks or analyses ask the same thing.
     registry.register(
-        "research", research, payload=ResearchRequest,
+        "research", research, payload=ResearchRequest, unique=True,
         description="Collect findings with sources on one topic (a competitor, a segment, "
         "regulation). Independent research tasks run in parallel.",
     )
     registry.register(
-        "analyse", ModelWorker("analyse", result=Analysis), payload=AnalysisRequest,
+        "analyse", ModelWorker("analyse", result=Analysis, inputs=Findings),
+        payload=AnalysisRequest, unique=True,
         description="Analyse the findings of the research tasks it depends on to answer one "
         "question.",
     )
     registry.register(
-        "write_brief", ModelWorker("write_brief", result=Brief), payload=BriefRequest,
+        "write_brief", ModelWorker("write_brief", result=Brief, inputs=Analysis),
+        payload=BriefRequest, delivers=True, max_count=1,
         description="Write the one-page brief from the analyses it depends on. Use once, last.",
     )
     workers = [WorkerSpec(f"researcher-{i + 1}", {"research": 1.0}, 1) for i in range(researchers)]

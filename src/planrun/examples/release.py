@@ -83,12 +83,16 @@ RELEASE_PLAN: dict[str, Any] = {
 def make_app() -> App:
     """db-1 migrates, deploy-1/deploy-2 deploy, qa-1 tests: the comparison's workers."""
     registry = Registry()
+    # The contracts: a release is done when it is smoke-tested, which needs the deployment.
     registry.register("migrate_db", ModelWorker("migrate", result=MigrationPlan),
-                      payload=MigrationRequest, description="Plan a database migration.")
+                      payload=MigrationRequest, unique=True,
+                      description="Plan a database migration.")
     registry.register("deploy_app", ModelWorker("deploy", result=DeployChecklist),
-                      payload=DeployRequest, description="Prepare the deployment of a release.")
+                      payload=DeployRequest, unique=True,
+                      description="Prepare the deployment of a release.")
     registry.register("smoke_test", ModelWorker("smoke_test", result=SmokeChecks),
-                      payload=SmokeRequest, description="Design the post-deploy smoke tests.")
+                      payload=SmokeRequest, needs=["deploy_app"], delivers=True, unique=True,
+                      description="Design the post-deploy smoke tests.")
     workers = [
         WorkerSpec("db-1", {"migrate_db": 1.0}),
         WorkerSpec("deploy-1", {"deploy_app": 1.0}),

@@ -198,22 +198,27 @@ def make_app(workers: int = 8, capacity: int = 4,
     default one second into their wait (a demo without a person).
     """
     registry = Registry()
+    # The contracts: a reply is the run's result and needs its ticket's classification;
+    # a ticket is classified once. The night's triage is what fetch_tickets grows, so it
+    # counts as a result too (the tasks it spawns are held to the same contracts).
     registry.register(
         "classify_ticket",
         ModelWorker("classify_ticket", result=Classification),
-        payload=TicketPayload,
+        payload=TicketPayload, unique=True,
         description="Label one support ticket: category, urgency, needs_human.",
     )
     registry.register(
         "draft_reply",
         DraftReply(),
-        payload=TicketPayload,
+        payload=TicketPayload, needs=["classify_ticket"], delivers=True, unique=True,
         description="Draft the reply to one classified ticket.",
     )
     registry.register("fetch_tickets", fetch_tickets, payload=FetchPayload, result=Fetched,
+                      delivers=True,
                       description="Read the night's tickets; spawns their classify and "
                       "draft tasks.")
     registry.register("summarize_triage", summarize_triage, result=TriageSummary,
+                      delivers=True, max_count=1,
                       description="Count the night's drafts (spawned by fetch_tickets).")
     outbox, desk = Outbox(), Desk()
 

@@ -82,7 +82,9 @@ async def adecompose(
         min_tasks=min_tasks,
         max_tasks=max_tasks,
     )
-    schema = plan_schema(registry, min_tasks=min_tasks, max_tasks=max_tasks)
+    # The model is asked for the tasks only: the goal is the user's, never a model's
+    # rewording of it.
+    schema = plan_schema(registry, min_tasks=min_tasks, max_tasks=max_tasks, goal=False)
     request = {"role": "user", "content": rendered.text}
     scoped = meter.scoped("decompose") if meter is not None else None
     messages: list[dict[str, str]] = [request]
@@ -112,9 +114,7 @@ async def adecompose(
                 {"role": "user", "content": repair_message(exc.problems)},
             ]
             continue
-        if not plan.goal:
-            plan = Plan(goal.strip(), plan.tasks)
-        return plan
+        return Plan(goal.strip(), plan.tasks)
     raise InvalidPlan(
         history[-1],
         raw_outputs=outputs,

@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from planrun.core import KindSpec, Registry, UsageError
+from planrun.core import KindSpec, Registry, UsageError, describe_contract
 
 __all__ = [
     "PromptLibrary",
@@ -176,10 +176,14 @@ class PromptLibrary:
 
 
 def describe_kinds(kinds: Registry | Iterable[KindSpec]) -> str:
-    """A prompt-ready list of kinds: name, description and payload JSON Schema of each."""
+    """A prompt-ready list of kinds: name, description, contract (when the kind declares
+    one) and payload JSON Schema of each."""
+    registry = kinds if isinstance(kinds, Registry) else Registry(kinds)
     blocks = []
-    for spec in kinds:
+    for spec in registry:
         schema = json.dumps(spec.payload_schema(), indent=2, sort_keys=True)
         description = spec.description or "(no description)"
-        blocks.append(f"### {spec.name}\n{description}\n\nPayload schema:\n```json\n{schema}\n```")
+        contract = "".join(f"\n- {line}" for line in describe_contract(spec, registry))
+        blocks.append(f"### {spec.name}\n{description}\n{contract and contract + chr(10)}"
+                      f"\nPayload schema:\n```json\n{schema}\n```")
     return "\n\n".join(blocks)

@@ -344,6 +344,9 @@ VALIDATION_KEYWORDS = frozenset(
         "format",
         "minLength",
         "maxLength",
+        "contains",
+        "minContains",
+        "maxContains",
     }
 )
 """What ``schema="portable"`` leaves out of the schema sent (some models reject them)."""

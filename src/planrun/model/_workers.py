@@ -17,7 +17,7 @@ its own model.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -54,6 +54,10 @@ class ModelWorker:
             its validation errors (default 1; 0 fails at once). Each re-ask is a model call
             like any other: metered, budgeted and rate limited. When the last answer still
             fails, the task is dead with that answer's errors.
+        inputs: the result models this worker reads from its dependencies (its
+            ``$inputs``): the kind's contract then asks that each comes from at least one
+            dependency, derived from the registry's result models (see
+            :class:`~planrun.KindSpec`).
 
     The template sees ``$payload`` (the whole payload as JSON), each payload field by
     name, ``$inputs`` (results of the dependencies, by task id, as JSON) and ``$task_id``.
@@ -68,10 +72,13 @@ class ModelWorker:
         system: str | None = None,
         model: Model | None = None,
         reask: int = 1,
+        inputs: Sequence[type[BaseModel]] | type[BaseModel] = (),
     ) -> None:
         if not isinstance(reask, int) or reask < 0:
             raise UsageError(f"reask must be a whole number >= 0, got {reask!r}")
         self.reask = reask
+        self.input_models: tuple[type[BaseModel], ...] = (
+            (inputs,) if isinstance(inputs, type) else tuple(inputs))
         self.prompt = prompt
         self.result_model = result
         self.prompts = prompts or PromptLibrary()

@@ -18,9 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from planrun.core._contracts import Node, contract_problems
 from planrun.core._errors import InvalidPlan, UsageError
-from planrun.core._registry import SpawnRequest, spawn_id
-from planrun.core._task import FINAL, Task
+from planrun.core._registry import Registry, SpawnRequest, spawn_id
+from planrun.core._task import FINAL, Status, Task
 
 __all__ = ["Addition", "SpawnLimits", "SpawnRequest", "expand", "spawn_depth"]
 
@@ -113,7 +114,10 @@ def expand(spawner: Task, requests: Sequence[SpawnRequest], tasks: Mapping[str, 
                                         f"depends on {dep!r}, which is not a task of this run"))
         doc.append({"kind": req.kind, "payload": dict(req.payload), "depends_on": local})
     if doc:
-        problems.extend(validate_plan(doc, kinds, min_tasks=0, max_tasks=len(doc)))
+        shape = validate_plan(doc, kinds, min_tasks=0, max_tasks=len(doc), contracts=False)
+        problems.extend(shape)
+        if not shape and not problems:
+            problems.extend(_contract_problems(spawner, requests, tasks, Registry.of(kinds)))
     problems.extend(_bound_problems(spawner, len(requests), tasks, limits))
     if problems:
         problems.sort(key=lambda p: (-1 if p.task is None else p.task))
@@ -126,6 +130,28 @@ def expand(spawner: Task, requests: Sequence[SpawnRequest], tasks: Mapping[str, 
                              token=j.token + 1)
                     for j in joiners_of(spawner.id, tasks)) if new else ()
     return Addition(new, joiners, tuple(requests))
+
+
+def _contract_problems(spawner: Task, requests: Sequence[SpawnRequest],
+                       tasks: Mapping[str, Task], registry: Registry) -> list[Any]:
+    """What the addition breaks of the kinds' contracts, judged with the run's live tasks
+    (a dead or cancelled one is being replaced, so it is no context)."""
+    if not any(spec.has_contract for spec in registry):
+        return []
+    live = [t for t in tasks.values() if t.status not in _GONE]
+    at = {t.id: i for i, t in enumerate(live)}
+    at.update({spawn_id(spawner.id, i): len(live) + i for i in range(len(requests))})
+    joiners = tuple(at[j.id] for j in joiners_of(spawner.id, tasks) if j.id in at)
+    nodes = [Node(t.kind, t.payload, tuple(at[d] for d in t.depends_on if d in at),
+                  checked=False) for t in live]
+    nodes += [Node(req.kind, dict(req.payload),
+                   tuple(at[d] for d in (*req.depends_on, *req.joins) if d in at),
+                   label=i, also_leads_to=joiners)
+              for i, req in enumerate(requests)]
+    return contract_problems(nodes, registry)
+
+
+_GONE = frozenset((Status.DEAD, Status.CANCELLED))
 
 
 def _bound_problems(spawner: Task, n: int, tasks: Mapping[str, Task],
