@@ -91,7 +91,10 @@ def eval_planner(goal_file: str | Path) -> Any:
     plan, changed by fixed rules so that two prompt versions measure differently: under the
     shipped prompt every second goal's first plan has a dependency on a later task (or on
     itself), repaired when asked; under the ``strict`` variant (which names the rule) every
-    first plan validates. Some final plans have one extra dependency (goal index 1 mod 3 under
+    first plan validates. Under the shipped prompt the first plan of every fourth goal (index
+    3 mod 4) also leaves out its last task, the one that delivers the result (contract
+    problems, not shape problems), repaired when asked. Some final plans have one extra
+    dependency (goal index 1 mod 3 under
     the shipped prompt, 2 mod 3 under ``strict``): the last task that waits for others
     also waits for the first task (a link the reference does not have, which keeps every
     contract), so the link F1 is not always 1.
@@ -110,6 +113,9 @@ def eval_planner(goal_file: str | Path) -> Any:
         tasks = plan["tasks"]
         if not strict and index % 2 == 0 and req.repairs == 0:
             tasks[0]["depends_on"] = [len(tasks) - 1]
+            return plan
+        if not strict and index % 4 == 3 and req.repairs == 0:
+            del tasks[-1]
             return plan
         if index % 3 == (2 if strict else 1):
             needing = [t for t in tasks if t["depends_on"]]

@@ -101,18 +101,35 @@ def test_the_shipped_examples_replay_and_measure_both_versions(no_network: list[
     goals = load_goals("examples")
     default, strict = report["default"].summary(), report["strict"].summary()
     # The recording's planner (tools/standin.py eval_planner): under the shipped prompt
-    # every second goal's first plan points forward and is repaired once; under strict none.
-    repaired = {g.id for i, g in enumerate(goals) if i % 2 == 0}
+    # every second goal's first plan points forward, and the first plan of goal 3 leaves
+    # out the task that delivers the brief; each is repaired once. Under strict none.
+    forward = {g.id for i, g in enumerate(goals) if i % 2 == 0}
+    undelivered = {g.id for i, g in enumerate(goals) if i % 4 == 3}
+    repaired = forward | undelivered
     by_default = outcomes_by_id(report, "default")
     assert {i for i, o in by_default.items() if o.repairs} == repaired
     assert all(o.problems == [["forward_dependency"]] for i, o in by_default.items()
-               if i in repaired)
-    assert default["first_try_valid_rate"] == pytest.approx(1 - len(repaired) / len(goals),
+               if i in forward)
+    assert all(o.problems == [["no_deliverable"]] for i, o in by_default.items()
+               if i in undelivered)
+    # Validity is the shape; a plan that leaves out its deliverable has a valid shape
+    # but breaks a contract, and the report keeps the two apart.
+    assert default["first_try_valid_rate"] == pytest.approx(1 - len(forward) / len(goals),
                                                             abs=1e-4)
+    assert default["first_try_contracts_rate"] == pytest.approx(
+        1 - len(repaired) / len(goals), abs=1e-4)
     assert default["valid_rate"] == strict["valid_rate"] == 1.0
+    assert default["contracts_rate"] == strict["contracts_rate"] == 1.0
+    assert default["contract_goals"] == len(goals)  # both example apps declare contracts
     assert default["mean_repairs"] == pytest.approx(len(repaired) / len(goals), abs=1e-4)
-    assert default["problem_codes"] == {"forward_dependency": len(repaired)}
+    assert default["problem_codes"] == {"forward_dependency": len(forward)}
+    assert default["contract_codes"] == {"no_deliverable": len(undelivered)}
     assert strict["first_try_valid_rate"] == 1.0 and strict["problem_codes"] == {}
+    assert strict["first_try_contracts_rate"] == 1.0 and strict["contract_codes"] == {}
+    for goal_id in undelivered:
+        outcome = by_default[goal_id]
+        assert outcome.first_try_valid and not outcome.first_try_met and outcome.met
+        assert outcome.to_dict()["contracts"] == {"first_try": False, "met": True}
     assert default["tokens"] > strict["tokens"] > 0  # repairs cost tokens
     assert default["node_f1"] == 1.0 and default["link_f1"] < 1.0
     for outcome in by_default.values():
@@ -129,6 +146,10 @@ def test_the_shipped_examples_replay_and_measure_both_versions(no_network: list[
     table = report.table()
     assert table.splitlines()[2].startswith("first-try valid")
     assert "problem forward_dependency" in table
+    assert [line.split() for line in table.splitlines()
+            if line.startswith("contract ")] == [["contract", "no_deliverable", "1", "0"]]
+    assert [line.split()[-2:] for line in table.splitlines()
+            if line.startswith("first-try meets contracts")] == [["33%", "100%"]]
 
 
 def test_a_prompt_edited_since_the_recording_is_a_fixture_miss(
@@ -179,6 +200,9 @@ def test_cli_eval_json_and_compare(capsys: pytest.CaptureFixture[str]) -> None:
             "mean_tasks", "tokens", "cost_usd", "node_f1", "link_f1"} <= set(default)
     assert len(default["outcomes"]) == 8
     assert default["problem_codes"]  # the shipped prompt's first plans have problems
+    # TaskBench's tools declare no contracts: nothing to report on them, not a 100 %.
+    assert default["contract_goals"] == 0 and default["contracts_rate"] is None
+    assert all(o["contracts"] is None for o in default["outcomes"])
     ids = {row["id"] for row in data["changed"]}
     flipped = {o["id"] for o in default["outcomes"] if o["outcome"] == "repaired"}
     assert flipped and flipped <= ids

@@ -891,16 +891,12 @@ def _check(
                                     contracts=contracts)
     if plan is not None and contracts:
         registry = _registry(kinds)
-        if _has_contracts(registry):
+        if registry.has_contracts:
             broken = _contracts_of(registry, [(t.kind, t.payload, t.depends_on)
                                               for t in plan.tasks])
             if broken:
                 return broken, None
     return problems, plan
-
-
-def _has_contracts(registry: Registry) -> bool:
-    return any(spec.has_contract for spec in registry)
 
 
 def _contracts_of(registry: Registry,
@@ -977,7 +973,7 @@ def _check_now(
         # A plan with problems is read again carefully when the kinds declare contracts, so
         # the contracts it breaks are listed with its other problems.
         if read is not None and (read[1] is not None or not contracts
-                                 or not _has_contracts(registry)):
+                                 or not registry.has_contracts):
             return read
 
     strict, too_deep = _strict_problems(doc)
@@ -1090,7 +1086,7 @@ def _check_now(
         )
 
     if problems:
-        if contracts and _has_contracts(registry) and all(
+        if contracts and registry.has_contracts and all(
                 draft.kind in registry for draft in drafts) and not any(
                 p.code in _GRAPH_CODES for p in problems):
             problems.extend(_contracts_of(registry, (

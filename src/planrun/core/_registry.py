@@ -336,6 +336,11 @@ class Registry:
         return len(self._kinds)
 
     @property
+    def has_contracts(self) -> bool:
+        """Whether any kind declares a contract (see :mod:`planrun.core._contracts`)."""
+        return any(spec.has_contract for spec in self._kinds.values())
+
+    @property
     def names(self) -> list[str]:
         """Kind names in registration order."""
         return list(self._kinds)

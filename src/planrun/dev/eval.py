@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planrun.core import InvalidPlan, Plan, Registry, UsageError, WorkerError
+from planrun.core import CONTRACT_CODES, InvalidPlan, Plan, Registry, UsageError, WorkerError
 from planrun.model import PromptLibrary
 
 if TYPE_CHECKING:
@@ -270,10 +270,12 @@ class GoalOutcome:
     id: str
     tags: tuple[str, ...]
     valid: bool
+    """The last reply has a valid shape (schema, kinds, dependencies, payloads)."""
     first_try_valid: bool
+    """The first reply has a valid shape."""
     attempts: int
     problems: list[list[str]]
-    """Problem codes of each invalid attempt, in order."""
+    """Problem codes of each rejected attempt, in order (shape and contract codes)."""
     plan: dict[str, Any] | None
     tokens: int
     cost_usd: float
@@ -282,6 +284,12 @@ class GoalOutcome:
     kinds: Scores | None = None
     """Kinds of the plan against ``expected_kinds`` (when given)."""
     error: str | None = None
+    has_contracts: bool = False
+    """The goal's kinds declare contracts (the two fields below are about them)."""
+    first_try_met: bool = False
+    """The first reply was accepted: a valid shape and every contract kept."""
+    met: bool = False
+    """A plan was accepted, after repair if need be: a valid shape and every contract kept."""
 
     @property
     def repairs(self) -> int:
@@ -294,12 +302,13 @@ class GoalOutcome:
         return len(self.plan["tasks"]) if self.plan else 0
 
     def outcome(self) -> str:
-        """One word: ``first_try``, ``repaired``, ``invalid`` or ``error``."""
+        """One word: ``first_try``, ``repaired``, ``invalid`` or ``error``: whether and when
+        the decomposer accepted a plan (shape and contracts)."""
         if self.error:
             return "error"
-        if not self.valid:
+        if not self.met:
             return "invalid"
-        return "first_try" if self.first_try_valid else "repaired"
+        return "first_try" if self.first_try_met else "repaired"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -311,6 +320,8 @@ class GoalOutcome:
             "nodes": self.nodes.to_dict() if self.nodes else None,
             "links": self.links.to_dict() if self.links else None,
             "kinds": self.kinds.to_dict() if self.kinds else None,
+            "contracts": ({"first_try": self.first_try_met, "met": self.met}
+                          if self.has_contracts else None),
             "error": self.error, "plan": self.plan,
         }
 
@@ -330,8 +341,14 @@ class VersionReport:
         """The rates and means of this version (what the table shows)."""
         out = self.outcomes
         n = len(out)
-        codes: Counter[str] = Counter(c for o in out for attempt in o.problems for c in attempt)
+        every: Counter[str] = Counter(c for o in out for attempt in o.problems for c in attempt)
+        codes = {c: k for c, k in every.items() if c not in CONTRACT_CODES}
+        broken = {c: k for c, k in every.items() if c in CONTRACT_CODES}
         valid = [o for o in out if o.valid]
+        bound = [o for o in out if o.has_contracts]
+
+        def rate(attr: str) -> float | None:
+            return round(sum(getattr(o, attr) for o in bound) / len(bound), 4) if bound else None
 
         def mean_score(attr: str, part: str) -> float | None:
             scores = [getattr(getattr(o, attr), part) for o in out if getattr(o, attr)]
@@ -344,6 +361,10 @@ class VersionReport:
             "valid_rate": round(len(valid) / n, 4),
             "mean_repairs": round(sum(o.repairs for o in out) / n, 4),
             "problem_codes": dict(sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "contract_goals": len(bound),
+            "first_try_contracts_rate": rate("first_try_met"),
+            "contracts_rate": rate("met"),
+            "contract_codes": dict(sorted(broken.items(), key=lambda kv: (-kv[1], kv[0]))),
             "mean_tasks": round(_mean([o.size for o in valid]) or 0.0, 4),
             "tokens": sum(o.tokens for o in out),
             "cost_usd": round(sum(o.cost_usd for o in out), 6),
@@ -367,6 +388,8 @@ _ROWS = [
     ("goals", "goals", "{}"),
     ("first-try valid", "first_try_valid_rate", "{:.0%}"),
     ("valid after repair", "valid_rate", "{:.0%}"),
+    ("first-try meets contracts", "first_try_contracts_rate", "{:.0%}"),
+    ("meets contracts after repair", "contracts_rate", "{:.0%}"),
     ("mean repairs", "mean_repairs", "{:.2f}"),
     ("mean tasks", "mean_tasks", "{:.2f}"),
     ("node F1", "node_f1", "{:.3f}"),
@@ -410,6 +433,10 @@ class EvalReport:
         for code in codes:
             rows.append([f"problem {code}",
                          *(str(s["problem_codes"].get(code, 0)) for s in summaries.values())])
+        broken = sorted({c for s in summaries.values() for c in s["contract_codes"]})
+        for code in broken:
+            rows.append([f"contract {code}",
+                         *(str(s["contract_codes"].get(code, 0)) for s in summaries.values())])
         widths = [max(len(r[i]) for r in rows) for i in range(len(names) + 1)]
         return "\n".join(
             "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -454,6 +481,7 @@ class _Counting:
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        self.max_tokens = model.max_tokens
         self.replies: list[Completion[Any]] = []
 
     async def complete(self, *args: Any, **kwargs: Any) -> Any:
@@ -481,6 +509,7 @@ async def _one(
         error = f"{type(exc).__name__}: {exc}"
     problems = [_problems(reply, goal.registry, options) for reply in model.replies]
     invalid = [codes for codes in problems if codes]
+    shaped = [not any(c not in CONTRACT_CODES for c in codes) for codes in problems]
     document = plan.to_document() if plan is not None else None
     nodes = links = kinds = None
     if goal.reference is not None:
@@ -490,10 +519,12 @@ async def _one(
         kinds = Scores.of(Counter(set(got)), Counter(set(goal.expected_kinds)))
     total = meter.total
     return GoalOutcome(
-        goal.id, goal.tags, plan is not None,
-        bool(problems) and not problems[0] and plan is not None,
+        goal.id, goal.tags, plan is not None or (bool(shaped) and shaped[-1]),
+        bool(shaped) and shaped[0],
         len(model.replies), invalid, document, total.total_tokens, total.cost_usd,
-        nodes, links, kinds, error)
+        nodes, links, kinds, error, has_contracts=goal.registry.has_contracts,
+        first_try_met=bool(problems) and not problems[0] and plan is not None,
+        met=plan is not None)
 
 
 def _problems(reply: Any, registry: Registry, options: Mapping[str, Any]) -> list[str]:

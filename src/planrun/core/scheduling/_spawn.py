@@ -136,7 +136,7 @@ def _contract_problems(spawner: Task, requests: Sequence[SpawnRequest],
                        tasks: Mapping[str, Task], registry: Registry) -> list[Any]:
     """What the addition breaks of the kinds' contracts, judged with the run's live tasks
     (a dead or cancelled one is being replaced, so it is no context)."""
-    if not any(spec.has_contract for spec in registry):
+    if not registry.has_contracts:
         return []
     live = [t for t in tasks.values() if t.status not in _GONE]
     at = {t.id: i for i, t in enumerate(live)}
