@@ -14,12 +14,18 @@ schemas the way OpenAI, vLLM, Ollama, llama.cpp's server or llama-cpp-python's s
 ``rpm_limit=N`` (``--rpm-limit N``) makes it enforce a rate limit the way the API does,
 counted over every client: beyond N requests per minute (with ``rpm_burst`` requests, by
 default one second's worth, allowed back to back) a chat request gets the API's 429 with
-``retry-after``, ``retry-after-ms`` and ``x-ratelimit-*`` headers. ``rate_limited`` counts
-those answers and ``admitted`` holds the arrival time of every request let through, so a
-test can show that a client-side limiter prevents 429s while using the whole rate.
+``retry-after``, ``retry-after-ms`` and ``x-ratelimit-*`` headers. ``tpm_limit=N``
+(``--tpm-limit N``) does the same for tokens per minute, counting each request as the API
+does: the prompt's estimated tokens plus its output bound (1,024 when it sets none), with
+``tpm_burst`` tokens (default one second's worth) allowed back to back; every answer
+under a limit carries the ``x-ratelimit-limit/remaining/reset-*`` headers. ``rate_limited``
+counts the 429s, ``admitted`` holds the arrival time of every request let through and
+``counted`` the tokens each took, so a test can show that a client-side limiter prevents
+429s while using the whole limit.
 
     python tools/standin.py --scenario rate_limited      # serve until Ctrl-C
     python tools/standin.py --rpm-limit 600              # 429 beyond 600 requests/minute
+    python tools/standin.py --tpm-limit 120000           # 429 beyond 120k tokens/minute
     python tools/standin.py --malformed 0.05             # 5 % of answers cut short
     OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 OPENAI_API_KEY=sk-anything planrun ...
 
@@ -146,6 +152,8 @@ class StandIn:
         raw: Iterable[Raw] = (),
         rpm_limit: float | None = None,
         rpm_burst: float | None = None,
+        tpm_limit: float | None = None,
+        tpm_burst: float | None = None,
         malformed: float = 0.0,
     ) -> None:
         if not 0.0 <= malformed < 1.0:
@@ -164,11 +172,16 @@ class StandIn:
         """TCP connections accepted: fewer than ``requests`` proves keep-alive reuse."""
         self.rejected = 0
         """Requests refused because of their response schema (``emulate``)."""
-        self.rate = _ServerRateLimit(rpm_limit, rpm_burst) if rpm_limit else None
+        self.rate = (_ServerRateLimit(rpm_limit, rpm_burst, tpm_limit, tpm_burst)
+                     if rpm_limit or tpm_limit else None)
         self.rate_limited = 0
-        """Chat requests answered 429 by ``rpm_limit``."""
+        """Chat requests answered 429 by ``rpm_limit`` or ``tpm_limit``."""
         self.admitted: list[float] = []
-        """``time.monotonic()`` of every chat request let through under ``rpm_limit``."""
+        """``time.monotonic()`` of every chat request let through under a limit."""
+        self.limited_at: list[float] = []
+        """``time.monotonic()`` of every chat request answered 429 under a limit."""
+        self.counted: list[int] = []
+        """The tokens each admitted request took from ``tpm_limit`` (:func:`counted_tokens`)."""
         self.malformed_every = round(1 / malformed) if malformed else 0
         """Every n-th answer of 200 is cut short (``malformed``: the fraction of them)."""
         self.malformed_sent = 0
@@ -233,17 +246,22 @@ class StandIn:
             limit_headers: dict[str, str] = {}
             if self.rate is not None:
                 now = time.monotonic()
-                wait, limit_headers = self.rate.take(now)
+                cost = counted_tokens(_json_or_empty(body))
+                wait, unit, limit_headers = self.rate.take(now, cost)
                 if wait > 0:
                     self.rate_limited += 1
+                    self.limited_at.append(now)
+                    bucket = self.rate.requests if unit == "requests" else self.rate.tokens
+                    assert bucket is not None
                     status, headers, content = _error(
-                        429, f"Rate limit reached for requests on this stand-in: limit "
-                        f"{self.rate.rpm:g} per minute. Please try again in "
+                        429, f"Rate limit reached for {unit} on this stand-in: limit "
+                        f"{bucket.per_minute:g} per minute. Please try again in "
                         f"{wait * 1000:.0f}ms.", "rate_limit_exceeded")
                     return status, {**headers, **limit_headers,
                                     "retry-after": str(max(1, math.ceil(wait))),
                                     "retry-after-ms": f"{wait * 1000:.0f}"}, content
                 self.admitted.append(now)
+                self.counted.append(cost)
             request = httpx.Request(method, f"http://standin{path}", headers=headers,
                                     content=body)
             response = self.fake(request)
@@ -334,29 +352,75 @@ class StandIn:
         return Handler
 
 
-class _ServerRateLimit:
-    """The server side of a requests-per-minute limit: a GCRA over every client."""
+DEFAULT_BOUND = 1024
+"""The output tokens the stand-in counts for a request that sets no bound."""
 
-    def __init__(self, rpm: float, burst: float | None) -> None:
-        self.rpm = rpm
-        self.interval = 60.0 / rpm
-        self.burst = max(1.0, burst if burst is not None else rpm / 60)
-        self._tat = float("-inf")  # theoretical arrival time of the next request
 
-    def take(self, now: float) -> tuple[float, dict[str, str]]:
-        """(0, headers) when a request may pass now (and it is counted), else (wait, headers)."""
-        tolerance = (self.burst - 1) * self.interval
-        tat = max(self._tat, now)
-        wait = tat - tolerance - now
-        if wait <= 0:
-            self._tat = tat = tat + self.interval
-        remaining = max(0, math.floor((tolerance - (tat - now)) / self.interval) + 1)
-        headers = {
-            "x-ratelimit-limit-requests": f"{self.rpm:g}",
-            "x-ratelimit-remaining-requests": str(remaining),
-            "x-ratelimit-reset-requests": f"{max(0.0, tat - now) * 1000:.0f}ms",
+def counted_tokens(body: Mapping[str, Any]) -> int:
+    """Tokens a request takes from the token limit, counted the way the API counts them:
+    the prompt's estimated tokens (the stand-in's own estimate, the one its replies report
+    as ``prompt_tokens``) plus the request's output bound (:data:`DEFAULT_BOUND` when it
+    sets none), whatever the reply will use."""
+    chat = ChatRequest(body)
+    prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
+    prompt = max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
+    bound = (body.get("max_completion_tokens") or body.get("max_tokens")
+             or body.get("max_output_tokens") or DEFAULT_BOUND)
+    return prompt + int(bound)
+
+
+class _Bucket:
+    """One limit as a GCRA: the time the bucket is full again."""
+
+    def __init__(self, per_minute: float, capacity: float) -> None:
+        self.per_minute = per_minute
+        self.rate = per_minute / 60
+        self.capacity = capacity
+        self.full_at = float("-inf")
+
+    def wait(self, now: float, cost: float) -> float:
+        return max(0.0, self.full_at - (self.capacity - min(cost, self.capacity)) / self.rate
+                   - now)
+
+    def take(self, now: float, cost: float) -> None:
+        self.full_at = max(self.full_at, now) + cost / self.rate
+
+    def headers(self, unit: str, now: float) -> dict[str, str]:
+        behind = max(0.0, self.full_at - now)
+        return {
+            f"x-ratelimit-limit-{unit}": f"{self.per_minute:g}",
+            f"x-ratelimit-remaining-{unit}": str(max(0, math.floor(
+                self.capacity - behind * self.rate))),
+            f"x-ratelimit-reset-{unit}": f"{behind * 1000:.0f}ms",
         }
-        return max(0.0, wait), headers
+
+
+class _ServerRateLimit:
+    """The server side of the rate limits, over every client: requests per minute (a
+    request each) and tokens per minute (:func:`counted_tokens` each), each a GCRA."""
+
+    def __init__(self, rpm: float | None, burst: float | None, tpm: float | None = None,
+                 token_burst: float | None = None) -> None:
+        self.requests = None if rpm is None else _Bucket(
+            rpm, max(1.0, burst if burst is not None else rpm / 60))
+        self.tokens = None if tpm is None else _Bucket(
+            tpm, max(1.0, token_burst if token_burst is not None else tpm / 60))
+
+    def take(self, now: float, tokens: float) -> tuple[float, str, dict[str, str]]:
+        """``(0, "", headers)`` when a request may pass now (and it is counted), else
+        ``(wait, which limit, headers)``."""
+        waits = [(b.wait(now, cost), unit) for b, cost, unit in (
+            (self.requests, 1.0, "requests"), (self.tokens, tokens, "tokens")) if b]
+        wait, unit = max(waits)
+        if wait <= 0:
+            for bucket, cost in ((self.requests, 1.0), (self.tokens, tokens)):
+                if bucket is not None:
+                    bucket.take(now, cost)
+        headers: dict[str, str] = {}
+        for bucket, name in ((self.requests, "requests"), (self.tokens, "tokens")):
+            if bucket is not None:
+                headers.update(bucket.headers(name, now))
+        return (wait, unit, headers) if wait > 0 else (0.0, "", headers)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -366,6 +430,14 @@ class _QuietServer(ThreadingHTTPServer):
         error = sys.exc_info()[1]
         if not isinstance(error, ConnectionError | TimeoutError):
             super().handle_error(request, client_address)
+
+
+def _json_or_empty(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _error(status: int, message: str, code: str | None, *, param: str | None = None,
@@ -389,15 +461,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse response schemas the way this server does")
     parser.add_argument("--rpm-limit", type=float, metavar="N",
                         help="answer 429 beyond N requests per minute, over all clients")
+    parser.add_argument("--tpm-limit", type=float, metavar="N",
+                        help="answer 429 beyond N tokens per minute (prompt estimate plus "
+                        "output bound), over all clients")
     parser.add_argument("--malformed", type=float, default=0.0, metavar="F",
                         help="cut this fraction of answers short (their JSON stops half-way)")
     args = parser.parse_args(argv)
-    if args.rpm_limit is not None and not args.rpm_limit > 0:
-        parser.error(f"--rpm-limit must be > 0, got {args.rpm_limit}")
+    for flag, value in (("--rpm-limit", args.rpm_limit), ("--tpm-limit", args.tpm_limit)):
+        if value is not None and not value > 0:
+            parser.error(f"{flag} must be > 0, got {value}")
     if not 0.0 <= args.malformed < 1.0:
         parser.error(f"--malformed must be a fraction in [0, 1), got {args.malformed}")
     server = for_scenario(args.scenario, port=args.port, emulate=args.emulate,
-                          rpm_limit=args.rpm_limit, malformed=args.malformed)
+                          rpm_limit=args.rpm_limit, tpm_limit=args.tpm_limit,
+                          malformed=args.malformed)
     print(f"stand-in serving at {server.base_url}", flush=True)
     try:
         server._server.serve_forever()

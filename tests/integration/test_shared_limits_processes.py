@@ -106,6 +106,26 @@ def test_four_worker_processes_share_one_rate_limit_and_get_no_429(
     assert status["spend"]["requests"] == n and status["spend"]["tokens_left"] is None
 
 
+def test_four_worker_processes_learn_a_token_limit_set_twice_too_high(
+        db_url: str, tmp_path: Path) -> None:
+    # The provider allows 120,000 tokens a minute (each classification counts its prompt
+    # and its bound, about 750); the run says twice that. Whichever process reads the
+    # provider's x-ratelimit-* headers corrects the one shared row for all of them.
+    tpm, n = 120_000, 40
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_document(n)))
+    with StandIn(FakeOpenAI(answers()), tpm_limit=tpm) as server:
+        summary, _ = _run(db_url, server, plan, "--tpm", str(2 * tpm))
+        admitted, limited = list(server.admitted), list(server.limited_at)
+    assert summary["counts"]["completed"] == n, summary  # nothing lost
+    assert len(admitted) == n
+    # 429s only while the first answers are on their way: none after the tenth admitted.
+    assert len(limited) <= 12, len(limited)
+    assert all(t <= admitted[9] for t in limited), (limited, admitted[:10])
+    status = _status(db_url, summary["run_id"])
+    assert status["limiter"]["tpm"] == tpm  # the provider's limit, not the configured one
+
+
 def _status(url: str, run_id: str) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-m", "planrun.cli", "status", run_id, "--db", url,
                            "--json"], capture_output=True, text=True, timeout=60, check=True)

@@ -9,9 +9,11 @@ import planrun
 PINNED = {
     "App", "Audit", "Backoff", "Budget", "BudgetExceeded", "Clock", "Completion",
     "ConfigError", "DispatchError", "Event", "IllegalTransition", "InvalidPlan", "KindSpec",
-    "Ledger", "Model", "ModelRefused", "ModelWorker", "PROBLEM_CODES", "PermanentError", "Plan",
+    "Ledger", "Model", "ModelRefused", "ModelWorker", "OutputTruncated", "PROBLEM_CODES",
+    "PermanentError", "Plan",
     "PlanError", "PlanTask", "PlanrunError", "Price", "PriceTable", "Problem", "PromptLibrary",
-    "RateLimited", "RateLimiter", "RealClock", "Registry", "RenderedPrompt", "RetryPolicy",
+    "ProviderLimits", "RateLimited", "RateLimiter", "RealClock", "Registry", "RenderedPrompt",
+    "RetryPolicy",
     "RunAborted", "RunReport", "RunResult", "Scenario", "SimResult", "SpawnLimits",
     "SpawnRequest", "StallError", "Status",
     "StoreError", "Supervisor", "Task", "TaskContext", "TaskReport", "TransientError", "Usage",

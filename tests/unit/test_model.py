@@ -800,20 +800,25 @@ def test_a_429_pauses_every_caller_of_the_shared_limiter() -> None:
     assert len(server.times) == 3
 
 
-def test_limiter_token_estimate_is_reconciled_with_usage() -> None:
-    # Each call reserves ~1010 tokens of a 2000-token bucket but uses 15: thanks to the
-    # refund, the second call does not wait for the bucket to refill.
-    server = Server(ok(prompt_tokens=10, completion_tokens=5))
+def test_the_limiter_holds_what_the_provider_counts_and_the_budget_what_was_used() -> None:
+    # The provider counts a request's prompt plus its output bound, whatever the reply
+    # uses: each call holds ~1010 tokens of a 2000-token bucket refilled at 100 a second,
+    # so the second call waits for the first one's tokens to come back.
+    server = Server(ok(prompt_tokens=10, completion_tokens=5),
+                    ok(prompt_tokens=10, completion_tokens=5))
     limiter = RateLimiter(tokens_per_minute=6_000, token_burst=2_000)
+    meter = Usage()
 
     async def main() -> None:
-        model = make_model(limiter=limiter, max_tokens=1000)
+        model = make_model(limiter=limiter, max_tokens=1000, meter=meter)
         await model.complete("x")
         await model.complete("y")
 
     with mock_api(server):
         run(main())
-    assert server.times == [0.0, 0.0]
+    assert server.times[0] == 0.0 and server.times[1] > 0.0
+    assert [r["max_completion_tokens"] for r in server.bodies] == [1000, 1000]
+    assert meter.total.total_tokens == 30  # the budget settles on the usage
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from planrun.dev.testing import FakeOpenAI, Scripted
 from planrun.examples import answers
 from planrun.examples.ticket_data import generate_tickets
 from planrun.examples.tickets import make_app
-from planrun.model import RetryPolicy
+from planrun.model import DEFAULT_COMPLETION_ESTIMATE, RetryPolicy
 from planrun.model._limits import SharedBudget, SharedRateLimiter
 from planrun.model._usage import Budget, Usage
 from planrun.stores import InMemoryStore, RunInfo, SQLiteStore, open_store
@@ -66,9 +66,13 @@ async def test_a_model_takes_its_turn_from_a_shared_limiter_and_reports_a_429(
     assert time.monotonic() - start >= 0.05  # the second attempt waited out the pause
     state = await store.limiter_state("gpt-4o-mini")
     assert state is not None and state.acquired == 2 and state.penalties == 1
-    # Tokens were reconciled with the usage: the bucket is nearly full again.
-    assert state.tokens_available is not None
-    assert state.tokens_available > state.token_burst - 2 * completion.usage.total_tokens
+    # The 429 gave its tokens back (the provider did not count it); the answered request
+    # keeps what the provider counts: its prompt's estimate plus its output bound.
+    takes = [args["tokens"] for args in store.calls_to("limiter_take")]
+    gives = [args["tokens"] for args in store.calls_to("limiter_give")]
+    assert len(takes) == 2 and takes[0] == takes[1]
+    assert DEFAULT_COMPLETION_ESTIMATE < takes[0] <= DEFAULT_COMPLETION_ESTIMATE + 100
+    assert gives == [takes[0]]  # the 429's tokens came back; the answer's are held
 
 
 # ---- the CLI ---------------------------------------------------------------------------------

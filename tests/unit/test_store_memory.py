@@ -77,7 +77,7 @@ def test_every_backend_has_the_protocols_methods_with_the_same_signatures() -> N
         for name, member in vars(Store).items()
         if inspect.iscoroutinefunction(member)
     }
-    assert len(wanted) == 40  # the owner lease (4), the limiter_* and spend* methods (10),
+    assert len(wanted) == 41  # the owner lease (4), the limiter_* and spend* methods (11),
     # record_decision (1), write_added (1), write_batch (1)
     for cls in (InMemoryStore, SQLiteStore, PostgresStore):
         for name, signature in wanted.items():

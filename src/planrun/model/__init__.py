@@ -58,14 +58,20 @@ from planrun.model._client import (
     SchemaMode,
     Structured,
 )
-from planrun.model._decompose import adecompose, decompose, replanner
-from planrun.model._errors import rejects_schema, retry_after_seconds, translate_error
-from planrun.model._limiter import RateLimiter
+from planrun.model._decompose import adecompose, decompose, plan_bound, replanner
+from planrun.model._errors import (
+    OutputTruncated,
+    rejects_schema,
+    retry_after_seconds,
+    translate_error,
+)
+from planrun.model._limiter import ProviderLimits, RateLimiter
 from planrun.model._limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
 from planrun.model._prompts import PromptLibrary, RenderedPrompt
 from planrun.model._schema import (
     VALIDATION_KEYWORDS,
     StrictSchema,
+    output_bound,
     portable_schema,
     strict_schema,
 )
@@ -86,9 +92,11 @@ __all__ = [
     "Mode",
     "Model",
     "ModelWorker",
+    "OutputTruncated",
     "Price",
     "PriceTable",
     "PromptLibrary",
+    "ProviderLimits",
     "RateLimiter",
     "RenderedPrompt",
     "RetryPolicy",
@@ -103,6 +111,8 @@ __all__ = [
     "adecompose",
     "decompose",
     "limit_key",
+    "output_bound",
+    "plan_bound",
     "portable_schema",
     "rejects_schema",
     "replanner",

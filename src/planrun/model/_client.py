@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import hashlib
 import inspect
@@ -38,15 +39,17 @@ from planrun.core import (
 from planrun.core.scheduling import RetryPolicy
 from planrun.model._errors import (
     MalformedReply,
+    OutputTruncated,
     _own_error,
     _redact,
     _transport_error,
     rejects_schema,
     translate_error,
 )
+from planrun.model._limiter import ProviderLimits
 from planrun.model._limits import Limiter
 from planrun.model._prompts import RenderedPrompt
-from planrun.model._schema import StrictSchema, portable_schema, strict_schema
+from planrun.model._schema import StrictSchema, output_bound, portable_schema, strict_schema
 from planrun.model._usage import Reservation, Usage, UsageRecord, estimate_tokens
 from planrun.obs import tracing
 
@@ -56,7 +59,9 @@ DEFAULT_MODEL = "gpt-4o-mini"
 PROMPT_HEADER = "X-Planrun-Prompt"
 """Request header naming the rendered prompt (``<name>:<hash>``); recorded by fixtures."""
 DEFAULT_COMPLETION_ESTIMATE = 1024
-"""Completion tokens assumed by the budget and the limiter when ``max_tokens`` is unset."""
+"""The output bound of a call with no result schema and no ``max_tokens`` of its own or
+of its Model (a structured call's bound is :func:`~planrun.model.output_bound` of its
+schema). Every call sends its bound, and the budget and the limiter reserve it."""
 
 Structured = Literal["auto", "strict", "json_object", "json_schema", "json_mode"]
 """How a result schema is asked for (``json_schema``/``json_mode`` are the older spellings)."""
@@ -97,23 +102,18 @@ class _Target:
     strict: StrictSchema
     original: Mapping[str, Any]
     model: type[BaseModel] | None
+    bound: int
+    """The output bound a reply of this schema needs (:func:`output_bound`)."""
 
     @classmethod
     def of(cls, result: type[BaseModel] | Mapping[str, Any], name: str | None) -> _Target:
         if isinstance(result, type) and issubclass(result, BaseModel):
-            return cls(
-                _schema_name(name or result.__name__),
-                strict_schema(result),
-                result.model_json_schema(),
-                result,
-            )
+            original = result.model_json_schema()
+            return cls(_schema_name(name or result.__name__), strict_schema(result), original,
+                       result, output_bound(original))
         if isinstance(result, Mapping):
-            return cls(
-                _schema_name(name or str(result.get("title") or "result")),
-                strict_schema(result),
-                result,
-                None,
-            )
+            return cls(_schema_name(name or str(result.get("title") or "result")),
+                       strict_schema(result), result, None, output_bound(result))
         raise UsageError(
             f"result_model must be a pydantic model class or a JSON Schema dict, got {result!r}"
         )
@@ -188,7 +188,8 @@ class _Call:
     idempotency_key: str | None
     meter: Usage
     timeout: float | None
-    max_tokens: int | None
+    max_tokens: int
+    """The output bound sent (``max_completion_tokens``)."""
     temperature: float | None
     validate: bool
     attempts: int = 0
@@ -355,6 +356,7 @@ class Model:
         self._rng = rng or random.Random()
         self._fallback: dict[str, int] = {}
         self._strict_cache: dict[tuple[type[BaseModel], str | None], _Target] = {}
+        self._prompt_scale = _PromptScale()
 
     @staticmethod
     def _new_client(
@@ -497,14 +499,16 @@ class Model:
         if isinstance(messages, RenderedPrompt):
             prompt_hash = prompt_hash or messages.hash
             prompt_name = prompt_name or messages.name
+        target = self._target(result_model, schema_name)
         call = _Call(
             _chat(messages),
-            self._target(result_model, schema_name),
+            target,
             prompt_hash,
             idempotency_key,
             meter if meter is not None else self.meter,
             self.timeout if timeout is None else timeout,
-            max_tokens or self.max_tokens,
+            max_tokens or self.max_tokens or (target.bound if target is not None
+                                              else DEFAULT_COMPLETION_ESTIMATE),
             self.temperature if temperature is None else temperature,
             validate,
             prompt_name=prompt_name,
@@ -608,10 +612,9 @@ class Model:
             }
         elif target is not None:
             params["response_format"] = {"type": "json_object"}
-        if call.max_tokens is not None:
-            params["max_completion_tokens"] = call.max_tokens
-            if self.compat:
-                params["max_tokens"] = call.max_tokens
+        params["max_completion_tokens"] = call.max_tokens
+        if self.compat:
+            params["max_tokens"] = call.max_tokens
         return params
 
     def _responses_params(self, call: _Call) -> dict[str, Any]:
@@ -628,8 +631,7 @@ class Model:
             }
         elif target is not None:
             params["text"] = {"format": {"type": "json_object"}}
-        if call.max_tokens is not None:
-            params["max_output_tokens"] = call.max_tokens
+        params["max_output_tokens"] = call.max_tokens
         params["store"] = False
         return params
 
@@ -639,20 +641,28 @@ class Model:
         schema_text = json.dumps(shape) if shape else ""
         chat = params["messages"] if "messages" in params else params["input"]
         prompt_estimate = estimate_tokens(chat, extra_text=schema_text)
-        completion_estimate = call.max_tokens or DEFAULT_COMPLETION_ESTIMATE
-        estimate = prompt_estimate + completion_estimate
-        reservation = await call.meter.areserve(self.model, prompt_estimate, completion_estimate)
+        # The budget reserves the high estimate and settles on the usage; the limiter
+        # takes what the provider counts: the prompt's tokens (the estimate, scaled by what
+        # replies reported of earlier prompts) plus the bound, whatever the reply uses.
+        reservation = await call.meter.areserve(self.model, prompt_estimate, call.max_tokens)
+        counted = self._prompt_scale.scaled(prompt_estimate) + call.max_tokens
         try:
             if self.limiter is not None:
-                await self.limiter.acquire(estimate)
-            reply = await self._send(call, params, estimate, reservation)
+                await self.limiter.acquire(counted)
+            reply = await self._send(call, params, counted, reservation)
             record = self._record(call, reply)
             reservation.used(record)
-            if self.limiter is not None:
-                await _settled(self.limiter.reconcile(estimate, record.total_tokens))
+            self._prompt_scale.learn(prompt_estimate, reply.prompt_tokens)
+            await self._observe(reply.limits)
             return self._finish(call, reply, record)
         finally:
             await reservation.aclose()
+
+    async def _observe(self, limits: ProviderLimits | None) -> None:
+        """Hand the provider's ``x-ratelimit-*`` view to the limiter, when both exist."""
+        observe = getattr(self.limiter, "observe", None)
+        if limits is not None and observe is not None:
+            await _settled(observe(limits))
 
     async def _send(self, call: _Call, params: dict[str, Any], estimate: int,
                     reservation: Reservation) -> _Reply:
@@ -660,12 +670,18 @@ class Model:
         call.attempts += 1
         try:
             client = await self._client()
-            if self.api == "responses":
-                create: Any = client.responses.create(**params)
-            else:
-                create = client.chat.completions.create(**params)
-            raw = await asyncio.wait_for(create, call.timeout)
-            return _Reply.of(raw, self.base_url)
+            api: Any = client.responses if self.api == "responses" else client.chat.completions
+            loop = asyncio.get_running_loop()
+            sent = loop.time()
+            if not hasattr(api, "with_raw_response"):  # a client of the caller's own making
+                raw = await asyncio.wait_for(api.create(**params), call.timeout)
+                return _Reply.of(raw, self.base_url)
+            response = await asyncio.wait_for(api.with_raw_response.create(**params),
+                                              call.timeout)
+            # The provider counted the request on arrival, so its view is as old as the
+            # request's time in flight.
+            limits = ProviderLimits.from_headers(response.headers, age=loop.time() - sent)
+            return _Reply.of(response.parse(), self.base_url, limits)
         except AssertionError:
             raise  # a test harness refusing the request (respx's "not mocked"), not the API
         except Exception as exc:
@@ -676,6 +692,9 @@ class Model:
         """Meter, tell the limiter, and turn ``exc`` into the planrun error to raise."""
         if self.limiter is not None:
             await _settled(self.limiter.reconcile(estimate, 0))
+        response = getattr(exc, "response", None)
+        if isinstance(exc, openai.APIStatusError) and response is not None:
+            await self._observe(ProviderLimits.from_headers(response.headers))
         if isinstance(exc, PlanrunError) and not isinstance(exc, WorkerError):
             return exc
         own = _own_error(exc)
@@ -701,6 +720,7 @@ class Model:
         return error
 
     def _record(self, call: _Call, reply: _Reply) -> UsageRecord:
+        truncated = reply.finish_reason == "length" and not reply.refusal
         return call.meter.record(
             reply.model or self.model,
             prompt_tokens=reply.prompt_tokens,
@@ -709,12 +729,13 @@ class Model:
             reasoning_tokens=reply.reasoning_tokens,
             prompt_hash=call.prompt_hash,
             request_id=reply.request_id,
+            error=OutputTruncated.__name__ if truncated else None,
         )
 
     def _finish(self, call: _Call, reply: _Reply, record: UsageRecord) -> Completion[Any]:
         if not reply.answered:
             raise PermanentError("the model API returned no choices")
-        _check_refusal(reply.refusal, reply.finish_reason)
+        _check_refusal(reply, call.max_tokens)
         mode: Mode = "text" if call.target is None else "json_schema" if call.level == 0 \
             else "json_mode"
         parsed = self._parse(call, mode, reply.text)
@@ -772,6 +793,34 @@ class Model:
         )
 
 
+class _PromptScale:
+    """What the provider counts of a prompt, learnt from the replies' ``prompt_tokens``.
+
+    :func:`estimate_tokens` is deliberately high (a character count), which is right for a
+    budget but leaves part of a token limit unused; the limiter takes the estimate times
+    the ratio of reported to estimated prompt tokens over recent calls (an exponentially
+    weighted sum, so a new kind of prompt moves it within a few calls). Until a reply has
+    reported usage the ratio is 1; it never goes below :attr:`FLOOR`.
+    """
+
+    FLOOR = 0.25
+    DECAY = 0.9
+
+    def __init__(self) -> None:
+        self.reported = 0.0
+        self.estimated = 0.0
+
+    def scaled(self, estimate: int) -> int:
+        if self.estimated <= 0:
+            return estimate
+        return math.ceil(estimate * max(self.FLOOR, self.reported / self.estimated))
+
+    def learn(self, estimate: int, reported: int) -> None:
+        if reported > 0 and estimate > 0:
+            self.reported = self.reported * self.DECAY + reported
+            self.estimated = self.estimated * self.DECAY + estimate
+
+
 class _SchemaRejected(PermanentError):
     """The server refused the response schema; :meth:`Model._attempt` falls back."""
 
@@ -790,14 +839,16 @@ class _Reply:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     request_id: str | None = None
+    limits: ProviderLimits | None = None
+    """What the response's ``x-ratelimit-*`` headers said, when it had any."""
 
     @classmethod
-    def of(cls, raw: Any, base_url: str) -> _Reply:
+    def of(cls, raw: Any, base_url: str, limits: ProviderLimits | None = None) -> _Reply:
         request_id = getattr(raw, "_request_id", None)
         if isinstance(raw, openai.types.chat.ChatCompletion):
-            return cls._chat(raw, request_id)
+            return dataclasses.replace(cls._chat(raw, request_id), limits=limits)
         if isinstance(raw, openai.types.responses.Response):
-            return cls._responses(raw, request_id)
+            return dataclasses.replace(cls._responses(raw, request_id), limits=limits)
         shown = _redact(str(raw)[:200])
         raise PermanentError(
             f"the model API at {base_url} answered with something that is not a completion "
@@ -886,15 +937,12 @@ def _retry_after(state: RetryCallState) -> float | None:
     return error.retry_after if isinstance(error, TransientError) else None
 
 
-def _check_refusal(refusal: str | None, finish_reason: str) -> None:
-    if refusal:
-        raise ModelRefused(f"the model refused: {refusal}")
-    if finish_reason == "length":
-        raise ModelRefused(
-            "the reply was cut off at the token limit (finish_reason='length'); "
-            "raise max_tokens or shorten the input"
-        )
-    if finish_reason == "content_filter":
+def _check_refusal(reply: _Reply, bound: int) -> None:
+    if reply.refusal:
+        raise ModelRefused(f"the model refused: {reply.refusal}")
+    if reply.finish_reason == "length":
+        raise OutputTruncated(bound, reply.text, reply.reasoning_tokens)
+    if reply.finish_reason == "content_filter":
         raise ModelRefused(
             "the reply was withheld by the content filter (finish_reason='content_filter')"
         )

@@ -37,7 +37,26 @@ if TYPE_CHECKING:
     from planrun.model._client import Model
     from planrun.model._usage import Usage
 
-__all__ = ["adecompose", "decompose", "repair_message", "replan_goal", "replanner"]
+__all__ = [
+    "PLAN_TOKENS_PER_TASK",
+    "adecompose",
+    "decompose",
+    "plan_bound",
+    "repair_message",
+    "replan_goal",
+    "replanner",
+]
+
+PLAN_TOKENS_PER_TASK = 160
+"""Completion tokens a plan may take per task (a kind, a payload, its dependencies)."""
+
+
+def plan_bound(max_tasks: int) -> int:
+    """The output bound of a plan of at most ``max_tasks`` tasks: the decomposer's default.
+
+    It stops a runaway reply (a small model repeating one task) at the size of the largest
+    plan the run accepts, instead of at the model's context."""
+    return PLAN_TOKENS_PER_TASK * max_tasks + 128
 
 
 def repair_message(problems: Sequence[Problem]) -> str:
@@ -62,8 +81,13 @@ async def adecompose(
     repair_attempts: int = 2,
     prompts: PromptLibrary | None = None,
     meter: Usage | None = None,
+    max_tokens: int | None = None,
 ) -> Plan:
     """Ask ``model`` to break ``goal`` into a plan over the kinds of ``registry``.
+
+    Each call's output bound is ``max_tokens``, else the Model's ``max_tokens``, else
+    :func:`plan_bound` of ``max_tasks``. A reply cut at it raises
+    :class:`~planrun.OutputTruncated`.
 
     Raises:
         InvalidPlan: still invalid after ``repair_attempts`` repairs; ``problems`` are the
@@ -87,6 +111,7 @@ async def adecompose(
     schema = plan_schema(registry, min_tasks=min_tasks, max_tasks=max_tasks, goal=False)
     request = {"role": "user", "content": rendered.text}
     scoped = meter.scoped("decompose") if meter is not None else None
+    bound = max_tokens or getattr(model, "max_tokens", None) or plan_bound(max_tasks)
     messages: list[dict[str, str]] = [request]
     outputs: list[str] = []
     history: list[list[Problem]] = []
@@ -98,6 +123,7 @@ async def adecompose(
             prompt_hash=rendered.hash,
             prompt_name=rendered.name,
             meter=scoped,
+            max_tokens=bound,
             validate=False,
         )
         outputs.append(completion.text)
@@ -133,6 +159,7 @@ def decompose(
     repair_attempts: int = 2,
     prompts: PromptLibrary | None = None,
     meter: Usage | None = None,
+    max_tokens: int | None = None,
 ) -> Plan:
     """Synchronous :func:`adecompose` (on a private thread inside a running loop)."""
     return run_blocking(
@@ -140,6 +167,7 @@ def decompose(
         lambda: adecompose(
             goal, registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
             repair_attempts=repair_attempts, prompts=prompts, meter=meter,
+            max_tokens=max_tokens,
         ),
     )
 

@@ -10,10 +10,12 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import openai
 
 from planrun.core import (
+    ModelRefused,
     PermanentError,
     PlanrunError,
     RateLimited,
@@ -21,6 +23,29 @@ from planrun.core import (
     WorkerError,
     redact,
 )
+
+
+class OutputTruncated(ModelRefused):
+    """The reply reached its output bound before it ended (``finish_reason == "length"``).
+
+    ``bound`` is the bound the call sent, ``text`` the reply so far and
+    ``reasoning_tokens`` what a reasoning model spent of the bound thinking. Permanent: the
+    same call stops at the same place; raise the kind's ``max_tokens`` (or the Model's).
+    The request is counted in usage with ``error="OutputTruncated"``.
+    """
+
+    def __init__(self, bound: int, text: str = "", reasoning_tokens: int = 0) -> None:
+        thinking = (f", {reasoning_tokens} of them on reasoning" if reasoning_tokens else "")
+        super().__init__(
+            f"the reply was cut off at its output bound of {bound} tokens{thinking} "
+            "(finish_reason='length'); raise max_tokens for this kind or the Model, or "
+            "shorten the input")
+        self.bound = bound
+        self.text = text
+        self.reasoning_tokens = reasoning_tokens
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.bound, self.text, self.reasoning_tokens))
 
 
 def _redact(text: str, secrets: Sequence[str] = ()) -> str:

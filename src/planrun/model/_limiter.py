@@ -9,14 +9,23 @@ Two token buckets, each optional:
 
 * requests per minute — ``request_burst`` requests may go back to back (default 1: requests
   are evenly spaced, so no one-second window holds more than the rate allows);
-* tokens per minute — a request takes its estimated tokens; once it finishes,
-  :meth:`RateLimiter.reconcile` corrects the estimate with what the server reported.
+* tokens per minute — a request takes what the provider counts for it: its prompt's
+  estimated tokens plus its output bound (``max_completion_tokens``), which the provider
+  holds whatever the reply uses. A request that failed before the provider counted it
+  gives its tokens back (:meth:`RateLimiter.reconcile`).
 
 A request larger than a bucket waits until the bucket is full and then borrows, so it still
 goes, and later callers wait until the debt is paid back.
 
 :meth:`RateLimiter.penalize` is called when the server answers 429: the whole limiter pauses
 for ``retry_after`` seconds, since the server's limit is shared by every caller.
+
+:meth:`RateLimiter.observe` learns from the provider: every response carries
+``x-ratelimit-limit-*`` and ``x-ratelimit-remaining-*`` headers (:class:`ProviderLimits`).
+The limit replaces the configured rate (a limit set too high or too low is corrected by
+the first response), and a bucket never holds more than the provider says remains (another
+client spending on the same key, or an estimate below the provider's count, makes the
+next callers wait instead of meeting a 429).
 
 Time is ``asyncio.get_running_loop().time()`` and waiting is ``asyncio.sleep``, so the same
 limiter runs instantly under :class:`planrun.VirtualClock`.
@@ -25,11 +34,13 @@ limiter runs instantly under :class:`planrun.VirtualClock`.
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from planrun.core import UsageError
 
-__all__ = ["RateLimiter"]
+__all__ = ["ProviderLimits", "RateLimiter", "behind"]
 
 _TOLERANCE_S = 1e-9
 """A wait shorter than this is no wait: float error must not leave a caller spinning on
@@ -62,6 +73,73 @@ class _Bucket:
         return self.capacity - max(0.0, self.full_at - now) * self.rate
 
 
+@dataclass(frozen=True)
+class ProviderLimits:
+    """What one response's ``x-ratelimit-*`` headers say of the key's limits.
+
+    ``*_limit`` are per minute; ``*_remaining`` is what the provider would still accept when
+    it counted the request; ``*_reset`` the seconds until its bucket is full again. Any of
+    them may be missing. ``age`` is how long ago the provider counted: it counts a request
+    on arrival and answers after generating the reply, so the view is as old as the
+    request's time in flight, and a bucket is corrected as of then, not as of the answer.
+    """
+
+    requests_limit: float | None = None
+    requests_remaining: float | None = None
+    requests_reset: float | None = None
+    tokens_limit: float | None = None
+    tokens_remaining: float | None = None
+    tokens_reset: float | None = None
+    age: float = 0.0
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str], *,
+                     age: float = 0.0) -> ProviderLimits | None:
+        """The headers' view, or None when a response carries no ``x-ratelimit-*`` header."""
+        lowered = {k.lower(): v for k, v in headers.items()}
+        values: dict[str, float | None] = {}
+        for unit in ("requests", "tokens"):
+            values[f"{unit}_limit"] = _number(lowered.get(f"x-ratelimit-limit-{unit}"))
+            values[f"{unit}_remaining"] = _number(lowered.get(f"x-ratelimit-remaining-{unit}"))
+            values[f"{unit}_reset"] = duration_seconds(lowered.get(f"x-ratelimit-reset-{unit}"))
+        if all(v is None for v in values.values()):
+            return None
+        return cls(**values, age=max(0.0, age))
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value >= 0 else None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+
+
+def duration_seconds(text: str | None) -> float | None:
+    """``6m0s``, ``1.5s``, ``20ms``, ``1h2m`` (the reset headers' form) in seconds."""
+    if not text:
+        return None
+    text = text.strip()
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return _number(text)  # a bare number of seconds
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def behind(capacity: float, rate: float, remaining: float | None, age: float = 0.0) -> float | None:
+    """Seconds from now until a bucket of ``capacity``, refilled at ``rate`` per second, is
+    full again if it held the provider's ``remaining`` ``age`` seconds ago: the bucket's
+    "full again" time is pushed at least this far (None: the provider leaves it alone)."""
+    if remaining is None or remaining >= capacity:
+        return None
+    wait = (capacity - remaining) / rate - age
+    return wait if wait > 0 else None
+
+
 class RateLimiter:
     """Requests-per-minute and tokens-per-minute limits shared by every caller.
 
@@ -72,6 +150,8 @@ class RateLimiter:
 
     ``request_burst`` is how many requests may go at once after an idle spell (default 1);
     ``token_burst`` is how many tokens may (default: one second's worth, at least 1).
+    Both limits are where the limiter starts: the provider's headers correct them
+    (:meth:`observe`), and a limit the provider reports that was not configured is adopted.
     """
 
     def __init__(
@@ -90,6 +170,7 @@ class RateLimiter:
         if tokens_per_minute is not None and token_capacity is None:
             token_capacity = max(1.0, tokens_per_minute / 60)
         self._tokens = self._bucket(tokens_per_minute, token_capacity or 1.0)
+        self._token_burst = token_burst
         self._paused_until = float("-inf")
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,6 +231,25 @@ class RateLimiter:
             now = asyncio.get_running_loop().time()
             self._tokens.give(now, float(estimated - actual))
 
+    def observe(self, limits: ProviderLimits) -> None:
+        """Correct the buckets with what a response's ``x-ratelimit-*`` headers say."""
+        self._queue()
+        now = asyncio.get_running_loop().time()
+        if limits.requests_limit:
+            self.requests_per_minute = limits.requests_limit
+            self._requests = _adopt(self._requests, limits.requests_limit,
+                                    self._requests.capacity if self._requests else 1.0)
+        if limits.tokens_limit:
+            self.tokens_per_minute = limits.tokens_limit
+            self._tokens = _adopt(self._tokens, limits.tokens_limit,
+                                  self._token_burst or max(1.0, limits.tokens_limit / 60))
+        for bucket, remaining in ((self._requests, limits.requests_remaining),
+                                  (self._tokens, limits.tokens_remaining)):
+            if bucket is not None:
+                wait = behind(bucket.capacity, bucket.rate, remaining, limits.age)
+                if wait is not None:
+                    bucket.full_at = max(bucket.full_at, now + wait)
+
     def available_tokens(self) -> float | None:
         """Tokens the token bucket holds now (None without a tokens-per-minute limit)."""
         if self._tokens is None:
@@ -163,6 +263,14 @@ class RateLimiter:
         self._queue()  # binds this loop first, so the pause is not reset by the next acquire
         now = asyncio.get_running_loop().time()
         self._paused_until = max(self._paused_until, now + retry_after)
+
+
+def _adopt(bucket: _Bucket | None, per_minute: float, capacity: float) -> _Bucket:
+    """The bucket at the provider's rate and ``capacity`` (its state kept), or a new one."""
+    if bucket is None:
+        return _Bucket(rate=per_minute / 60, capacity=capacity)
+    bucket.rate, bucket.capacity = per_minute / 60, capacity
+    return bucket
 
 
 def check_rates(owner: str, requests_per_minute: float | None,

@@ -9,10 +9,11 @@ processes of one machine), so every process of the run draws on the same ones:
     requests per minute and tokens per minute for one *limit key* (a model, an API key, a
     name the user chose), with the semantics of :class:`~planrun.RateLimiter`:
     ``request_burst`` requests may go back to back (default 1: evenly spaced), a request
-    takes its estimated tokens and :meth:`~SharedRateLimiter.reconcile` corrects them with
-    the reported usage, a request larger than the token bucket waits for a full bucket and
-    borrows, and :meth:`~SharedRateLimiter.penalize` (a 429 anywhere) pauses every caller of
-    every process for the server's ``Retry-After``.
+    takes what the provider counts for it (its prompt's estimate plus its output bound), a
+    request larger than the token bucket waits for a full bucket and borrows,
+    :meth:`~SharedRateLimiter.penalize` (a 429 anywhere) pauses every caller of every
+    process for the server's ``Retry-After``, and :meth:`~SharedRateLimiter.observe` corrects
+    the row with the provider's ``x-ratelimit-*`` headers, whichever process read them.
 :class:`SharedBudget`
     the run's budget (tokens and USD) as one row: before a request a reservation is taken
     atomically (refused with :class:`~planrun.BudgetExceeded` when spent + reserved +
@@ -59,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from planrun.core import BudgetExceeded, UsageError
 from planrun.model._budget import Budget, Tally
-from planrun.model._limiter import check_rates
+from planrun.model._limiter import ProviderLimits, behind, check_rates
 
 if TYPE_CHECKING:
     from planrun.stores.base import LimiterState, SpendState, Store
@@ -91,6 +92,10 @@ class Limiter(Protocol):
 
     def penalize(self, retry_after: float) -> Awaitable[None] | None:
         """The server said 429: nobody sends anything for ``retry_after`` seconds."""
+        ...
+
+    def observe(self, limits: ProviderLimits) -> Awaitable[None] | None:
+        """Correct the limits with what a response's ``x-ratelimit-*`` headers say."""
         ...
 
 
@@ -141,6 +146,7 @@ class SharedRateLimiter:
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self.request_burst = float(request_burst)
+        self._token_burst_given = token_burst is not None
         if token_burst is None:
             token_burst = max(1.0, (tokens_per_minute or 60.0) / 60)
         self.token_burst = float(token_burst)
@@ -205,6 +211,28 @@ class SharedRateLimiter:
         await self._configure()
         self.store_calls += 1
         await self.store.limiter_pause(self.key, float(retry_after))
+
+    async def observe(self, limits: ProviderLimits) -> None:
+        """Correct the key's row with a response's ``x-ratelimit-*`` headers: the provider's
+        limits replace the configured ones (one write when they change), and a bucket that
+        holds more than the provider says remains is emptied to that (one write when so)."""
+        await self._configure()
+        rpm = limits.requests_limit or self.requests_per_minute
+        tpm = limits.tokens_limit or self.tokens_per_minute
+        if (rpm, tpm) != (self.requests_per_minute, self.tokens_per_minute):
+            self.requests_per_minute, self.tokens_per_minute = rpm, tpm
+            if tpm is not None and not self._token_burst_given:
+                self.token_burst = max(1.0, tpm / 60)
+            self.store_calls += 1
+            await self.store.limiter_configure(self.key, rpm, tpm, self.request_burst,
+                                               self.token_burst)
+        requests = (behind(self.request_burst, rpm / 60, limits.requests_remaining, limits.age)
+                    if rpm else None)
+        tokens = (behind(self.token_burst, tpm / 60, limits.tokens_remaining, limits.age)
+                  if tpm else None)
+        if requests is not None or tokens is not None:
+            self.store_calls += 1
+            await self.store.limiter_defer(self.key, requests, tokens)
 
     async def state(self) -> LimiterState | None:
         """The key's row: rates, requests let through, the rate of the last minute."""

@@ -4,6 +4,7 @@ and the portable form without validation keywords."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -380,3 +381,63 @@ def portable_schema(schema: Any) -> Any:
     return out
 
 
+
+
+# ---- the output bound a schema implies ---------------------------------------------------------
+
+FREE_TEXT_TOKENS = 160
+"""Tokens allowed for a string with no ``maxLength``, ``enum`` or ``format``."""
+FREE_ITEMS = 6
+"""Items allowed for an array with no ``maxItems``."""
+MIN_OUTPUT_BOUND = 64
+MAX_OUTPUT_BOUND = 8_192
+
+
+def output_bound(schema: Mapping[str, Any]) -> int:
+    """The completion tokens a reply matching ``schema`` may need: the bound sent with it.
+
+    Counted from the schema, not guessed from a sample: a string takes ``maxLength`` / 3
+    tokens (an ``enum`` its longest value, a ``format`` a date's worth, free text
+    :data:`FREE_TEXT_TOKENS`), a number 8, an array ``maxItems`` items (else
+    :data:`FREE_ITEMS`), an object its keys and values, a choice its largest branch; each
+    value adds its punctuation. The sum gets a quarter more for spacing the model may add, and
+    lies between :data:`MIN_OUTPUT_BOUND` and :data:`MAX_OUTPUT_BOUND`.
+    """
+    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    raw = _bound(schema, defs, frozenset())
+    return int(min(MAX_OUTPUT_BOUND, max(MIN_OUTPUT_BOUND, math.ceil(raw * 1.25) + 16)))
+
+
+def _bound(node: Any, defs: Mapping[str, Any], seen: frozenset[str]) -> float:
+    if not isinstance(node, Mapping):
+        return FREE_TEXT_TOKENS
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        name = ref.rsplit("/", 1)[-1]
+        if name in seen or name not in defs:  # a recursive type: one free-text worth
+            return FREE_TEXT_TOKENS
+        return _bound(defs[name], defs, seen | {name})
+    branches = [b for key in ("anyOf", "oneOf", "allOf") for b in node.get(key, ())]
+    if branches:
+        sizes = [_bound(b, defs, seen) for b in branches]
+        return sum(sizes) if "allOf" in node else max(sizes)
+    if "enum" in node or "const" in node:
+        values = node.get("enum", [node.get("const")])
+        return max((len(json.dumps(v)) for v in values), default=4) / 3 + 1
+    kind = _base_type(node) or ("object" if "properties" in node else "string")
+    if kind == "object":
+        props = node.get("properties") or {}
+        if not props:  # free-form object: as much as free text
+            return FREE_TEXT_TOKENS
+        return 2 + sum(len(key) / 3 + 2 + _bound(value, defs, seen)
+                       for key, value in props.items())
+    if kind == "array":
+        items = int(node.get("maxItems", FREE_ITEMS))
+        return 2 + items * (1 + _bound(node.get("items", {}), defs, seen))
+    if kind == "string":
+        if "maxLength" in node:
+            return int(node["maxLength"]) / 3 + 2
+        return 12 if "format" in node else FREE_TEXT_TOKENS
+    if kind in ("integer", "number"):
+        return 8
+    return 2  # boolean, null

@@ -58,6 +58,10 @@ class ModelWorker:
             ``$inputs``): the kind's contract then asks that each comes from at least one
             dependency, derived from the registry's result models (see
             :class:`~planrun.KindSpec`).
+        max_tokens: the output bound of this kind's calls (default: the Model's
+            ``max_tokens``, else derived from ``result``'s schema; see
+            :func:`~planrun.model.output_bound`). It is what the rate limiter and the budget
+            reserve beside the prompt, so a bound that fits the answer lets more calls go.
 
     The template sees ``$payload`` (the whole payload as JSON), each payload field by
     name, ``$inputs`` (results of the dependencies, by task id, as JSON) and ``$task_id``.
@@ -73,9 +77,13 @@ class ModelWorker:
         model: Model | None = None,
         reask: int = 1,
         inputs: Sequence[type[BaseModel]] | type[BaseModel] = (),
+        max_tokens: int | None = None,
     ) -> None:
         if not isinstance(reask, int) or reask < 0:
             raise UsageError(f"reask must be a whole number >= 0, got {reask!r}")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise UsageError(f"max_tokens must be a whole number >= 1, got {max_tokens!r}")
+        self.max_tokens = max_tokens
         self.reask = reask
         self.input_models: tuple[type[BaseModel], ...] = (
             (inputs,) if isinstance(inputs, type) else tuple(inputs))
@@ -122,6 +130,7 @@ class ModelWorker:
                 prompt_name=rendered.name,
                 idempotency_key=f"{key}:reask-{attempt}" if key and attempt else key,
                 meter=meter,
+                max_tokens=self.max_tokens,
                 validate=False,
             )
             ctx.heartbeat()

@@ -462,6 +462,12 @@ class Store(Protocol):
         """Give ``tokens`` back to the token bucket (negative: take more)."""
         ...
 
+    async def limiter_defer(self, key: str, requests: float | None,
+                            tokens: float | None) -> None:
+        """Make each bucket full again no sooner than ``requests`` / ``tokens`` seconds from
+        now (None: leave it): the provider said less remains than the bucket holds."""
+        ...
+
     async def limiter_pause(self, key: str, seconds: float) -> None:
         """Nobody takes anything from ``key`` for ``seconds`` (the server answered 429)."""
         ...

@@ -575,6 +575,15 @@ class InMemoryStore:
             row["tokens_full_at"] = max(
                 now, max(row["tokens_full_at"], now) - tokens * 60.0 / row["tpm"])
 
+    async def limiter_defer(self, key: str, requests: float | None,
+                            tokens: float | None) -> None:
+        """Each bucket full again no sooner than the given seconds from now."""
+        self._record("limiter_defer", key=key, requests=requests, tokens=tokens)
+        row, now = self._limit(key), time.time()
+        for column, seconds in (("requests_full_at", requests), ("tokens_full_at", tokens)):
+            if seconds is not None:
+                row[column] = max(row[column], now + seconds)
+
     async def limiter_pause(self, key: str, seconds: float) -> None:
         """Nobody takes anything from ``key`` for ``seconds``."""
         self._record("limiter_pause", key=key, seconds=seconds)

@@ -912,6 +912,12 @@ class PostgresStore:
         """Give ``tokens`` back to the token bucket (negative: take more)."""
         await self._statement(Q["limiter_give"], {"key": key, "amount": float(tokens)})
 
+    async def limiter_defer(self, key: str, requests: float | None,
+                            tokens: float | None) -> None:
+        """Each bucket full again no sooner than the given seconds from now."""
+        await self._statement(Q["limiter_defer"],
+                              {"key": key, "requests": requests, "tokens": tokens})
+
     async def limiter_pause(self, key: str, seconds: float) -> None:
         """Nobody takes anything from ``key`` for ``seconds``."""
 

@@ -835,6 +835,17 @@ class SQLiteStore:
 
         await self._with_conn(go)
 
+    async def limiter_defer(self, key: str, requests: float | None,
+                            tokens: float | None) -> None:
+        """Each bucket full again no sooner than the given seconds from now."""
+        args = {"key": key, "requests": requests, "tokens": tokens}
+
+        def go(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                conn.execute(Q["limiter_defer"], {**args, "now": time.time()})
+
+        await self._with_conn(go)
+
     async def limiter_pause(self, key: str, seconds: float) -> None:
         """Nobody takes anything from ``key`` for ``seconds``."""
 

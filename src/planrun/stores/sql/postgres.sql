@@ -226,6 +226,17 @@ SET tokens_full_at = greatest(c.now, greatest(l.tokens_full_at, c.now)
 FROM c
 WHERE l.key = %(key)s AND l.tpm IS NOT NULL;
 
+-- name: limiter_defer
+-- The provider says less remains than a bucket holds: full again no sooner than now + s.
+WITH c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now)
+UPDATE planrun_limits AS l
+SET requests_full_at = CASE WHEN %(requests)s::float8 IS NULL THEN l.requests_full_at
+                            ELSE greatest(l.requests_full_at, c.now + %(requests)s::float8) END,
+    tokens_full_at = CASE WHEN %(tokens)s::float8 IS NULL THEN l.tokens_full_at
+                          ELSE greatest(l.tokens_full_at, c.now + %(tokens)s::float8) END
+FROM c
+WHERE l.key = %(key)s;
+
 -- name: limiter_pause
 WITH c AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now)
 UPDATE planrun_limits AS l

@@ -175,6 +175,15 @@ UPDATE planrun_limits
 SET tokens_full_at = max(:now, max(tokens_full_at, :now) - :amount * 60.0 / tpm)
 WHERE key = :key AND tpm IS NOT NULL;
 
+-- name: limiter_defer
+-- The provider says less remains than a bucket holds: full again no sooner than now + s.
+UPDATE planrun_limits SET
+    requests_full_at = CASE WHEN :requests IS NULL THEN requests_full_at
+                            ELSE max(requests_full_at, :now + :requests) END,
+    tokens_full_at = CASE WHEN :tokens IS NULL THEN tokens_full_at
+                          ELSE max(tokens_full_at, :now + :tokens) END
+WHERE key = :key;
+
 -- name: limiter_pause
 UPDATE planrun_limits
 SET paused_until = max(paused_until, :now + :seconds), penalties = penalties + 1
