@@ -52,7 +52,7 @@ from typing import Any
 import httpx
 
 from planrun.dev.scenarios import get_scenario
-from planrun.dev.testing import ChatRequest, FakeOpenAI, error_body
+from planrun.dev.testing import ChatRequest, FakeOpenAI, error_body, prompt_tokens_of
 from planrun.examples.answers import answers
 
 __all__ = ["EMULATIONS", "StandIn", "eval_planner", "for_scenario", "main"]
@@ -361,9 +361,7 @@ def counted_tokens(body: Mapping[str, Any]) -> int:
     the prompt's estimated tokens (the stand-in's own estimate, the one its replies report
     as ``prompt_tokens``) plus the request's output bound (:data:`DEFAULT_BOUND` when it
     sets none), whatever the reply will use."""
-    chat = ChatRequest(body)
-    prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
-    prompt = max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
+    prompt = prompt_tokens_of(ChatRequest(body))
     bound = (body.get("max_completion_tokens") or body.get("max_tokens")
              or body.get("max_output_tokens") or DEFAULT_BOUND)
     return prompt + int(bound)

@@ -359,10 +359,15 @@ def cached_tokens_for(prompt_tokens: int) -> int:
     return CACHE_MIN_TOKENS + CACHE_STEP * steps
 
 
+def prompt_tokens_of(chat: ChatRequest) -> int:
+    """The prompt tokens the fake reports for a request: deterministic, from its length."""
+    prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
+    return max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
+
+
 def _token_counts(chat: ChatRequest, reply: str) -> tuple[int, int, int]:
     """Prompt, completion and cached tokens: deterministic, from the text lengths."""
-    prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
-    prompt_tokens = max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
+    prompt_tokens = prompt_tokens_of(chat)
     completion_tokens = max(1, math.ceil(len(reply) / 4))
     return prompt_tokens, completion_tokens, cached_tokens_for(prompt_tokens)
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from planrun.core import UsageError
 
-__all__ = ["ProviderLimits", "RateLimiter", "behind"]
+__all__ = ["ProviderLimits", "RateLimiter", "behind", "token_capacity"]
 
 _TOLERANCE_S = 1e-9
 """A wait shorter than this is no wait: float error must not leave a caller spinning on
@@ -130,6 +130,14 @@ def duration_seconds(text: str | None) -> float | None:
     return sum(float(n) * scale[u] for n, u in parts)
 
 
+def token_capacity(tokens_per_minute: float | None, burst: float | None) -> float:
+    """The tokens a bucket holds: ``burst`` when given, else one second's worth (at least
+    1), so a limit the provider reports later gets the same shape as a configured one."""
+    if burst is not None:
+        return float(burst)
+    return max(1.0, (tokens_per_minute or 60.0) / 60)
+
+
 def behind(capacity: float, rate: float, remaining: float | None, age: float = 0.0) -> float | None:
     """Seconds from now until a bucket of ``capacity``, refilled at ``rate`` per second, is
     full again if it held the provider's ``remaining`` ``age`` seconds ago: the bucket's
@@ -166,10 +174,8 @@ class RateLimiter:
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self._requests = self._bucket(requests_per_minute, request_burst)
-        token_capacity = token_burst
-        if tokens_per_minute is not None and token_capacity is None:
-            token_capacity = max(1.0, tokens_per_minute / 60)
-        self._tokens = self._bucket(tokens_per_minute, token_capacity or 1.0)
+        self._tokens = self._bucket(tokens_per_minute,
+                                    token_capacity(tokens_per_minute, token_burst))
         self._token_burst = token_burst
         self._paused_until = float("-inf")
         self._lock: asyncio.Lock | None = None
@@ -242,7 +248,7 @@ class RateLimiter:
         if limits.tokens_limit:
             self.tokens_per_minute = limits.tokens_limit
             self._tokens = _adopt(self._tokens, limits.tokens_limit,
-                                  self._token_burst or max(1.0, limits.tokens_limit / 60))
+                                  token_capacity(limits.tokens_limit, self._token_burst))
         for bucket, remaining in ((self._requests, limits.requests_remaining),
                                   (self._tokens, limits.tokens_remaining)):
             if bucket is not None:

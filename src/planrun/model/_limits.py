@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from planrun.core import BudgetExceeded, UsageError
 from planrun.model._budget import Budget, Tally
-from planrun.model._limiter import ProviderLimits, behind, check_rates
+from planrun.model._limiter import ProviderLimits, behind, check_rates, token_capacity
 
 if TYPE_CHECKING:
     from planrun.stores.base import LimiterState, SpendState, Store
@@ -146,10 +146,8 @@ class SharedRateLimiter:
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self.request_burst = float(request_burst)
-        self._token_burst_given = token_burst is not None
-        if token_burst is None:
-            token_burst = max(1.0, (tokens_per_minute or 60.0) / 60)
-        self.token_burst = float(token_burst)
+        self._token_burst = token_burst
+        self.token_burst = token_capacity(tokens_per_minute, token_burst)
         self._configured = False
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -221,8 +219,7 @@ class SharedRateLimiter:
         tpm = limits.tokens_limit or self.tokens_per_minute
         if (rpm, tpm) != (self.requests_per_minute, self.tokens_per_minute):
             self.requests_per_minute, self.tokens_per_minute = rpm, tpm
-            if tpm is not None and not self._token_burst_given:
-                self.token_burst = max(1.0, tpm / 60)
+            self.token_burst = token_capacity(tpm, self._token_burst)
             self.store_calls += 1
             await self.store.limiter_configure(self.key, rpm, tpm, self.request_burst,
                                                self.token_burst)
