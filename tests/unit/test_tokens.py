@@ -20,6 +20,7 @@ from planrun import (
     SharedRateLimiter,
     TaskContext,
 )
+from planrun.core import UsageError
 from planrun.model import DEFAULT_COMPLETION_ESTIMATE, ModelWorker, Usage, adecompose
 from planrun.model._decompose import plan_bound
 from planrun.model._limiter import behind, duration_seconds
@@ -104,7 +105,7 @@ def test_a_kind_and_the_decomposer_send_their_own_bounds() -> None:
     registry = Registry()
     worker = ModelWorker("classify_ticket", result=Label, max_tokens=90)
     registry.register("label", worker, description="Label a ticket.")
-    with pytest.raises(Exception, match="max_tokens must be a whole number"):
+    with pytest.raises(UsageError, match="ModelWorker: max_tokens must be a whole number"):
         ModelWorker("classify_ticket", result=Label, max_tokens=0)
 
     async def main() -> None:
@@ -120,6 +121,28 @@ def test_a_kind_and_the_decomposer_send_their_own_bounds() -> None:
     with mock_api(server):
         run(main())
     assert [b["max_completion_tokens"] for b in server.bodies] == [plan_bound(5), 321, 90]
+
+
+def test_a_bound_that_is_not_a_whole_number_is_refused_before_anything_is_sent() -> None:
+    server = Server(_label_reply())
+    registry = Registry()
+    registry.register("label", ModelWorker("classify_ticket", result=Label),
+                      description="Label a ticket.")
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(UsageError, match=r"^Model: max_tokens must be a whole number"):
+            make_model(max_tokens=bad)
+
+    async def main(bad: object) -> None:
+        model = make_model()
+        with pytest.raises(UsageError, match=r"^Model.complete: max_tokens must be"):
+            await model.complete("x", max_tokens=bad)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match=r"^decompose: max_tokens must be"):
+            await adecompose("label it", registry, model, max_tokens=bad)  # type: ignore[arg-type]
+
+    with mock_api(server):
+        for bad in (0, -1):
+            run(main(bad))
+    assert server.requests == []
 
 
 def test_a_reply_cut_at_its_bound_is_a_clear_counted_outcome() -> None:

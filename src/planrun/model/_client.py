@@ -49,7 +49,13 @@ from planrun.model._errors import (
 from planrun.model._limiter import ProviderLimits
 from planrun.model._limits import Limiter
 from planrun.model._prompts import RenderedPrompt
-from planrun.model._schema import StrictSchema, output_bound, portable_schema, strict_schema
+from planrun.model._schema import (
+    StrictSchema,
+    check_max_tokens,
+    output_bound,
+    portable_schema,
+    strict_schema,
+)
 from planrun.model._usage import Reservation, Usage, UsageRecord, estimate_tokens
 from planrun.obs import tracing
 
@@ -351,7 +357,7 @@ class Model:
         self.retry = RetryPolicy.of(retry)
         self.limiter = limiter
         self.meter = meter if meter is not None else Usage()
-        self.max_tokens = max_tokens
+        self.max_tokens = check_max_tokens(max_tokens, "Model")
         self.temperature = temperature
         self._rng = rng or random.Random()
         self._fallback: dict[str, int] = {}
@@ -499,6 +505,7 @@ class Model:
         if isinstance(messages, RenderedPrompt):
             prompt_hash = prompt_hash or messages.hash
             prompt_name = prompt_name or messages.name
+        check_max_tokens(max_tokens, "Model.complete")
         target = self._target(result_model, schema_name)
         call = _Call(
             _chat(messages),

@@ -29,6 +29,7 @@ from planrun.core import (
     spawn_id,
 )
 from planrun.model._prompts import PromptLibrary, describe_kinds
+from planrun.model._schema import check_max_tokens
 from planrun.obs import tracing
 from planrun.runtime import RealClock, run_blocking
 
@@ -98,6 +99,7 @@ async def adecompose(
         raise UsageError("a goal must be a non-empty string")
     if repair_attempts < 0:
         raise UsageError("repair_attempts must be >= 0")
+    check_max_tokens(max_tokens, "decompose")
     library = prompts or PromptLibrary()
     rendered = library.render(
         "decompose",

@@ -393,6 +393,14 @@ MIN_OUTPUT_BOUND = 64
 MAX_OUTPUT_BOUND = 8_192
 
 
+def check_max_tokens(value: int | None, owner: str) -> int | None:
+    """``value`` when it is None or a whole number >= 1; else a one-line UsageError."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise UsageError(f"{owner}: max_tokens must be a whole number >= 1, got {value!r}")
+    return value
+
+
 def output_bound(schema: Mapping[str, Any]) -> int:
     """The completion tokens a reply matching ``schema`` may need: the bound sent with it.
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from planrun.core import ConfigError, PermanentError, TaskContext, UsageError
 from planrun.model._prompts import PromptLibrary
+from planrun.model._schema import check_max_tokens
 
 if TYPE_CHECKING:
     from planrun.model._client import Model
@@ -81,9 +82,7 @@ class ModelWorker:
     ) -> None:
         if not isinstance(reask, int) or reask < 0:
             raise UsageError(f"reask must be a whole number >= 0, got {reask!r}")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise UsageError(f"max_tokens must be a whole number >= 1, got {max_tokens!r}")
-        self.max_tokens = max_tokens
+        self.max_tokens = check_max_tokens(max_tokens, "ModelWorker")
         self.reask = reask
         self.input_models: tuple[type[BaseModel], ...] = (
             (inputs,) if isinstance(inputs, type) else tuple(inputs))
