@@ -56,8 +56,9 @@ def test_problem_codes_are_exactly_the_design_table() -> None:
         "dead_end",
         "duplicate_task",
         "too_many_of_kind",
+        "truncated",
     }
-    assert len(PROBLEM_CODES) == 15
+    assert len(PROBLEM_CODES) == 16
 
 
 def test_problem_str_and_dict() -> None:

@@ -20,7 +20,7 @@ from planrun import (
     SharedRateLimiter,
     TaskContext,
 )
-from planrun.core import UsageError
+from planrun.core import InvalidPlan, Plan, UsageError
 from planrun.model import DEFAULT_COMPLETION_ESTIMATE, ModelWorker, Usage, adecompose
 from planrun.model._decompose import plan_bound
 from planrun.model._limiter import behind, duration_seconds
@@ -247,3 +247,45 @@ async def test_a_shared_limiter_is_corrected_for_every_process(
         assert limiter.store_calls == before  # nothing to correct: no write
     finally:
         await store.close()
+
+
+def test_a_plan_cut_at_its_bound_is_repaired_into_a_shorter_one() -> None:
+    registry = Registry()
+    registry.register("label", ModelWorker("classify_ticket", result=Label),
+                      description="Label a ticket.")
+    runaway = '{"tasks": [{"kind": "label", "payload": {}, "depends_on": []}, {"kind": "la'
+    short = json.dumps({"tasks": [{"kind": "label", "payload": {}, "depends_on": []}]})
+    server = Server(
+        httpx.Response(200, json=chat_completion(runaway, finish_reason="length",
+                                                 completion_tokens=plan_bound(3))),
+        ok(short))
+    meter = Usage()
+
+    async def main() -> Plan:
+        return await adecompose("label the tickets", registry, make_model(), min_tasks=1,
+                                max_tasks=3, meter=meter)
+
+    with mock_api(server):
+        plan = run(main())
+    assert [t.kind for t in plan.tasks] == ["label"]
+    repair = server.bodies[1]["messages"][-1]["content"]
+    assert "- truncated (task -):" in repair and "shorter plan" in repair
+    assert server.bodies[1]["messages"][1] == {"role": "assistant", "content": runaway}
+    assert [r.error for r in meter.records] == ["OutputTruncated", None]  # both counted
+
+
+def test_a_plan_still_cut_after_the_repairs_is_invalid_with_the_code() -> None:
+    registry = Registry()
+    registry.register("label", ModelWorker("classify_ticket", result=Label),
+                      description="Label a ticket.")
+    server = Server(httpx.Response(200, json=chat_completion('{"tasks": [',
+                                                             finish_reason="length")))
+
+    async def main() -> Plan:
+        return await adecompose("label the tickets", registry, make_model(), min_tasks=1,
+                                max_tasks=3, repair_attempts=1)
+
+    with mock_api(server), pytest.raises(InvalidPlan) as caught:
+        run(main())
+    assert [p.code for p in caught.value.problems] == ["truncated"]
+    assert len(server.requests) == 2 and caught.value.raw_outputs == ['{"tasks": [', '{"tasks": [']

@@ -56,6 +56,7 @@ __all__ = [
     "SELF_DEPENDENCY",
     "TOO_FEW_TASKS",
     "TOO_MANY_TASKS",
+    "TRUNCATED",
     "UNKNOWN_DEPENDENCY",
     "UNKNOWN_KIND",
     "KindsLike",
@@ -90,6 +91,8 @@ TOO_FEW_TASKS: Final = "too_few_tasks"
 """Fewer tasks than ``min_tasks``."""
 TOO_MANY_TASKS: Final = "too_many_tasks"
 """More tasks than ``max_tasks``."""
+TRUNCATED: Final = "truncated"
+"""The model's reply was cut at its output bound (the decomposer's repair loop reports it)."""
 
 PROBLEM_CODES: Final[tuple[str, ...]] = (
     NOT_JSON,
@@ -103,6 +106,7 @@ PROBLEM_CODES: Final[tuple[str, ...]] = (
     TOO_FEW_TASKS,
     TOO_MANY_TASKS,
     *CONTRACT_CODES,
+    TRUNCATED,
 )
 """Every problem code, in the order of the design's table."""
 

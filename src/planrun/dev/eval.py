@@ -43,8 +43,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planrun.core import CONTRACT_CODES, InvalidPlan, Plan, Registry, UsageError, WorkerError
-from planrun.model import PromptLibrary
+from planrun.core import (
+    CONTRACT_CODES,
+    TRUNCATED,
+    InvalidPlan,
+    Plan,
+    Registry,
+    UsageError,
+    WorkerError,
+)
+from planrun.model import OutputTruncated, PromptLibrary
 
 if TYPE_CHECKING:
     from planrun.model import Completion, Model, PriceTable
@@ -482,10 +490,14 @@ class _Counting:
     def __init__(self, model: Model) -> None:
         self.model = model
         self.max_tokens = model.max_tokens
-        self.replies: list[Completion[Any]] = []
+        self.replies: list[Completion[Any] | OutputTruncated] = []
 
     async def complete(self, *args: Any, **kwargs: Any) -> Any:
-        reply = await self.model.complete(*args, **kwargs)
+        try:
+            reply = await self.model.complete(*args, **kwargs)
+        except OutputTruncated as cut:  # a reply too: the decomposer repairs it
+            self.replies.append(cut)
+            raise
         self.replies.append(reply)
         return reply
 
@@ -528,6 +540,8 @@ async def _one(
 
 
 def _problems(reply: Any, registry: Registry, options: Mapping[str, Any]) -> list[str]:
+    if isinstance(reply, OutputTruncated):
+        return [TRUNCATED]
     candidate = reply.parsed if reply.parsed is not None else reply.text
     try:
         Plan.parse(candidate, registry, min_tasks=options["min_tasks"],

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from planrun.core import (
+    TRUNCATED,
     InvalidPlan,
     Plan,
     Problem,
@@ -28,6 +29,7 @@ from planrun.core import (
     plan_schema,
     spawn_id,
 )
+from planrun.model._errors import OutputTruncated
 from planrun.model._prompts import PromptLibrary, describe_kinds
 from planrun.model._schema import check_max_tokens
 from planrun.obs import tracing
@@ -58,6 +60,12 @@ def plan_bound(max_tasks: int) -> int:
     It stops a runaway reply (a small model repeating one task) at the size of the largest
     plan the run accepts, instead of at the model's context."""
     return PLAN_TOKENS_PER_TASK * max_tasks + 128
+
+
+def _truncated(cut: OutputTruncated) -> Problem:
+    return Problem(TRUNCATED, None, (
+        f"the reply was cut at its output bound of {cut.bound} tokens before the plan ended; "
+        "return a shorter plan: fewer tasks, shorter payloads, no repeated items"))
 
 
 def repair_message(problems: Sequence[Problem]) -> str:
@@ -118,31 +126,38 @@ async def adecompose(
     outputs: list[str] = []
     history: list[list[Problem]] = []
     for _ in range(repair_attempts + 1):
-        completion = await model.complete(
-            messages,
-            result_model=schema,
-            schema_name="plan",
-            prompt_hash=rendered.hash,
-            prompt_name=rendered.name,
-            meter=scoped,
-            max_tokens=bound,
-            validate=False,
-        )
-        outputs.append(completion.text)
-        candidate: Any = completion.parsed if completion.parsed is not None else completion.text
         try:
-            plan = Plan.parse(candidate, registry, min_tasks=min_tasks, max_tasks=max_tasks)
-        except InvalidPlan as exc:
-            history.append(exc.problems)
-            tracing.plan_problems(len(history), exc.problems)
-            answer = completion.text or json.dumps(candidate)
-            messages = [
-                request,
-                {"role": "assistant", "content": answer},
-                {"role": "user", "content": repair_message(exc.problems)},
-            ]
-            continue
-        return Plan(goal.strip(), plan.tasks)
+            completion = await model.complete(
+                messages,
+                result_model=schema,
+                schema_name="plan",
+                prompt_hash=rendered.hash,
+                prompt_name=rendered.name,
+                meter=scoped,
+                max_tokens=bound,
+                validate=False,
+            )
+        except OutputTruncated as cut:  # a plan that does not fit: ask for a shorter one
+            answer, problems = cut.text, [_truncated(cut)]
+        else:
+            answer = completion.text
+            candidate: Any = (completion.parsed if completion.parsed is not None
+                              else completion.text)
+            try:
+                plan = Plan.parse(candidate, registry, min_tasks=min_tasks,
+                                  max_tasks=max_tasks)
+            except InvalidPlan as exc:
+                answer, problems = completion.text or json.dumps(candidate), exc.problems
+            else:
+                return Plan(goal.strip(), plan.tasks)
+        outputs.append(answer)
+        history.append(problems)
+        tracing.plan_problems(len(history), problems)
+        messages = [
+            request,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": repair_message(problems)},
+        ]
     raise InvalidPlan(
         history[-1],
         raw_outputs=outputs,
