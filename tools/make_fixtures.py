@@ -196,7 +196,7 @@ def make_eval(name: str, *, live: bool, out: Path | None = None) -> Path:
 
     async def measure(model: Model) -> EvalReport:
         async with model:
-            return await aevaluate(goals, EVAL_VERSIONS, model=model)
+            return await aevaluate(goals, EVAL_VERSIONS, model=model, concurrency=1)
 
     if live:
         model = Model()

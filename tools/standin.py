@@ -21,7 +21,9 @@ does: the prompt's estimated tokens plus its output bound (1,024 when it sets no
 under a limit carries the ``x-ratelimit-limit/remaining/reset-*`` headers. ``rate_limited``
 counts the 429s, ``admitted`` holds the arrival time of every request let through and
 ``counted`` the tokens each took, so a test can show that a client-side limiter prevents
-429s while using the whole limit.
+429s while using the whole limit. ``slots=N`` and ``latency=S`` make it answer like a model
+server with N parallel sequences, each answer taking S seconds (``most_busy`` says how many
+were generated at once).
 
     python tools/standin.py --scenario rate_limited      # serve until Ctrl-C
     python tools/standin.py --rpm-limit 600              # 429 beyond 600 requests/minute
@@ -43,7 +45,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -155,6 +158,8 @@ class StandIn:
         tpm_limit: float | None = None,
         tpm_burst: float | None = None,
         malformed: float = 0.0,
+        slots: int | None = None,
+        latency: float = 0.0,
     ) -> None:
         if not 0.0 <= malformed < 1.0:
             raise ValueError(f"malformed must be a fraction in [0, 1), got {malformed!r}")
@@ -188,6 +193,12 @@ class StandIn:
         """Answers cut short: complete HTTP messages whose JSON body stops half-way."""
         self._answered = 0
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(slots) if slots else None
+        self.latency = latency
+        """Seconds each answer takes, spent holding one of ``slots`` (a model generating)."""
+        self.busy = 0
+        """Answers being generated now; ``most_busy`` is the most seen at once."""
+        self.most_busy = 0
         self._server = _QuietServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -277,6 +288,25 @@ class StandIn:
             return (response.status_code, {**out, **limit_headers, **self.extra_headers},
                     content)
 
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold one of ``slots`` (waiting for one) for ``latency`` seconds, as a server with
+        that many parallel sequences generates; without ``slots``, no wait beyond latency."""
+        if self._slots is not None:
+            self._slots.acquire()
+        with self._lock:
+            self.busy += 1
+            self.most_busy = max(self.most_busy, self.busy)
+        try:
+            if self.latency:
+                time.sleep(self.latency)
+            yield
+        finally:
+            with self._lock:
+                self.busy -= 1
+            if self._slots is not None:
+                self._slots.release()
+
     def _take_raw(self) -> Raw | object:
         with self._lock:
             if not self.raw:
@@ -334,7 +364,9 @@ class StandIn:
                 if isinstance(raw, tuple):
                     status, extra, content = raw
                 else:
-                    status, extra, content = server.answer(self.command, self.path, headers, body)
+                    with server.slot():
+                        status, extra, content = server.answer(self.command, self.path,
+                                                               headers, body)
                     extra = {"content-type": "application/json", **extra}
                 self.send_response(status)
                 self.send_header("content-length", str(len(content)))

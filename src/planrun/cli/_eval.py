@@ -13,6 +13,8 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["add_eval_parser", "cmd_eval"]
@@ -41,12 +43,39 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
                         help="list the goals whose outcome or plan changed from A to B")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--concurrency", type=int, default=None, metavar="N",
+                        help="goals decomposed at once (default 4)")
+    parser.add_argument("--out", metavar="FILE",
+                        help="append each outcome to this JSON Lines file as it is measured; "
+                        "outcomes already in it are kept and not measured again")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on standard error")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--record", metavar="PATH", help="record the model traffic to a cassette")
     group.add_argument("--replay", metavar="PATH",
                        help="answer from a cassette (a path or a shipped set's name)")
     parser.set_defaults(func=cmd_eval)
     return parser
+
+
+@contextmanager
+def _progress(shown: bool) -> Iterator[Any]:
+    """A progress bar on standard error (rich's, shown while a terminal watches), fed by
+    the evaluation's ``on_outcome``."""
+    if not shown or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("goals", total=None)
+
+        def on_outcome(version: str, outcome: Any, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total,
+                       description=f"{version}: {outcome.id} {outcome.outcome()}")
+
+        yield on_outcome
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -72,12 +101,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from planrun.model import Model
 
         model = Model(args.model)
-    report = evaluate(
-        args.goals, versions, model=model, replay=args.replay, record=args.record,
-        registry=args.app, min_tasks=args.min_tasks, max_tasks=args.max_tasks,
-        repair_attempts=args.repair_attempts,
-        command=shlex.join(["planrun", *sys.argv[1:]]),
-    )
+    from planrun.dev.eval import DEFAULT_CONCURRENCY
+
+    concurrency = DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency
+    with _progress(not args.no_progress) as on_outcome:
+        report = evaluate(
+            args.goals, versions, model=model, replay=args.replay, record=args.record,
+            registry=args.app, min_tasks=args.min_tasks, max_tasks=args.max_tasks,
+            repair_attempts=args.repair_attempts,
+            command=shlex.join(["planrun", *sys.argv[1:]]),
+            concurrency=concurrency, out=args.out, on_outcome=on_outcome,
+        )
     if args.json:
         data = report.to_dict()
         if args.compare:

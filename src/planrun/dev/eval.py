@@ -32,25 +32,26 @@ variant live in :mod:`planrun`'s ``evals`` data folder (:func:`shipped`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from planrun.core import (
     CONTRACT_CODES,
     TRUNCATED,
     InvalidPlan,
+    PermanentError,
     Plan,
     Registry,
     UsageError,
-    WorkerError,
 )
 from planrun.model import OutputTruncated, PromptLibrary
 
@@ -235,9 +236,15 @@ class Scores:
         return cls(p, r, 2 * p * r / (p + r) if p + r else 0.0)
 
     def to_dict(self) -> dict[str, float]:
-        """JSON-ready form, rounded to 4 places."""
-        return {"precision": round(self.precision, 4), "recall": round(self.recall, 4),
-                "f1": round(self.f1, 4)}
+        """JSON-ready form, unrounded (a continued evaluation reads it back exactly)."""
+        return {"precision": self.precision, "recall": self.recall, "f1": self.f1}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Scores | None:
+        """The scores :meth:`to_dict` wrote (None stays None)."""
+        if data is None:
+            return None
+        return cls(float(data["precision"]), float(data["recall"]), float(data["f1"]))
 
 
 def _nodes_and_links(document: Mapping[str, Any]) -> tuple[Counter[str], Counter[tuple[str, str]]]:
@@ -332,6 +339,20 @@ class GoalOutcome:
                           if self.has_contracts else None),
             "error": self.error, "plan": self.plan,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GoalOutcome:
+        """The outcome :meth:`to_dict` wrote (a line of ``--out``)."""
+        contracts = data.get("contracts")
+        met = data["outcome"] in ("first_try", "repaired")
+        return cls(
+            str(data["id"]), tuple(data.get("tags") or ()), bool(data["valid"]),
+            bool(data["first_try_valid"]), int(data["attempts"]),
+            [list(codes) for codes in data.get("problems") or []], data.get("plan"),
+            int(data["tokens"]), float(data["cost_usd"]), Scores.from_dict(data.get("nodes")),
+            Scores.from_dict(data.get("links")), Scores.from_dict(data.get("kinds")),
+            data.get("error"), has_contracts=contracts is not None,
+            first_try_met=data["outcome"] == "first_try", met=met)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -517,8 +538,10 @@ async def _one(
                                 meter=meter, **options)
     except InvalidPlan:
         pass
-    except WorkerError as exc:  # a transport failure of a live eval: noted, the set goes on
+    except PermanentError as exc:  # this goal's request was refused: noted, the set goes on
         error = f"{type(exc).__name__}: {exc}"
+    # A TransientError (the server unreachable or failing after the retries) propagates:
+    # the evaluation stops, keeping what it wrote.
     problems = [_problems(reply, goal.registry, options) for reply in model.replies]
     invalid = [codes for codes in problems if codes]
     shaped = [not any(c not in CONTRACT_CODES for c in codes) for codes in problems]
@@ -589,6 +612,13 @@ def evaluate(
     return run_blocking(RealClock(), lambda: aevaluate(goals, prompts, **options))
 
 
+OnOutcome = Callable[[str, GoalOutcome, int, int], None]
+"""Called as each outcome is measured: ``(version, outcome, done, total)``."""
+
+DEFAULT_CONCURRENCY = 4
+"""Goals decomposed at once by default (a local server's usual slot count)."""
+
+
 async def aevaluate(
     goals: str | os.PathLike[str] | Sequence[Goal],
     prompts: Mapping[str, PromptSource] | Sequence[str] | None = None,
@@ -602,6 +632,9 @@ async def aevaluate(
     repair_attempts: int = 2,
     prices: PriceTable | None = None,
     command: str | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    out: str | os.PathLike[str] | None = None,
+    on_outcome: OnOutcome | None = None,
 ) -> EvalReport:
     """Decompose every goal with every prompt version and measure each version.
 
@@ -612,35 +645,96 @@ async def aevaluate(
             file, a shipped variant name, or None (the shipped prompts); or ``NAME=PATH``
             strings. Default: the shipped prompts alone, as ``default``.
         model: the model (default: from the environment; under ``replay`` the cassette's).
-            A model passed in is not closed.
+            A model passed in is not closed. Its limiter and budget hold for the whole
+            evaluation.
         replay, record: a cassette to answer from (a path or a shipped set's name), or
             to write. A request with no recording raises :class:`~planrun.FixtureMiss`.
         registry: the kinds for goal lines that name none (an app ``module:attr``).
         min_tasks, max_tasks, repair_attempts: as for :func:`planrun.decompose`.
         prices: the price table for the cost.
         command: the re-record command stored in a recorded cassette.
+        concurrency: how many goals (of any version) are decomposed at once.
+        out: a JSON Lines file: each outcome is appended as it is measured
+            (``{"version": ..., **outcome}``), so an interrupted evaluation keeps what it
+            measured; outcomes already in the file are read back and not measured again.
+        on_outcome: called as each outcome is measured (a progress bar).
+
+    A goal whose request is refused (a permanent error) is noted as an ``error`` outcome
+    and the set goes on; a transport failure that outlasts the retries (the server
+    unreachable) stops the evaluation and raises it, what was measured being in ``out``.
     """
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise UsageError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
     items = list(goals) if isinstance(goals, Sequence) and not isinstance(goals, str) else \
         load_goals(goals, registry=registry)
     versions = prompts if isinstance(prompts, Mapping) else prompt_versions(list(prompts or []))
     options = {"min_tasks": min_tasks, "max_tasks": max_tasks,
                "repair_attempts": repair_attempts}
+    measured = _read_out(out, versions, items) if out is not None else {}
     with ExitStack() as stack:
+        sink = stack.enter_context(_open_out(out)) if out is not None else None
         cassette = stack.enter_context(_cassette(record, replay, command))
         chosen = model
         if chosen is None:
             chosen = cassette.model() if replay else _default_model()
-        counting = _Counting(chosen)
-        reports: dict[str, VersionReport] = {}
+        libraries = {name: _library(source, stack) for name, source in versions.items()}
+        todo = [(name, g) for name in versions for g in items if (name, g.id) not in measured]
+        total, gate = len(versions) * len(items), asyncio.Semaphore(concurrency)
+
+        async def measure(name: str, goal: Goal) -> None:
+            async with gate:
+                outcome = await _one(goal, libraries[name], _Counting(chosen), options, prices)
+            measured[name, goal.id] = outcome
+            if sink is not None:
+                sink.write(json.dumps({"version": name, **outcome.to_dict()}) + "\n")
+                sink.flush()
+            if on_outcome is not None:
+                on_outcome(name, outcome, len(measured), total)
+
+        tasks = [asyncio.ensure_future(measure(name, goal)) for name, goal in todo]
         try:
-            for name, source in versions.items():
-                library = _library(source, stack)
-                outcomes = [await _one(g, library, counting, options, prices) for g in items]
-                reports[name] = VersionReport(name, outcomes)
+            await asyncio.gather(*tasks)
         finally:
+            for task in tasks:  # the first failure stops the rest
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             if model is None:
                 await chosen.aclose()
-        return EvalReport(reports)
+        return EvalReport({name: VersionReport(name, [measured[name, g.id] for g in items])
+                           for name in versions})
+
+
+def _open_out(out: str | os.PathLike[str]) -> IO[str]:
+    try:
+        return open(out, "a", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write the outcomes to {os.fspath(out)!r}: "
+                         f"{exc.strerror or exc}") from None
+
+
+def _read_out(out: str | os.PathLike[str], versions: Mapping[str, Any],
+              items: Sequence[Goal]) -> dict[tuple[str, str], GoalOutcome]:
+    """The outcomes an earlier, interrupted evaluation wrote to ``out`` (of these versions
+    and goals); a line cut short by the interruption is passed over."""
+    path = Path(out)
+    if not path.is_file():
+        return {}
+    ids = {g.id for g in items}
+    found: dict[tuple[str, str], GoalOutcome] = {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            outcome = GoalOutcome.from_dict(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines):
+                continue  # the last line, cut short when the evaluation was stopped
+            raise UsageError(f"{path}:{number}: not an eval outcome ({exc})") from None
+        if data.get("version") in versions and outcome.id in ids:
+            found[data["version"], outcome.id] = outcome
+    return found
 
 
 def _default_model() -> Model:
