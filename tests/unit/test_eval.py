@@ -15,7 +15,7 @@ from planrun.cli import main
 from planrun.core._errors import UsageError
 from planrun.core._plan import Plan
 from planrun.dev.eval import EVALS_DIR, Scores, evaluate, load_goals, score_plan, shipped
-from planrun.dev.fixtures import FixtureMiss
+from planrun.dev.fixtures import Cassette, FixtureMiss
 from planrun.dev.taskbench import iter_samples, load_tool_graph, sample_to_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,3 +220,24 @@ def test_cli_eval_table_and_bad_arguments(capsys: pytest.CaptureFixture[str]) ->
     assert main(["eval", "examples", "--prompts", "x=/does/not/exist", "--replay",
                  "examples"]) == 2
     assert main(["eval", "examples", "--min-tasks", "0"]) == 2
+
+
+def test_the_cassette_recorded_from_the_real_small_model_replays_offline(
+        no_network: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    path = EVALS_DIR / "cassettes" / "examples_smollm2.json"
+    about = json.loads(path.read_text(encoding="utf-8"))["about"]
+    assert about["made"] == "recorded" and "SmolLM2-135M-Instruct" in about["note"]
+    # Recorded with compat (the server reads max_tokens): the replay model sends it too.
+    assert Cassette.load(path).model().compat
+    report = evaluate("examples", VERSIONS, replay=path)
+    again = evaluate("examples", VERSIONS, replay=path)
+    assert not no_network
+    assert report.to_dict() == again.to_dict()
+    for version in VERSIONS:
+        summary = report[version].summary()
+        assert summary["goals"] == 6 and summary["errors"] == 0
+        assert summary["valid_rate"] >= summary["first_try_valid_rate"]
+        assert all(o.attempts <= 3 for o in report[version].outcomes)  # 2 repairs at most
+    assert main(["eval", "examples", "--replay", "examples_smollm2", "--prompts", "default",
+                 "--prompts", "strict", "--no-progress"]) == 0
+    assert "contract no_deliverable" in capsys.readouterr().out

@@ -285,7 +285,7 @@ class GoalOutcome:
     id: str
     tags: tuple[str, ...]
     valid: bool
-    """The last reply has a valid shape (schema, kinds, dependencies, payloads)."""
+    """Some reply had a valid shape (schema, kinds, dependencies, payloads)."""
     first_try_valid: bool
     """The first reply has a valid shape."""
     attempts: int
@@ -554,7 +554,7 @@ async def _one(
         kinds = Scores.of(Counter(set(got)), Counter(set(goal.expected_kinds)))
     total = meter.total
     return GoalOutcome(
-        goal.id, goal.tags, plan is not None or (bool(shaped) and shaped[-1]),
+        goal.id, goal.tags, plan is not None or any(shaped),
         bool(shaped) and shaped[0],
         len(model.replies), invalid, document, total.total_tokens, total.cost_usd,
         nodes, links, kinds, error, has_contracts=goal.registry.has_contracts,

@@ -521,13 +521,29 @@ class Cassette:
 
         It asks for ``name`` or else the recorded model name (the request bodies hold it, so
         another name misses), with a placeholder key and an address that never resolves:
-        only a replay can ever answer it.
+        only a replay can ever answer it. A cassette recorded with ``compat`` (its requests
+        carry ``max_tokens``, as for a llama.cpp server) is replayed with it, and one recorded
+        in JSON mode from the start (``structured="json_object"``) is replayed in it.
         """
         from planrun.model import Model
 
         options.setdefault("api_key", REPLAY_KEY)
         options.setdefault("base_url", REPLAY_BASE_URL)
-        return Model(name or str(self.about.get("model") or "gpt-4o-mini"), **options)
+        bodies = [i.request.body for i in self.interactions if isinstance(i.request.body, dict)]
+        options.setdefault("compat", any("max_tokens" in body for body in bodies))
+        formats = {(body.get("response_format") or {}).get("type") for body in bodies}
+        if "json_object" in formats and "json_schema" not in formats:
+            # Recorded in JSON mode from the start (a server that refuses json_schema).
+            options.setdefault("structured", "json_object")
+        recorded = self.about.get("model") or self._first_model()
+        return Model(name or str(recorded or "gpt-4o-mini"), **options)
+
+    def _first_model(self) -> str | None:
+        """The model the first request asked for (a cassette whose ``about`` names none)."""
+        for i in self.interactions:
+            if isinstance(i.request.body, dict) and i.request.body.get("model"):
+                return str(i.request.body["model"])
+        return None
 
     # -- replay state
 
