@@ -78,3 +78,20 @@ def test_the_approval_example_runs_and_sends_the_security_reply_after_approval()
     assert namespace["sent"] == ["r1", "r2"]
     events = [(e.task, e.event) for e in result.events]  # type: ignore[attr-defined]
     assert events.index(("r2", "approved")) < events.index(("r2", "effect"))
+
+
+def test_the_offline_brief_example_replays_the_shipped_cassette_by_name() -> None:
+    [block] = [b for b in python_blocks() if 'replay("brief")' in b]
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(block, str(README), "exec"), namespace)  # its own assert holds
+    cassette = namespace["cassette"]
+    assert not cassette.unused()  # type: ignore[attr-defined]
+
+
+def test_a_cassette_name_nobody_ships_is_one_clear_error() -> None:
+    from planrun.core import UsageError
+    from planrun.dev.fixtures import replay
+
+    with pytest.raises(UsageError, match=r"no cassette 'brieff'.*have .*brief"), \
+            replay("brieff"):
+        pass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,10 @@ DEMOS = ("brief", "tickets", "release", "triage")
 
 
 def cassette_path(name: str) -> Path:
-    """The shipped cassette of a demo: in the wheel, or the repository's ``fixtures/``."""
-    packaged = resources.files("planrun") / "fixtures_data" / f"{name}.json"
-    if packaged.is_file():
-        return Path(str(packaged))
-    repo = Path(__file__).resolve().parents[3] / "fixtures" / f"{name}.json"
-    if repo.is_file():
-        return repo
-    raise UsageError(f"no fixture for the {name!r} demo (looked in the package and {repo})")
+    """The shipped cassette of a demo (see :func:`planrun.dev.fixtures.shipped_cassette`)."""
+    from planrun.dev.fixtures import shipped_cassette
+
+    return shipped_cassette(name)
 
 
 def _example(name: str) -> tuple[App, Any, dict[str, Any], Any]:

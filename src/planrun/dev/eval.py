@@ -590,11 +590,13 @@ def _cassette(
 
 
 def _cassette_path(source: str | os.PathLike[str]) -> Path:
+    from planrun.dev.fixtures import shipped_cassette
+
     path = Path(source)
     if path.is_file():
         return path
-    if isinstance(source, str) and (EVALS_DIR / "cassettes" / f"{source}.json").is_file():
-        return EVALS_DIR / "cassettes" / f"{source}.json"
+    if isinstance(source, str) and "/" not in source and not source.endswith(".json"):
+        return shipped_cassette(source)
     raise UsageError(f"no cassette {str(source)!r}")
 
 

@@ -457,8 +457,11 @@ class Cassette:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Cassette:
-        """Read a cassette file."""
+        """Read a cassette file, or a shipped cassette by name (``"brief"``, ``"examples"``;
+        see :func:`shipped_cassette`)."""
         file = Path(path)
+        if not file.exists() and isinstance(path, str) and _is_name(path):
+            file = shipped_cassette(path)
         try:
             document = json.loads(file.read_text(encoding="utf-8"))
         except OSError as exc:
@@ -892,11 +895,51 @@ def _ensure_httpcore2_mocker() -> None:
         ]
 
 
+_SHIPPED = ("fixtures_data", "dev/evals/cassettes")
+"""Where the wheel holds shipped cassettes: the demos' and scenarios', then the evals'."""
+
+
+def _is_name(text: str) -> bool:
+    return bool(text) and "/" not in text and os.sep not in text and not text.endswith(".json")
+
+
+def shipped_cassette(name: str) -> Path:
+    """The path of a cassette shipped with planrun, by name: a demo's or scenario's
+    (``brief``, ``tickets``, ``release``, ``rate_limited``, ...) or an eval set's
+    (``examples``, ``taskbench``, ``examples_smollm2``). Looked up in the installed package,
+    then in a source checkout's ``fixtures/``."""
+    from importlib import resources
+
+    root = resources.files("planrun")
+    for folder in _SHIPPED:
+        packaged = root.joinpath(f"{folder}/{name}.json")
+        if packaged.is_file():
+            return Path(str(packaged))
+    repo = Path(__file__).resolve().parents[3] / "fixtures" / f"{name}.json"
+    if repo.is_file():
+        return repo
+    raise UsageError(f"no cassette {name!r}: not a file, and planrun ships none of that name "
+                     f"(have {', '.join(shipped_names()) or 'none'})")
+
+
+def shipped_names() -> list[str]:
+    """The names :func:`shipped_cassette` knows."""
+    from importlib import resources
+
+    root = resources.files("planrun")
+    folders = [root.joinpath(folder) for folder in _SHIPPED]
+    repo = Path(__file__).resolve().parents[3] / "fixtures"
+    names = {Path(str(entry)).stem for folder in [*folders, repo] if folder.is_dir()
+             for entry in folder.iterdir() if str(entry).endswith(".json")}
+    return sorted(names)
+
+
 @contextmanager
 def replay(
     source: str | os.PathLike[str] | Cassette, *, check: bool = False
 ) -> Iterator[Cassette]:
-    """Serve a cassette to every HTTP request made through httpx2 inside the block.
+    """Serve a cassette (a path, a shipped cassette's name, or a :class:`Cassette`) to
+    every HTTP request made through httpx2 inside the block.
 
     Nothing reaches the network: every request is answered from the cassette or fails with
     :class:`FixtureMiss`. A miss that the code under test swallowed (a task died of it) is
