@@ -73,5 +73,6 @@ def test_live_demo_without_a_key_names_the_variable(capsys: pytest.CaptureFixtur
 def test_unknown_demo_and_missing_fixture() -> None:
     with pytest.raises(UsageError, match="unknown demo"):
         run_demo("nope")
-    with pytest.raises(UsageError, match="no fixture"):
+    with pytest.raises(UsageError,
+                       match=r"no cassette 'does-not-exist': not a file, and planrun ships"):
         cassette_path("does-not-exist")
