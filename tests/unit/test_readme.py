@@ -95,3 +95,10 @@ def test_a_cassette_name_nobody_ships_is_one_clear_error() -> None:
     with pytest.raises(UsageError, match=r"no cassette 'brieff'.*have .*brief"), \
             replay("brieff"):
         pass
+
+
+def test_the_failure_example_runs_and_its_assertions_hold() -> None:
+    [block] = [b for b in python_blocks() if "raise TransientError" in b]
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["seen"] == {"flaky": 2}  # the transient failure was tried again, once
