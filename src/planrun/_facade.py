@@ -13,12 +13,13 @@ and the audit computed from the ledger.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from planrun.core import (
     Audit,
@@ -39,7 +40,11 @@ from planrun.obs import tracing
 from planrun.runtime import Clock, EffectFn, RealClock, Supervisor, WaitHook, run_blocking
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from planrun.core.scheduling import Backoff, RetryPolicy, SpawnLimits
     from planrun.model import Budget, Model, PriceTable, SharedBudget, Tally, Usage
+    from planrun.runtime import Replanner
     from planrun.stores.base import Store
 
 READY_PLAN_MAX_TASKS = 1_000_000
@@ -47,7 +52,10 @@ READY_PLAN_MAX_TASKS = 1_000_000
 
 __all__ = [
     "App",
+    "ResumeOptions",
+    "RunOptions",
     "RunReport",
+    "SupervisorOptions",
     "TaskReport",
     "aplan_and_run",
     "aresume_run",
@@ -55,6 +63,72 @@ __all__ = [
     "plan_and_run",
     "resume_run",
 ]
+
+
+class SupervisorOptions(TypedDict, total=False):
+    """The :class:`~planrun.Supervisor` keywords a run passes on (see its arguments)."""
+
+    max_attempts: int | None
+    retry: RetryPolicy | None
+    backoff: RetryPolicy | Backoff | None
+    retry_budget: int | None
+    timeout: float | None
+    stale_after: float
+    max_reclaims: int
+    on_dead: Literal["cancel_dependents", "abort_run", "replan"]
+    stall_after: float
+    deadline_s: float | None
+    seed: int | None
+    store_patience: float
+    effect_retry: RetryPolicy | None
+    spawn_limits: SpawnLimits | None
+    replanner: Replanner | None
+    max_replans: int
+    task_approvals: Mapping[str, Approval | str] | None
+    approval_poll: float
+
+
+class RunOptions(SupervisorOptions, total=False):
+    """Every keyword of :func:`plan_and_run` (those of :func:`aplan_and_run`)."""
+
+    model: Model | None
+    strategy: str
+    budget: Budget | None
+    prices: PriceTable | None
+    usage: Usage | None
+    min_tasks: int
+    max_tasks: int
+    repair_attempts: int
+    prompts: PromptLibrary | None
+    progress: Callable[[Event, Task], None] | None
+    run_id: str | None
+    clock: Clock | None
+    store: Store | str | None
+    meta: Mapping[str, Any] | None
+
+
+class ResumeOptions(SupervisorOptions, total=False):
+    """Every keyword of :func:`resume_run` (those of :func:`aresume_run`)."""
+
+    model: Model | None
+    budget: Budget | None
+    prices: PriceTable | None
+    progress: Callable[[Event, Task], None] | None
+    clock: Clock | None
+    wait: bool
+    on_wait: WaitHook | None
+
+
+def _check_keywords(function: str, given: Mapping[str, Any], allowed: type) -> None:
+    """A misspelt keyword is a TypeError naming the function the user called (not the
+    Supervisor underneath), with the nearest right spelling."""
+    known = allowed.__annotations__.keys() | {
+        k for base in allowed.__mro__ for k in getattr(base, "__annotations__", {})}
+    for key in given:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise TypeError(f"{function}() got an unexpected keyword argument {key!r}{hint}")
 
 
 @dataclass
@@ -345,9 +419,10 @@ async def aplan_and_run(
     clock: Clock | None = None,
     store: Store | str | None = None,
     meta: Mapping[str, Any] | None = None,
-    **supervisor_options: Any,
+    **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Decompose (or validate) and run; see :func:`plan_and_run`."""
+    _check_keywords("aplan_and_run", supervisor_options, SupervisorOptions)
     from planrun.model import Usage as UsageMeter
     from planrun.model import adecompose
 
@@ -431,7 +506,7 @@ async def aresume_run(
     clock: Clock | None = None,
     wait: bool = True,
     on_wait: WaitHook | None = None,
-    **supervisor_options: Any,
+    **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
 
@@ -446,6 +521,7 @@ async def aresume_run(
     """
     from planrun.model import Usage as UsageMeter
 
+    _check_keywords("aresume_run", supervisor_options, SupervisorOptions)
     app = app if isinstance(app, App) else App(app)
     if model is None and app.needs_model():
         model = _default_model()
@@ -475,8 +551,10 @@ async def aresume_run(
     return _report(plan, result, meter)
 
 
-def resume_run(run_id: str, app: App | Registry, store: Store | str, **options: Any) -> RunReport:
-    """Synchronous :func:`aresume_run`."""
+def resume_run(run_id: str, app: App | Registry, store: Store | str,
+               **options: Unpack[ResumeOptions]) -> RunReport:
+    """Synchronous :func:`aresume_run` (its keywords: :class:`ResumeOptions`)."""
+    _check_keywords("resume_run", options, ResumeOptions)
     clock = options.get("clock") or RealClock()
     return run_blocking(clock, lambda: aresume_run(run_id, app, store, **options))
 
@@ -515,7 +593,7 @@ async def _owning(
 def plan_and_run(
     goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
     app: App | Registry,
-    **options: Any,
+    **options: Unpack[RunOptions],
 ) -> RunReport:
     """Turn a goal (or a ready plan) into a validated plan and run it to the end.
 
@@ -527,12 +605,15 @@ def plan_and_run(
         store: a store, or its URL (``sqlite:///runs.db``, ``postgresql://...``): the run is
             durable and :func:`resume_run` carries it on after a crash.
         strategy, budget, prices, min_tasks, max_tasks, repair_attempts, prompts, progress,
-            run_id, clock, meta: as named; other keywords go to :class:`Supervisor`.
+            run_id, clock, meta: as named; the keywords of :class:`SupervisorOptions`
+            (``max_attempts``, ``retry``, ``on_dead``, ``deadline_s``, ...) go to the
+            :class:`Supervisor`. Any other keyword is a ``TypeError``.
 
     Raises:
         InvalidPlan: the plan did not validate (after repairs, for a goal).
         ConfigError: a model is needed and none is configured (``OPENAI_API_KEY``).
     """
+    _check_keywords("plan_and_run", options, RunOptions)
     clock = options.get("clock") or RealClock()
     return run_blocking(clock, lambda: aplan_and_run(goal_or_plan, app, **options))
 
@@ -543,7 +624,7 @@ def _default_model() -> Model:
     return Model()
 
 
-def _with_replanner(options: dict[str, Any], goal: str, registry: Registry,
+def _with_replanner(options: SupervisorOptions, goal: str, registry: Registry,
                     model: Model | None, meter: Usage, **decompose_options: Any) -> None:
     """With ``on_dead="replan"`` and a model, re-plan through the decomposer (metered by
     the run's meter, so charged to its budget) unless a replanner was given."""

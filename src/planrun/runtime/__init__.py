@@ -10,13 +10,14 @@ from planrun.runtime._clock import Clock, RealClock, VirtualClock, run_blocking
 from planrun.runtime._decisions import approve_task, reject_task
 from planrun.runtime._distributed import Coordinator, WorkerProcess
 from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
-from planrun.runtime._supervisor import EffectFn, Supervisor
+from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
 
 __all__ = [
     "Clock",
     "Coordinator",
     "EffectFn",
     "RealClock",
+    "Replanner",
     "Supervisor",
     "VirtualClock",
     "WaitHook",
