@@ -9,8 +9,9 @@ stable cell ids, so running this twice changes nothing.
 
 Both notebooks run top to bottom offline (CI executes every notebook in ``notebooks/``
 with nbclient, cwd ``notebooks/``): they replay ``fixtures/brief.json`` and
-``fixtures/tickets.json``. With ``OPENAI_API_KEY`` set they talk to the configured
-endpoint instead.
+``fixtures/tickets.json``, from any folder. Only ``LIVE = True`` in a notebook's first
+code cell makes it talk to the configured endpoint: a key in the environment alone never
+does.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ DECOMPOSE_PROMPT = [
 
         Offline (the default, and in CI) the model's answers are replayed from
         `fixtures/brief.json`; nothing leaves the machine and no key is needed. With
-        `OPENAI_API_KEY` set, the same cells talk to the configured endpoint (its traffic is
+        `LIVE = True` in the first code cell (and `OPENAI_API_KEY` set), the same cells talk to
+        the configured endpoint (its traffic is
         recorded to a scratch cassette so the analysis below reads it the same way), and
         section 3 really decomposes with the edited prompt.
 
@@ -90,24 +92,22 @@ DECOMPOSE_PROMPT = [
         from planrun import Model
         from planrun.model._decompose import decompose, repair_message
         from planrun.examples import brief
-        from planrun.dev.fixtures import FixtureMiss, check, record, replay
+        from planrun.dev.fixtures import FixtureMiss, check, record, replay, shipped_cassette
         from planrun.core._plan import Plan, validate_plan
-        from planrun.model._prompts import PromptLibrary, describe_kinds
+        from planrun.model._prompts import PromptLibrary, default_prompt_dir, describe_kinds
         from planrun.model._usage import Usage
 
-        LIVE = bool(os.environ.get("OPENAI_API_KEY"))
+        LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
 
-        # The repository root: the notebook runs in notebooks/, but any folder below the root works.
-        REPO = next(p for p in (Path.cwd(), *Path.cwd().parents)
-                    if (p / "prompts" / "decompose.md").is_file())
-        PROMPTS = REPO / "prompts"
-        FIXTURE = REPO / "fixtures" / "brief.json"
+        # The shipped templates and recording: found from any folder, in a checkout or a wheel.
+        PROMPTS = Path(str(default_prompt_dir()))
+        FIXTURE = shipped_cassette("brief")
         WORK = Path(tempfile.mkdtemp(prefix="planrun-decompose-"))  # scratch copies live here
         MIN_TASKS, MAX_TASKS = 3, 8  # decompose()'s defaults, which the recording was made with
 
         app = brief.make_app()
         print("LIVE: the configured endpoint" if LIVE
-              else f"offline: replaying {FIXTURE.relative_to(REPO)}")
+              else f"offline: replaying {FIXTURE.name}")
 
 
         @contextmanager
@@ -360,7 +360,7 @@ DECOMPOSE_PROMPT = [
                        "FixtureMiss: the rendered prompt of decompose changed\\n"
                        f"recorded hash {rendered.hash}, now {edited.hash}\\n\\n"
                        f"re-record with: {miss.command}\\n"
-                       "(or run this notebook with OPENAI_API_KEY set)",
+                       "(or set LIVE = True, with OPENAI_API_KEY)",
                        ha="center", va="center", fontsize=10, family="monospace",
                        bbox=dict(boxstyle="round,pad=0.8", fc="#fff2cc", ec="#b45f06"))
         fig.tight_layout()
@@ -424,13 +424,13 @@ DECOMPOSE_PROMPT = [
             sys.executable, "-c", "import sys; from planrun.cli import main; sys.exit(main())"]
 
         exit_status = {}
-        for folder, name in ((REPO, "fixtures/brief.json"), (WORK, "brief-edited.json")):
+        for folder, name in ((FIXTURE.parent, FIXTURE.name), (WORK, "brief-edited.json")):
             done = subprocess.run([*PLANRUN, "fixtures", "check", name], cwd=folder,
                                   capture_output=True, text=True, timeout=120)
             exit_status[name] = done.returncode
             print(f"$ planrun fixtures check {name}    # exit status {done.returncode}")
             print(textwrap.indent((done.stdout + done.stderr).rstrip(), "  "), end="\\n\\n")
-        assert exit_status == {"fixtures/brief.json": 0, "brief-edited.json": 2}, exit_status
+        assert exit_status == {FIXTURE.name: 0, "brief-edited.json": 2}, exit_status
         """),
     md("""
         To keep an edit: make it in `prompts/decompose.md`, re-record with the command the
@@ -470,7 +470,8 @@ TICKET_RUN = [
         Offline (the default, and in CI) the model's 400 answers are replayed from
         `fixtures/tickets.json`: the tickets and the plan are built exactly as the recorded
         scenario (`planrun.scenarios`) builds them, so every request matches its recording.
-        With `OPENAI_API_KEY` set the run goes to the configured endpoint instead.
+        With `LIVE = True` in the first code cell (and `OPENAI_API_KEY` set) the run goes to
+        the configured endpoint instead; a key alone never makes a call.
         """),
     code("""
         import io
@@ -488,15 +489,13 @@ TICKET_RUN = [
         from planrun import Model
         from planrun.examples import tickets
         from planrun.examples.ticket_data import generate_tickets
-        from planrun.dev.fixtures import replay
+        from planrun.dev.fixtures import replay, shipped_cassette
         from planrun._facade import plan_and_run
         from planrun.dev.scenarios import TICKETS
         from planrun.obs._status import timeline
 
-        LIVE = bool(os.environ.get("OPENAI_API_KEY"))
-        REPO = next(p for p in (Path.cwd(), *Path.cwd().parents)
-                    if (p / "fixtures" / "tickets.json").is_file())
-        FIXTURE = REPO / "fixtures" / "tickets.json"
+        LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
+        FIXTURE = shipped_cassette("tickets")  # found from any folder
         TICKET_COUNT, SEED = TICKETS, 0  # what the recording holds (200); other values miss offline
 
         app, outbox, desk = tickets.make_app()
@@ -506,7 +505,7 @@ TICKET_RUN = [
         kinds = dict(Counter(t.kind for t in plan.tasks))
         print(f"{len(plan.tasks)} tasks {kinds} on {len(workers)} workers x {capacity}")
         print("LIVE: the configured endpoint" if LIVE
-              else f"offline: replaying {FIXTURE.relative_to(REPO)}")
+              else f"offline: replaying {FIXTURE.name}")
 
         def show(fig):
             # matplotlib.use("Agg") keeps the notebook headless (CI) but also switches off the
@@ -744,8 +743,8 @@ PROMPT_EVAL = [
         Offline (the default, and in CI) the model's answers are replayed from the shipped
         cassette `planrun/evals/cassettes/examples.json` (synthesized in the API's wire
         format; `python tools/make_fixtures.py --eval --live` re-records it against a real
-        key). With `OPENAI_API_KEY` set the same cells talk to the configured endpoint and
-        record to a scratch cassette.
+        key). With `LIVE = True` in the next cell (and `OPENAI_API_KEY` set) the same cells
+        talk to the configured endpoint and record to a scratch cassette.
         """),
     code("""
         import difflib
@@ -765,7 +764,7 @@ PROMPT_EVAL = [
         from planrun import FixtureMiss
         from planrun.dev.eval import evaluate, load_goals, shipped
 
-        LIVE = bool(os.environ.get("OPENAI_API_KEY"))
+        LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
         GOALS, CASSETTE = shipped("examples")
         work = Path(tempfile.mkdtemp(prefix="planrun-eval-"))
 
