@@ -122,8 +122,7 @@ class ResumeOptions(SupervisorOptions, total=False):
 def _check_keywords(function: str, given: Mapping[str, Any], allowed: type) -> None:
     """A misspelt keyword is a TypeError naming the function the user called (not the
     Supervisor underneath), with the nearest right spelling."""
-    known = allowed.__annotations__.keys() | {
-        k for base in allowed.__mro__ for k in getattr(base, "__annotations__", {})}
+    known = set(allowed.__annotations__)  # a TypedDict's, its bases' included
     for key in given:
         if key not in known:
             near = difflib.get_close_matches(key, sorted(known), n=1)
