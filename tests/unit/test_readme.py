@@ -102,3 +102,11 @@ def test_the_failure_example_runs_and_its_assertions_hold() -> None:
     namespace: dict[str, object] = {"__name__": "readme_example"}
     exec(compile(block, str(README), "exec"), namespace)
     assert namespace["seen"] == {"flaky": 2}  # the transient failure was tried again, once
+
+
+def test_the_app_example_runs_its_effect_once_with_the_key() -> None:
+    [block] = [b for b in python_blocks() if "WorkerSpec(" in b and "effects=" in b]
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(block, str(README), "exec"), namespace)  # its assert: the effect, once
+    workers = {w.name: w.capacity for w in namespace["app"].worker_specs()}  # type: ignore[attr-defined]
+    assert workers == {"crawler": 4, "mailer": 1}
