@@ -111,6 +111,7 @@ class ResumeOptions(SupervisorOptions, total=False):
     """Every keyword of :func:`resume_run` (those of :func:`aresume_run`)."""
 
     model: Model | None
+    strategy: str
     budget: Budget | None
     prices: PriceTable | None
     progress: Callable[[Event, Task], None] | None
@@ -499,6 +500,7 @@ async def aresume_run(
     store: Store | str,
     *,
     model: Model | None = None,
+    strategy: str = "balanced",
     budget: Budget | None = None,
     prices: PriceTable | None = None,
     progress: Callable[[Event, Task], None] | None = None,
@@ -535,7 +537,7 @@ async def aresume_run(
                 goal = (await opened.load_tasks(run_id)).run.goal
                 _with_replanner(supervisor_options, goal, app.registry, model, meter)
             sup = Supervisor(
-                app.registry, app.worker_specs(), clock=clock, run_id=run_id,
+                app.registry, app.worker_specs(), strategy=strategy, clock=clock, run_id=run_id,
                 effects=app.effects, approvals=app.approvals,
                 on_event=traced.on_event if traced else progress,
                 extras={"model": model, "usage": meter}, store=opened, **supervisor_options,

@@ -131,6 +131,10 @@ def test_decompose_notebook_runs_live(live_server: StandIn, tmp_path: Path) -> N
 
     path = REPO / "notebooks" / "decompose_prompt.ipynb"
     notebook = nbformat.read(path, as_version=4)
+    # What a user does to go live: flip the switch in the first code cell (a key alone
+    # does not).
+    [switch] = [c for c in notebook.cells if c.cell_type == "code" and "LIVE = False" in c.source]
+    switch.source = switch.source.replace("LIVE = False", "LIVE = True", 1)
     env = _live_env(server)
     client = NotebookClient(notebook, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
