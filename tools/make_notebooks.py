@@ -1,23 +1,26 @@
 """Write the notebooks in ``notebooks/`` from their source here.
 
 The notebooks' source lives here, as plain Python strings, so a change to a notebook reads
-as a normal diff in review. The ``.ipynb`` files are written without outputs and with
-stable cell ids, so running this twice changes nothing.
+as a normal diff in review. Each ``.ipynb`` is written with stable cell ids, then run top
+to bottom (offline, from a scratch folder) and stored with its outputs, so it shows them
+on the repository page.
 
-    python tools/make_notebooks.py            # (re)write both notebooks
-    python tools/make_notebooks.py --check    # exit 1 when a notebook is out of date
+    python tools/make_notebooks.py            # (re)write and run every notebook
+    python tools/make_notebooks.py --check    # exit 1 when one is out of date or unrun
 
-Both notebooks run top to bottom offline (CI executes every notebook in ``notebooks/``
-with nbclient, cwd ``notebooks/``): they replay ``fixtures/brief.json`` and
-``fixtures/tickets.json``, from any folder. Only ``LIVE = True`` in a notebook's first
-code cell makes it talk to the configured endpoint: a key in the environment alone never
-does.
+CI runs ``--check`` and executes every notebook again (``tests/integration/
+test_notebooks.py``), comparing the fresh outputs with the stored ones (run ids,
+durations and scratch paths masked). They replay the shipped recordings, from any
+folder. Only ``LIVE = True`` in a notebook's first code cell makes it talk to the
+configured endpoint: a key in the environment alone never does.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -89,13 +92,11 @@ DECOMPOSE_PROMPT = [
         import matplotlib.pyplot as plt
         from IPython.display import HTML, Image, display
 
-        from planrun import Model
-        from planrun.model._decompose import decompose, repair_message
+        from planrun import Model, Usage, decompose, validate_plan
+        from planrun.dev.fixtures import FixtureMiss, check, record
         from planrun.examples import brief
-        from planrun.dev.fixtures import FixtureMiss, check, record, replay, shipped_cassette
-        from planrun.core._plan import Plan, validate_plan
-        from planrun.model._prompts import PromptLibrary, default_prompt_dir, describe_kinds
-        from planrun.model._usage import Usage
+        from planrun.model import PromptLibrary, default_prompt_dir, describe_kinds
+        from planrun.testing import replay, shipped_cassette
 
         LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
 
@@ -176,8 +177,6 @@ DECOMPOSE_PROMPT = [
             plan = decompose(brief.GOAL, app.registry, model, prompts=library, meter=usage)
         calls = usage["decompose"].requests
         print(f"plan validated after {calls} model call(s) ({calls - 1} repair(s))")
-        if not LIVE:
-            assert calls == 2, calls
         """),
     md("""
         The conversation is in the cassette. A cassette keeps its interactions sorted by
@@ -195,9 +194,9 @@ DECOMPOSE_PROMPT = [
                     if i.request.prompt is not None and i.request.prompt.name == "decompose"]
         first = next(i for i in attempts if len(i.request.messages) == 1)
         repairs = [i for i in attempts if len(i.request.messages) == 3]
-        # What was sent is exactly the render above: same text, same hash.
-        assert first.request.messages[0]["content"] == rendered.text
-        assert first.request.prompt.hash == rendered.hash
+        same = (first.request.messages[0]["content"] == rendered.text
+                and first.request.prompt.hash == rendered.hash)
+        print("what was sent is the render above, same text and hash:", same)
 
         bounds = dict(min_tasks=MIN_TASKS, max_tasks=MAX_TASKS)
         problems = validate_plan(reply(first), app.registry, **bounds)
@@ -214,9 +213,6 @@ DECOMPOSE_PROMPT = [
             codes = ", ".join(p.code for p in problems if p.task == n)
             mark = f"  <- {codes}" if codes else ""
             print(f"  {n}  {t.get('kind', '?'):<15} depends_on {t.get('depends_on')}{mark}")
-
-        if not LIVE:
-            assert {p.code for p in problems} == {"unknown_kind", "forward_dependency"}, problems
         """),
     md("""
         The repair request repeats the prompt, quotes the invalid answer, and lists the
@@ -227,16 +223,11 @@ DECOMPOSE_PROMPT = [
         if repairs:
             sent = repairs[-1].request.messages[2]["content"]
             print(sent)
-            assert sent == repair_message(problems)
-            assert repairs[-1].request.messages[1]["content"] == reply(first)
             final_problems = validate_plan(reply(repairs[-1]), app.registry, **bounds)
-            assert final_problems == [], final_problems
-            assert Plan.parse(reply(repairs[-1]), app.registry, **bounds).tasks == plan.tasks
-            print(f"\\nthe repaired answer validates: {len(plan.tasks)} tasks "
-                  f"in waves {plan.levels()}")
+            print(f"\\nthe repaired answer has {len(final_problems)} problem(s): "
+                  f"{len(plan.tasks)} tasks in waves {plan.levels()}")
         else:
             print("the first attempt was valid; no repair was needed")
-            assert not problems
         """),
     md("""
         The plan as a dependency graph: one column per wave of `Plan.levels()` (a wave
@@ -294,14 +285,12 @@ DECOMPOSE_PROMPT = [
         shutil.copytree(PROMPTS, EDITED, dirs_exist_ok=True)
         source = (PROMPTS / "decompose.md").read_text(encoding="utf-8")
         anchor = "\\n\\n## Answer"  # the rule goes at the end of the rules list
-        assert source.count(anchor) == 1
         source = source.replace(anchor, f"\\n{RULE}{anchor}")
         (EDITED / "decompose.md").write_text(source, encoding="utf-8")
 
         edited_library = PromptLibrary(EDITED)
         edited = edited_library.render("decompose", **variables)
         print(f"original {rendered.hash}  ->  edited {edited.hash}")
-        assert edited.hash != rendered.hash
 
         diff = difflib.unified_diff(rendered.text.splitlines(), edited.text.splitlines(),
                                     "original (rendered)", "edited (rendered)", n=3, lineterm="")
@@ -339,13 +328,6 @@ DECOMPOSE_PROMPT = [
             print(f"FixtureMiss: {miss}")
         else:
             print(f"edited prompt: {len(edited_plan.tasks)} tasks in waves {edited_plan.levels()}")
-
-        if not LIVE:
-            assert miss is not None and edited_plan is None
-            assert miss.reasons[0].startswith("the rendered prompt of decompose changed")
-            assert rendered.hash in miss.reasons[0] and edited.hash in miss.reasons[0]
-            assert any(RULE in reason for reason in miss.reasons)  # the diff names the new line
-            assert miss.command == "python tools/make_fixtures.py brief"
         """),
     code("""
         fig, (left, right) = plt.subplots(1, 2, figsize=(16, 4.8))
@@ -390,16 +372,12 @@ DECOMPOSE_PROMPT = [
 
         fresh = check_here([scratch])
         print(f"with the repository's prompts: {len(fresh)} stale finding(s)")
-        assert fresh == []
 
         with mock.patch("planrun.model._prompts.default_prompt_dir", return_value=EDITED):
             stale = check_here([scratch])
         print(f"with the edited prompt: {len(stale)} stale finding(s)")
         for item in stale:  # the reason goes on with a diff of the message; its head will do
             print(f"  #{item.index} {item.kind}: {item.reason.split('; message')[0]}")
-        # Both decompose requests (the first attempt and the repair) carry the edited prompt.
-        assert [s.kind for s in stale] == ["changed", "changed"], stale
-        assert all(s.reason.startswith("the rendered prompt of decompose changed") for s in stale)
         """),
     md("""
         The command line runs the same check on files and exits 0 when every cassette is
@@ -430,7 +408,6 @@ DECOMPOSE_PROMPT = [
             exit_status[name] = done.returncode
             print(f"$ planrun fixtures check {name}    # exit status {done.returncode}")
             print(textwrap.indent((done.stdout + done.stderr).rstrip(), "  "), end="\\n\\n")
-        assert exit_status == {FIXTURE.name: 0, "brief-edited.json": 2}, exit_status
         """),
     md("""
         To keep an edit: make it in `prompts/decompose.md`, re-record with the command the
@@ -489,10 +466,10 @@ TICKET_RUN = [
         from planrun import Model
         from planrun.examples import tickets
         from planrun.examples.ticket_data import generate_tickets
-        from planrun.dev.fixtures import replay, shipped_cassette
-        from planrun._facade import plan_and_run
+        from planrun import plan_and_run
         from planrun.dev.scenarios import TICKETS
-        from planrun.obs._status import timeline
+        from planrun.obs import timeline
+        from planrun.testing import replay, shipped_cassette
 
         LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
         FIXTURE = shipped_cassette("tickets")  # found from any folder
@@ -528,7 +505,6 @@ TICKET_RUN = [
             with replay(FIXTURE) as cassette:
                 report = plan_and_run(plan, app, model=cassette.model())
             print(f"cassette: {cassette.stats}")
-            assert cassette.stats.missed == 0 and cassette.stats.unused == 0, cassette.stats
 
         print(report.summary())
         print(f"replies sent: {len(outbox.sent)} ({outbox.attempts} send calls), "
@@ -542,17 +518,16 @@ TICKET_RUN = [
         drafts = {t.id for t in report.tasks if t.kind == "draft_reply"}
         keys = {f"{report.run_id}:{task}" for task in drafts}  # the supervisor's effect keys
 
-        assert report.counts["completed"] == 2 * TICKET_COUNT == 400, report.counts
-        assert report.audit.clean, report.audit.to_dict()
-        # every reply sent once: one send call per sent reply, one reply per ticket, and one
-        # effect per drafted ticket in the ledger (sent or flagged, never both, never twice)
-        assert outbox.attempts == len(outbox.sent)
-        assert len({r["ticket_id"] for r in outbox.sent.values()}) == len(outbox.sent)
-        assert set(outbox.sent) | set(desk.flagged) == keys
-        assert not set(outbox.sent) & set(desk.flagged)
-        assert set(effects) == drafts and set(effects.values()) == {1}
-        print(f"ok: {report.counts['completed']} completed, audit clean, "
-              f"{len(outbox.sent)} replies sent once each, {len(desk.flagged)} flagged")
+        # Every reply is sent once: one send call per sent reply, one reply per ticket, and
+        # one effect per drafted ticket in the ledger (sent or flagged, never both, never twice).
+        print(f"completed: {report.counts['completed']} of {2 * TICKET_COUNT} tasks")
+        print(f"audit: {report.audit.describe()}")
+        print(f"send calls {outbox.attempts} for {len(outbox.sent)} replies, to "
+              f"{len({r['ticket_id'] for r in outbox.sent.values()})} different tickets")
+        print(f"sent or flagged: {len(set(outbox.sent) | set(desk.flagged))} of {len(keys)} "
+              f"drafts; both sent and flagged: {len(set(outbox.sent) & set(desk.flagged))}")
+        print(f"effects in the ledger: {sum(effects.values())} for {len(drafts)} drafts, "
+              f"at most {max(effects.values())} per draft")
         """),
     md("""
         ## The three numbers over time
@@ -563,6 +538,7 @@ TICKET_RUN = [
         same shapes over minutes.
         """),
     code("""
+        # The instants below are this machine's own timings: they vary from run to run.
         samples = timeline(report.events, points=300)
         at = [s.at for s in samples]
         statuses = [k for k in samples[-1].counts if any(s.counts[k] for s in samples)]
@@ -573,7 +549,6 @@ TICKET_RUN = [
             counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
             oldest = "-" if s.oldest_unfinished_s is None else f"{s.oldest_unfinished_s:.2f} s"
             print(f"{s.at:7.2f}  {counts:<58} {sum(s.active_by_worker.values()):>20}  {oldest}")
-        assert samples[-1].counts["completed"] == 400 and samples[-1].oldest_unfinished_s is None
         """),
     code("""
         STATUS_COLOURS = {"pending": "#bdbdbd", "assigned": "#9ecae1", "running": "#3182bd",
@@ -654,7 +629,7 @@ STRATEGIES = [
         import matplotlib.pyplot as plt
 
         from planrun import Scenario, simulate
-        from planrun.core._routing import STRATEGIES
+        from planrun.core import STRATEGIES
 
         DURATIONS = [10, 2, 2, 10, 2, 2, 10, 2, 2]
         WORKERS = 3
@@ -662,11 +637,6 @@ STRATEGIES = [
         results = {s: simulate(scenario, s) for s in STRATEGIES}
         for name, r in results.items():
             print(f"{name:<13} makespan {r.makespan:>5g} s   mean task {r.mean_task_s:.2f} s")
-        """),
-    code("""
-        assert results["round_robin"].makespan == 30
-        assert results["least_loaded"].makespan == 16
-        assert results["balanced"].makespan == 14   # the optimum: 42 s of work on 3 workers
         """),
     md("""
         Each bar is one task on the worker that ran it. Round-robin pins the three long tasks on
@@ -706,7 +676,6 @@ STRATEGIES = [
         for name, r in cap.items():
             print(f"{name:<12} mean time per summarisation {r.mean_task_s:g} s"
                   f"   makespan {r.makespan:g} s")
-        assert cap["round_robin"].mean_task_s == 10 and cap["capability"].mean_task_s == 4
         """),
     code("""
         fig, axes = plt.subplots(len(cap), 1, figsize=(8, 1.6 * len(cap)), sharex=True)
@@ -801,7 +770,6 @@ PROMPT_EVAL = [
         after = before.replace(rule, "   itself or on a later task. Before you answer, check "
                                "every `depends_on` entry: each\\n   index must be smaller than "
                                "its own index.\\n")
-        assert after != before
         template.write_text(after, encoding="utf-8")
         print("".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
                                            "shipped/decompose.md", "edited/decompose.md")))
@@ -841,8 +809,6 @@ PROMPT_EVAL = [
         repairs.set_xticks(range(len(summaries)), list(summaries))
         repairs.set_title("mean repairs per goal")
         show(fig)
-        rate = {name: s["first_try_valid_rate"] for name, s in summaries.items()}
-        assert rate["edited"] >= rate["shipped"]
         """),
     md("""
         ## 4. The goals whose plans changed
@@ -860,7 +826,6 @@ PROMPT_EVAL = [
                   f"{'changed' if row['plan_changed'] else 'same':<8} "
                   f"{row['repairs']['shipped']} -> {row['repairs']['edited']}   "
                   f"{fmt(f1['shipped'])} -> {fmt(f1['edited'])}")
-        assert changed
         """),
     code("""
         first = next(r for r in changed if r["plan_changed"])
@@ -917,33 +882,103 @@ def build(cells: list[tuple[str, str]], stem: str) -> nbformat.NotebookNode:
     return notebook
 
 
-def render(name: str) -> str:
-    """The file text of notebook ``name``."""
+def execute(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Run ``notebook`` top to bottom, offline, from a folder outside the repository."""
+    from nbclient import NotebookClient
+
+    with tempfile.TemporaryDirectory(prefix="planrun-notebook-") as folder:
+        NotebookClient(notebook, timeout=600, kernel_name="python3", record_timing=False,
+                       resources={"metadata": {"path": folder}}).execute()
+    notebook.metadata.pop("widgets", None)
+    return notebook
+
+
+# What changes from one run to the next (run ids, durations, scratch folders, addresses),
+# after the checkout's own path is masked.
+_VOLATILE = [
+    (re.compile(r"\b[0-9a-f]{12}\b"), "<id>"),
+    (re.compile(r"\d+\.\d+ ?(s|ms|us)\b"), "<time>"),
+    (re.compile(r"/tmp/[^\s'\"]+"), "<tmp>"),
+    (re.compile(r"0x[0-9a-f]+"), "<addr>"),
+]
+
+
+VARIES = "vary from run to run"
+"""A code cell whose source says this prints timings: its text is not compared."""
+
+
+def outputs(notebook: nbformat.NotebookNode) -> list[list[str]]:
+    """Each code cell's outputs as text, with what varies between runs masked.
+
+    A figure counts by its kind (``image/png``), not its bytes."""
+    cells = []
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        shown = []
+        varies = VARIES in cell.source
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                text = out.get("text", "")
+            elif out.get("output_type") == "error":
+                text = f"error: {out.get('ename')}: {out.get('evalue')}"
+            else:
+                data = out.get("data", {})
+                text = "image/png" if "image/png" in data else str(data.get("text/plain", ""))
+            if varies and out.get("output_type") == "stream":
+                text = "<varies>"
+            text = text.replace(str(REPO), "<repo>")
+            for pattern, mask in _VOLATILE:
+                text = pattern.sub(mask, text)
+            shown.append(text)
+        cells.append(shown)
+    return cells
+
+
+def sources(notebook: nbformat.NotebookNode) -> list[tuple[str, str, str]]:
+    """(id, type, source) of every cell: what --check compares."""
+    return [(c.get("id", ""), c.cell_type, c.source) for c in notebook.cells]
+
+
+def problems(name: str) -> list[str]:
+    """Why the stored notebook ``name`` is not what its source here makes (empty: it is)."""
+    target = NOTEBOOKS / name
+    if not target.is_file():
+        return [f"{name}: missing"]
+    stored = nbformat.read(target, as_version=4)
     stem = name.removesuffix(".ipynb").replace("_", "-")
-    return nbformat.writes(build(BOOKS[name], stem)) + "\n"
+    found = []
+    if sources(stored) != sources(build(BOOKS[name], stem)):
+        found.append(f"{name}: its cells differ from their source in tools/make_notebooks.py")
+    unrun = [c.get("id") for c in stored.cells if c.cell_type == "code"
+             and c.get("execution_count") is None]
+    if unrun:
+        found.append(f"{name}: stored without the outputs of {', '.join(unrun)}")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME.ipynb",
+                        help="the notebooks to write (default: all)")
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 when a notebook differs from its source here")
+                        help="write nothing; exit 1 when a notebook differs from its source "
+                        "here or was stored without its outputs")
     args = parser.parse_args(argv)
-    stale = []
-    for name in BOOKS:
+    names = args.names or list(BOOKS)
+    if args.check:
+        found = [p for name in names for p in problems(name)]
+        for line in found:
+            print(line, file=sys.stderr)
+        if found:
+            print("run python tools/make_notebooks.py to write and run them", file=sys.stderr)
+        return 1 if found else 0
+    for name in names:
+        stem = name.removesuffix(".ipynb").replace("_", "-")
+        notebook = execute(build(BOOKS[name], stem))
         target = NOTEBOOKS / name
-        text = render(name)
-        current = target.read_text(encoding="utf-8") if target.is_file() else None
-        if current == text:
-            continue
-        if args.check:
-            stale.append(name)
-        else:
-            target.write_text(text, encoding="utf-8")
-            print(f"wrote {target.relative_to(REPO)}")
-    if stale:
-        print(f"out of date (run python tools/make_notebooks.py): {', '.join(stale)}",
-              file=sys.stderr)
-        return 1
+        target.write_text(nbformat.writes(notebook) + "\n", encoding="utf-8")
+        print(f"wrote {target.relative_to(REPO)} (run, with its outputs)")
     return 0
 
 

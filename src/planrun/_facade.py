@@ -605,10 +605,12 @@ def plan_and_run(
         model: the :class:`~planrun.Model`; from the environment when omitted and needed.
         store: a store, or its URL (``sqlite:///runs.db``, ``postgresql://...``): the run is
             durable and :func:`resume_run` carries it on after a crash.
-        strategy, budget, prices, min_tasks, max_tasks, repair_attempts, prompts, progress,
-            run_id, clock, meta: as named; the keywords of :class:`SupervisorOptions`
-            (``max_attempts``, ``retry``, ``on_dead``, ``deadline_s``, ...) go to the
-            :class:`Supervisor`. Any other keyword is a ``TypeError``.
+        options: ``strategy``, ``budget``, ``prices``, ``usage``, ``min_tasks``,
+            ``max_tasks``, ``repair_attempts``, ``prompts``, ``progress``, ``run_id``,
+            ``clock``, ``meta`` as named (:class:`RunOptions`); the keywords of
+            :class:`SupervisorOptions` (``max_attempts``, ``retry``, ``on_dead``,
+            ``deadline_s``, ...) go to the :class:`Supervisor`. Any other keyword is a
+            ``TypeError``.
 
     Raises:
         InvalidPlan: the plan did not validate (after repairs, for a goal).

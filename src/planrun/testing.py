@@ -1,7 +1,17 @@
-"""Testing helpers for code that uses planrun: fake models, in-memory stores, replays.
+"""Testing helpers for code that uses planrun: replays, fake models, in-memory stores.
 
-The public face of :mod:`planrun.dev.testing`; see there for each helper.
+:func:`replay` answers every model call from a cassette: a file, or the name of one that
+planrun ships (:func:`shipped_names` lists them), so every documented model example runs
+offline::
+
+    with replay("brief") as cassette:
+        report = plan_and_run(brief.GOAL, brief.make_app(), model=cassette.model())
+
+:class:`FakeOpenAI` and :class:`InMemoryStore` are the doubles of :mod:`planrun.dev.testing`.
 """
 
+from planrun.dev.fixtures import Cassette, replay, shipped_cassette, shipped_names
 from planrun.dev.testing import *  # noqa: F403
-from planrun.dev.testing import __all__ as __all__
+from planrun.dev.testing import __all__ as _doubles
+
+__all__ = ["Cassette", "replay", "shipped_cassette", "shipped_names", *_doubles]

@@ -175,9 +175,12 @@ def test_a_bad_option_in_a_real_process() -> None:
     ]
 
 
-def readme_compare_runs() -> list[tuple[list[str], str]]:
-    """Each ``$ planrun compare ...`` in the README's code blocks, with the output shown."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+ARTICLES = Path(__file__).resolve().parents[2] / "docs" / "guides" / "articles.md"
+
+
+def docs_runs(verb: str) -> list[tuple[list[str], str]]:
+    """Each ``$ planrun VERB ...`` in the articles guide's code blocks, with the output shown."""
+    readme = ARTICLES.read_text(encoding="utf-8")
     runs: list[tuple[list[str], list[str]]] = []
     fenced = False
     current: list[str] | None = None
@@ -186,7 +189,7 @@ def readme_compare_runs() -> list[tuple[list[str], str]]:
             fenced = not fenced
             current = None
         elif fenced and line.startswith("$ "):
-            current = [] if line.startswith("$ planrun compare") else None
+            current = [] if line.startswith(f"$ planrun {verb}") else None
             if current is not None:
                 runs.append((shlex.split(line)[3:], current))
         elif fenced and current is not None:
@@ -194,10 +197,18 @@ def readme_compare_runs() -> list[tuple[list[str], str]]:
     return [(argv, "\n".join(lines).rstrip("\n") + "\n") for argv, lines in runs]
 
 
-def test_the_readme_shows_the_real_output(capsys: pytest.CaptureFixture[str]) -> None:
-    runs = readme_compare_runs()
+def test_the_docs_show_the_real_output(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = docs_runs("compare")
     assert [argv for argv, _ in runs][:2] == [[], ["--agent-rules", "deploy-2=claims,retry"]]
     assert ["--sweep"] in [argv for argv, _ in runs]
     for argv, expected in runs:
         code, out, _ = run_cli(capsys, "compare", *argv)
+        assert code == 0 and out == expected, argv
+
+
+def test_the_docs_show_the_real_simulate_output(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = docs_runs("simulate")
+    assert len(runs) == 2
+    for argv, expected in runs:
+        code, out, _ = run_cli(capsys, "simulate", *argv)
         assert code == 0 and out == expected, argv

@@ -37,9 +37,12 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--app", metavar="module:attr",
                         help="the kinds for goal lines that name no registry")
     parser.add_argument("--model", help="model name (default PLANRUN_MODEL or gpt-4o-mini)")
-    parser.add_argument("--min-tasks", type=int, default=1, metavar="N")
-    parser.add_argument("--max-tasks", type=int, default=8, metavar="N")
-    parser.add_argument("--repair-attempts", type=int, default=2, metavar="N")
+    parser.add_argument("--min-tasks", type=int, default=1, metavar="N",
+                        help="fewest tasks the decomposer accepts in a plan")
+    parser.add_argument("--max-tasks", type=int, default=8, metavar="N",
+                        help="most tasks the decomposer accepts in a plan")
+    parser.add_argument("--repair-attempts", type=int, default=2, metavar="N",
+                        help="repairs of an invalid plan asked of the model per goal")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
                         help="list the goals whose outcome or plan changed from A to B")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

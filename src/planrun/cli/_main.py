@@ -221,8 +221,10 @@ def _add_validate(subparsers: _Subparsers) -> None:
         action="store_true",
         help='print {"valid": bool, "problems": [{"code", "task", "message"}]}',
     )
-    parser.add_argument("--min-tasks", type=_non_negative_int, default=1, metavar="N")
-    parser.add_argument("--max-tasks", type=_positive_int, default=50, metavar="N")
+    parser.add_argument("--min-tasks", type=_non_negative_int, default=1, metavar="N",
+                        help="fewest tasks a valid plan has")
+    parser.add_argument("--max-tasks", type=_positive_int, default=50, metavar="N",
+                        help="most tasks a valid plan has")
     parser.set_defaults(func=_cmd_validate)
 
 
@@ -284,13 +286,16 @@ def _add_simulate(subparsers: _Subparsers) -> None:
         "built-in 'article' and 'capability'.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--scenario", metavar="FILE|NAME")
-    source.add_argument("--durations", type=_float_list, metavar="10,2,2,...")
+    source.add_argument("--scenario", metavar="FILE|NAME",
+                        help="a scenario file, or a built-in name (article, capability, fanout)")
+    source.add_argument("--durations", type=_float_list, metavar="10,2,2,...",
+                        help="task durations in seconds, one task each, on --workers equal workers")
     parser.add_argument("--workers", type=_positive_int, default=3, metavar="N",
                         help="equal workers for --durations (default 3)")
     parser.add_argument("--strategy", choices=[*STRATEGIES, "all"],
                         help="override the scenario's strategy; 'all' compares the four")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random choices a scenario makes")
     parser.add_argument("--deadline", type=_seconds, metavar="S",
                         help="the window the run must fit in: say whether it does")
     parser.add_argument("--json", action="store_true",
@@ -422,8 +427,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="the App (or Registry) to use, e.g. planrun.examples.brief:app")
     parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
     _timeout_flag(parser)
-    parser.add_argument("--min-tasks", type=_positive_int, default=3, metavar="N")
-    parser.add_argument("--max-tasks", type=_positive_int, default=8, metavar="N")
+    parser.add_argument("--min-tasks", type=_positive_int, default=3, metavar="N",
+                        help="fewest tasks the decomposer accepts in a plan")
+    parser.add_argument("--max-tasks", type=_positive_int, default=8, metavar="N",
+                        help="most tasks the decomposer accepts in a plan")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     _cassette_flags(parser)
 
@@ -517,7 +524,7 @@ def _add_plan(subparsers: _Subparsers) -> None:
         description="Ask the model for a plan over the app's kinds, validate it (repairing "
         "it when invalid) and print it.",
     )
-    parser.add_argument("goal")
+    parser.add_argument("goal", help="the goal, in prose")
     _add_model_args(parser)
     parser.set_defaults(func=_cmd_plan)
 
@@ -557,7 +564,9 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--strategy", choices=STRATEGIES,
                         help="routing (default balanced; local workers only)")
     parser.add_argument("--on-dead", choices=["cancel_dependents", "abort_run", "replan"],
-                        default="cancel_dependents")
+                        default="cancel_dependents",
+                        help="what a dead task does to the run: cancel what depends on it, "
+                        "abort the run, or ask the model to re-plan it")
     parser.add_argument("--budget-tokens", type=_positive_int, metavar="N",
                         help="tokens the whole run may use, in every process")
     parser.add_argument("--budget-usd", type=_positive_float, metavar="X",
@@ -832,15 +841,15 @@ def _add_resume(subparsers: _Subparsers) -> None:
         description="Load the run's unfinished tasks and carry on: completed tasks keep their "
         "results, tasks in flight under the dead supervisor are reclaimed.",
     )
-    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run's id (planrun runs lists them)")
     _db_flag(parser)
     parser.add_argument("--app", metavar="module:attr",
                         help="the App; default the one the run was started with")
     parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
     _timeout_flag(parser)
     _concurrency_flag(parser)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--quiet", action="store_true", help="no live progress")
     parser.add_argument(
         "--no-wait", dest="wait", action="store_false",
         help="when another live process owns the run, fail at once instead of waiting for "
@@ -1075,7 +1084,7 @@ def _stored_run(url: str, run_id: str) -> tuple[Any, dict[str, int]]:
 def _add_runs(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser("runs", help="list stored runs with status counts")
     _db_flag(parser)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=_cmd_runs)
 
 
@@ -1110,12 +1119,12 @@ def _add_status(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "status", help="tasks by status, per-worker active count, oldest unfinished task age",
     )
-    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run's id (planrun runs lists them)")
     _db_flag(parser)
     parser.add_argument("--watch", action="store_true", help="refresh until the run ends")
     parser.add_argument("--interval", type=_interval, default=2.0, metavar="S",
                         help="seconds between refreshes with --watch (0.1 to 3600; default 2)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=_cmd_status)
 
 
@@ -1152,19 +1161,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _add_approve(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "approve", help="approve a task waiting for approval (the run's process carries it out)")
-    parser.add_argument("run_id", metavar="RUN_ID")
-    parser.add_argument("task_id", metavar="TASK_ID")
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run's id (planrun runs lists them)")
+    parser.add_argument("task_id", metavar="TASK_ID", help="the waiting task's id")
     _db_flag(parser)
     parser.add_argument("--note", default=None, help="recorded with the approval")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=_cmd_decide, approve=True)
     parser = subparsers.add_parser(
         "reject", help="reject a task waiting for approval: it is dead, cause 'rejected'")
-    parser.add_argument("run_id", metavar="RUN_ID")
-    parser.add_argument("task_id", metavar="TASK_ID")
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run's id (planrun runs lists them)")
+    parser.add_argument("task_id", metavar="TASK_ID", help="the waiting task's id")
     _db_flag(parser)
     parser.add_argument("--reason", required=True, help="why (recorded as the task's error)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=_cmd_decide, approve=False)
 
 
@@ -1196,11 +1205,14 @@ def _add_worker(subparsers: _Subparsers) -> None:
         "(or claim ready ones in peer mode), renew leases, write results fenced by token.",
     )
     _db_flag(parser)
-    parser.add_argument("--app", required=True, metavar="module:attr")
+    parser.add_argument("--app", required=True, metavar="module:attr",
+                        help="the App whose kinds this worker does")
     parser.add_argument("--kinds", type=_kind_list, metavar="a,b", help="default: all")
-    parser.add_argument("--concurrency", type=_positive_int, default=4, metavar="N")
+    parser.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
+                        help="attempts this worker runs at once")
     parser.add_argument("--name", help="unique worker name (default host-pid)")
-    parser.add_argument("--mode", choices=["push", "peer"], default="push")
+    parser.add_argument("--mode", choices=["push", "peer"], default="push",
+                        help="push: take what the coordinator assigns; peer: claim ready tasks")
     parser.add_argument("--lease", type=_seconds, default=30.0, metavar="S",
                         help="seconds a taken task is held between heartbeats (default 30)")
     parser.add_argument("--idle-exit", type=_seconds, metavar="S",

@@ -189,7 +189,8 @@ class FakeOpenAI:
         answers: schema name -> answerer (or a fixed value). Unnamed requests get an instance
             synthesised from their response schema (or ``"ok"`` without one).
         script: replies to serve first, in order, before any answerer (errors, refusals).
-        model: the model name reported back (dated, as the API does).
+        model_suffix: appended to the requested model's name in replies (dated, as the API
+            does).
     """
 
     def __init__(

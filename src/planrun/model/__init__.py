@@ -67,7 +67,7 @@ from planrun.model._errors import (
 )
 from planrun.model._limiter import ProviderLimits, RateLimiter
 from planrun.model._limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
-from planrun.model._prompts import PromptLibrary, RenderedPrompt
+from planrun.model._prompts import PromptLibrary, RenderedPrompt, default_prompt_dir, describe_kinds
 from planrun.model._schema import (
     VALIDATION_KEYWORDS,
     StrictSchema,
@@ -110,6 +110,8 @@ __all__ = [
     "Usage",
     "adecompose",
     "decompose",
+    "default_prompt_dir",
+    "describe_kinds",
     "limit_key",
     "output_bound",
     "plan_bound",

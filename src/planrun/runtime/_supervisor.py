@@ -147,7 +147,8 @@ class Supervisor:
         store: an opened :class:`~planrun.stores.Store`; every transition and its event are
             written to it (in batches, each batch one transaction) so a run survives a
             crash and :meth:`resume` carries it on.
-        goal, meta: recorded with the run in the store.
+        goal: recorded with the run in the store.
+        meta: recorded with the run in the store.
         store_patience: seconds a failing store is retried (a database restart) before the
             run stops with :class:`StoreError`; no new attempt starts meanwhile.
         effect_retry: how a failing effect is tried again (default 6 tries, 1 s doubling
