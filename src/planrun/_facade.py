@@ -427,11 +427,7 @@ async def aplan_and_run(
     from planrun.model import adecompose
 
     app = app if isinstance(app, App) else App(app)
-    plan: Plan | None = None
-    if isinstance(goal_or_plan, Plan):
-        plan = goal_or_plan
-    elif not isinstance(goal_or_plan, str):  # a ready plan: nothing happens unless it is valid
-        plan = Plan.parse(goal_or_plan, app.registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
+    plan = _ready_plan(goal_or_plan, app.registry)
     if model is None and (plan is None or app.needs_model()):
         model = _default_model()  # a missing key fails here, before any task starts
     clock = clock or RealClock()
@@ -439,44 +435,42 @@ async def aplan_and_run(
     goal = goal_or_plan if isinstance(goal_or_plan, str) else plan.goal if plan else ""
     with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
         async with _opened(store) as opened:
-            meter = usage
-            if meter is None:
-                # With a store, the budget and what was spent live with the run there, so a
-                # resume continues from it.
-                meter = UsageMeter(prices, budget,
-                                   shared=await _shared_budget(opened, run_id, budget))
+            # With a store, the budget and what was spent live with the run there, so a
+            # resume continues from it.
+            meter = usage if usage is not None else UsageMeter(
+                prices, budget, shared=await _shared_budget(opened, run_id, budget))
             if plan is None:
                 assert model is not None and isinstance(goal_or_plan, str)
-                plan = await adecompose(
-                    goal_or_plan, app.registry, model, min_tasks=min_tasks,
-                    max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts,
-                    meter=meter,
-                )
+                plan = await adecompose(goal_or_plan, app.registry, model, min_tasks=min_tasks,
+                                        max_tasks=max_tasks, repair_attempts=repair_attempts,
+                                        prompts=prompts, meter=meter)
             _with_replanner(supervisor_options, plan.goal, app.registry, model, meter,
-                            repair_attempts=repair_attempts, prompts=prompts,
-                            max_tasks=max_tasks)
+                            repair_attempts=repair_attempts, prompts=prompts, max_tasks=max_tasks)
             sup = Supervisor(
-                app.registry,
-                app.worker_specs(),
-                strategy=strategy,
-                clock=clock,
-                run_id=run_id,
-                effects=app.effects, approvals=app.approvals,
+                app.registry, app.worker_specs(), strategy=strategy, clock=clock,
+                run_id=run_id, effects=app.effects, approvals=app.approvals,
                 on_event=traced.on_event if traced else progress,
-                extras={"model": model, "usage": meter},
-                store=opened,
-                goal=plan.goal,
+                extras={"model": model, "usage": meter}, store=opened, goal=plan.goal,
                 # The plan document is for a resume, which reads it from the store.
                 meta={**({"plan": plan.to_document()} if opened is not None else {}),
                       **(traced.meta if traced else {}), **(meta or {})},
-                **supervisor_options,
-            )
+                **supervisor_options)
             sup.add_tasks(plan.to_tasks())
             async with _owning(opened, sup.run_id, sup.clock, new_run=True):
                 result = await (traced.run(sup.arun()) if traced else sup.arun())
         if traced:
             traced.set_result(result)
     return _report(plan, result, meter)
+
+
+def _ready_plan(goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
+                registry: Registry) -> Plan | None:
+    """The plan given (validated: nothing runs unless it is), or None for a goal."""
+    if isinstance(goal_or_plan, Plan):
+        return goal_or_plan
+    if isinstance(goal_or_plan, str):
+        return None
+    return Plan.parse(goal_or_plan, registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
 
 
 async def _shared_budget(

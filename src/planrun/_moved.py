@@ -85,7 +85,24 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _Alias(new))
 
 
+class _Package(ModuleType):
+    """The ``planrun`` package, whose public names an old module path cannot shadow.
+
+    Importing a submodule sets it as an attribute of its package: ``import planrun.decompose``
+    (an old path) would replace the function ``planrun.decompose`` with the module."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        current = self.__dict__.get(name)
+        if (isinstance(value, ModuleType) and f"{self.__name__}.{name}" in MOVED
+                and current is not None and not isinstance(current, ModuleType)):
+            return
+        super().__setattr__(name, value)
+
+
 def install() -> None:
-    """Put the finder on :data:`sys.meta_path` (once)."""
+    """Put the finder on :data:`sys.meta_path` (once); keep the package's public names."""
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.append(_Finder())
+    package = sys.modules.get("planrun")
+    if package is not None and type(package) is ModuleType:
+        package.__class__ = _Package

@@ -121,3 +121,36 @@ def test_a_name_that_never_existed_is_still_an_import_error() -> None:
 
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("planrun.no_such_module")
+
+
+def test_an_old_module_path_does_not_shadow_a_public_name() -> None:
+    """``import planrun.decompose`` (the old module) leaves ``planrun.decompose`` the
+    function: importing a submodule would otherwise set it on the package."""
+    import importlib
+    import warnings
+
+    import planrun
+
+    function = planrun.decompose
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = importlib.import_module("planrun.decompose")
+    assert planrun.decompose is function and callable(planrun.decompose)
+    assert module.decompose is function
+
+
+MAX_CLASS_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def test_every_class_and_function_reads_in_one_sitting() -> None:
+    """No class over 400 lines and no function over 60 anywhere in the package."""
+    too_long = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            size = (node.end_lineno or node.lineno) - node.lineno + 1 \
+                if isinstance(node, ast.stmt) else 0
+            if (isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES) \
+                    or (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
+                    and size > MAX_FUNCTION_LINES):
+                too_long.append(f"{_module(path)}.{node.name}: {size} lines")
+    assert too_long == []

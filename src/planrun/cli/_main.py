@@ -897,35 +897,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         raise _CliError(f"run {args.run_id} does not name its app; pass --app module:attr")
     app = _with_concurrency(load_app(ref), args)
     if meta.get("coordinated"):  # started with --workers external: coordinate it again
-        from planrun.model import RunLimits
-        from planrun.runtime import Coordinator
-
-        on_dead = meta.get("on_dead", "cancel_dependents")
-        model = (_limited(_model(args), RunLimits.from_meta(meta))
-                 if on_dead == "replan" and app.needs_model() else None)
-        replanner = _replanner(on_dead, run.goal, app, model)
-
-        async def again(store: Any) -> Any:
-            from planrun.runtime import hold_run
-
-            if replanner is not None:
-                await replanner.bind(store, args.run_id,
-                                     budgeted=RunLimits.from_meta(meta).budgeted)
-            # The policies the run was started with.
-            coordinator = Coordinator(app.registry, store, run_id=args.run_id,
-                                      mode=meta.get("mode", "push"),
-                                      on_dead=on_dead, replanner=replanner,
-                                      stale_after=float(meta.get("stale_after", 30.0)),
-                                      retry_budget=meta.get("retry_budget"),
-                                      effects=app.effects, approvals=app.approvals)
-            async with hold_run(store, args.run_id, wait=args.wait,
-                                on_wait=_owner_countdown(args.quiet)):
-                return await coordinator.aresume()
-
-        result = _with_store(args.db, again)
-        done = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
-        print(f"run {result.run_id}: {done}")
-        return EXIT_OK if result.ok else 1
+        return _coordinate_again(args, run, app, meta)
     from planrun.model import RunLimits
 
     limits = RunLimits.from_meta(meta)  # the limits the run was started with
@@ -941,6 +913,40 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     if app.needs_model():
         options["model"] = _limited(_model(args), limits)
     return _execute(None, app, options, args)
+
+
+def _coordinate_again(args: argparse.Namespace, run: Any, app: Any,
+                      meta: dict[str, Any]) -> int:
+    """Resume a run started with ``--workers external``: coordinate it again."""
+    from planrun.model import RunLimits
+    from planrun.runtime import Coordinator
+
+    on_dead = meta.get("on_dead", "cancel_dependents")
+    model = (_limited(_model(args), RunLimits.from_meta(meta))
+             if on_dead == "replan" and app.needs_model() else None)
+    replanner = _replanner(on_dead, run.goal, app, model)
+
+    async def again(store: Any) -> Any:
+        from planrun.runtime import hold_run
+
+        if replanner is not None:
+            await replanner.bind(store, args.run_id,
+                                 budgeted=RunLimits.from_meta(meta).budgeted)
+        # The policies the run was started with.
+        coordinator = Coordinator(app.registry, store, run_id=args.run_id,
+                                  mode=meta.get("mode", "push"),
+                                  on_dead=on_dead, replanner=replanner,
+                                  stale_after=float(meta.get("stale_after", 30.0)),
+                                  retry_budget=meta.get("retry_budget"),
+                                  effects=app.effects, approvals=app.approvals)
+        async with hold_run(store, args.run_id, wait=args.wait,
+                            on_wait=_owner_countdown(args.quiet)):
+            return await coordinator.aresume()
+
+    result = _with_store(args.db, again)
+    done = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
+    print(f"run {result.run_id}: {done}")
+    return EXIT_OK if result.ok else 1
 
 
 def _resume_runner(run_id: str) -> Any:

@@ -34,8 +34,8 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from itertools import chain
+from typing import Any, Final, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
@@ -115,6 +115,7 @@ _GRAPH_CODES: Final = frozenset(
 """Problems after which the plan's graph cannot be trusted to judge its contracts."""
 
 _TASK_FIELDS: Final[tuple[str, ...]] = ("kind", "payload", "depends_on", "id")
+_TASK_FIELD_SET: Final = frozenset(_TASK_FIELDS)
 _SHAPE_HINT: Final = (
     '{"goal": "...", "tasks": [{"kind": "...", "payload": {...}, "depends_on": [...]}]}'
 )
@@ -157,17 +158,6 @@ class Plan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
-
-    if not TYPE_CHECKING:  # (an attribute mypy does not know stays an error)
-
-        def __getattr__(self, name: str) -> Any:
-            # A plan the validator read at once keeps its tasks as rows (no object per
-            # task) until ``tasks`` is first read; the records are then built once.
-            if name == "tasks":
-                rows = self.__dict__.get("_rows")
-                if rows is not None:
-                    return self.__dict__.setdefault("tasks", rows.plan_tasks())
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def parse(
@@ -261,11 +251,9 @@ class Plan:
 
     def task_ids(self, id_prefix: str = "t") -> list[str]:
         """The id each task gets: its own ``id``, else ``f"{id_prefix}{index}"`` (made unique)."""
-        rows = self._unread_rows()
-        own = [t.id for t in self.tasks] if rows is None else rows.ids
-        if own is None or own.count(None) == len(own):  # no task names itself
-            n = len(own) if own is not None else len(rows.kinds) if rows is not None else 0
-            return [f"{id_prefix}{i}" for i in range(n)]  # distinct: no clash to resolve
+        own = [t.id for t in self.tasks]
+        if own.count(None) == len(own):  # no task names itself
+            return [f"{id_prefix}{i}" for i in range(len(own))]  # distinct: no clash
         taken = {t for t in own if t is not None}
         ids: list[str] = []
         for i, task_id in enumerate(own):
@@ -299,9 +287,6 @@ class Plan:
         if bad:
             raise UsageError(f"to_tasks: cannot set {bad}; settable fields: {sorted(settable)}")
         ids = self.task_ids(id_prefix)
-        rows = self._unread_rows()
-        if rows is not None:
-            return rows.to_tasks(ids, defaults)
         if defaults:
             return [
                 Task(id=ids[i], kind=task.kind, payload=_copied(task.payload),
@@ -314,19 +299,6 @@ class Plan:
             for i, task in enumerate(self.tasks)
         ]
 
-    def _unread_rows(self) -> _PlanRows | None:
-        """The rows of a plan read at once whose ``tasks`` nobody has read yet, else None."""
-        state = self.__dict__
-        return None if "tasks" in state else state.get("_rows")
-
-    @classmethod
-    def _of_rows(cls, goal: str, rows: _PlanRows) -> Plan:
-        plan = _new_object(cls)
-        state = plan.__dict__
-        state["goal"] = goal
-        state["_rows"] = rows
-        return plan
-
     def to_document(self) -> dict[str, Any]:
         """The plan as the design's index-based document, ready for ``json.dumps``.
 
@@ -334,9 +306,6 @@ class Plan:
         dependencies all point backwards) so that every ``depends_on`` index is an earlier
         one; a task's ``id`` is kept when it has one.
         """
-        rows = self._unread_rows()
-        if rows is not None:
-            return {"goal": self.goal, "tasks": rows.documents()}
         order = self.topological_order()
         position = {old: new for new, old in enumerate(order)}
         tasks: list[dict[str, Any]] = []
@@ -419,20 +388,7 @@ def plan_schema(kinds: KindsLike, *, min_tasks: int = 1, max_tasks: int = 50,
     defs: dict[str, Any] = {}
     variants: list[dict[str, Any]] = []
     for spec in registry:
-        payload = _hoist_defs(copy.deepcopy(spec.payload_schema()), spec.name, defs)
-        variant: dict[str, Any] = {
-            "type": "object",
-            "properties": {
-                "kind": {"type": "string", "enum": [spec.name]},
-                "payload": payload,
-                "depends_on": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-            },
-            "required": ["kind", "payload", "depends_on"],
-            "additionalProperties": False,
-        }
-        if spec.description:
-            variant["description"] = spec.description
-        variants.append(variant)
+        variants.append(_task_variant(spec, defs))
     items: Any = {"anyOf": variants} if variants else False
     tasks: dict[str, Any] = {
         "type": "array",
@@ -464,6 +420,25 @@ def plan_schema(kinds: KindsLike, *, min_tasks: int = 1, max_tasks: int = 50,
 # --------------------------------------------------------------------------- internals
 
 
+def _task_variant(spec: KindSpec, defs: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a task of ``spec``'s kind (its payload's ``$defs`` hoisted into
+    ``defs``)."""
+    payload = _hoist_defs(copy.deepcopy(spec.payload_schema()), spec.name, defs)
+    variant: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "kind": {"type": "string", "enum": [spec.name]},
+            "payload": payload,
+            "depends_on": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        },
+        "required": ["kind", "payload", "depends_on"],
+        "additionalProperties": False,
+    }
+    if spec.description:
+        variant["description"] = spec.description
+    return variant
+
+
 @dataclass
 class _Draft:
     """What pass one learned about a task entry."""
@@ -475,74 +450,17 @@ class _Draft:
     ok: bool = True
 
 
-class _PlanRows:
-    """A valid plan's tasks as the quick read (:func:`_plain_check`) leaves them, column by
-    column, with no object per task. A column that is None holds nothing for any task:
-    ``payloads`` (a payload that is None was empty; each record gets a new ``{}``), ``deps``
-    (index tuples) and ``ids``."""
-
-    __slots__ = ("deps", "ids", "kinds", "payloads")
-
-    def __init__(self, kinds: list[str], payloads: list[dict[str, Any] | None] | None,
-                 deps: list[tuple[int, ...]] | None, ids: list[str | None] | None) -> None:
-        self.kinds = kinds
-        self.payloads = payloads
-        self.deps = deps
-        self.ids = ids
-
-    def _columns(self) -> Iterator[tuple[str, dict[str, Any] | None, tuple[int, ...]]]:
-        payloads = self.payloads if self.payloads is not None else repeat(None)
-        deps = self.deps if self.deps is not None else repeat(())
-        return zip(self.kinds, payloads, deps, strict=False)  # a column may repeat
-
-    def plan_tasks(self) -> tuple[PlanTask, ...]:
-        """The tasks as :class:`PlanTask` records (what ``Plan(...)`` would hold)."""
-        ids = self.ids if self.ids is not None else repeat(None)
-        return tuple([_plan_task(kind, {} if payload is None else payload, deps, task_id)
-                      for (kind, payload, deps), task_id
-                      in zip(self._columns(), ids, strict=False)])
-
-    def documents(self) -> list[dict[str, Any]]:
-        """What :meth:`Plan.to_document` writes for the tasks, from the rows (whose
-        dependencies all point backwards: the order given is the document's)."""
-        ids = self.ids if self.ids is not None else repeat(None)
-        documents: list[dict[str, Any]] = []
-        for (kind, payload, deps), task_id in zip(self._columns(), ids, strict=False):
-            doc: dict[str, Any] = {} if task_id is None else {"id": task_id}
-            doc["kind"] = kind
-            doc["payload"] = {} if payload is None else _copied(payload)
-            doc["depends_on"] = list(deps)
-            documents.append(doc)
-        return documents
-
-    def to_tasks(self, ids: list[str], defaults: Mapping[str, Any]) -> list[Task]:
-        """What :meth:`Plan.to_tasks` builds from the plan's tasks, built from the rows."""
-        if self.payloads is None and self.deps is None and not defaults:
-            return [Task(tid, kind, {}) for tid, kind in zip(ids, self.kinds, strict=True)]
-        deep = copy.deepcopy
-        rows = zip(ids, self._columns(), strict=True)
-        if defaults:
-            return [Task(id=tid, kind=kind, payload={} if payload is None else deep(payload),
-                         depends_on=tuple([ids[d] for d in deps]), **defaults)
-                    for tid, (kind, payload, deps) in rows]
-        return [Task(tid, kind, {} if payload is None else deep(payload),
-                     depends_on=tuple([ids[d] for d in deps]) if deps else ())
-                for tid, (kind, payload, deps) in rows]
-
-
 _new_object: Final = object.__new__
 
 
 def _plan_task(kind: str, payload: dict[str, Any], depends_on: tuple[int, ...],
                task_id: str | None) -> PlanTask:
-    """``PlanTask(kind, payload, depends_on, task_id)`` with ``depends_on`` already a tuple:
-    the fields stored in order, as the dataclass stores them, without its checks."""
+    """``PlanTask(kind, payload, depends_on, task_id)`` from fields already checked: stored
+    in order, as the frozen dataclass stores them, without its ``__setattr__`` per field."""
     task = _new_object(PlanTask)
     state = task.__dict__
-    state["kind"] = kind
-    state["payload"] = payload
-    state["depends_on"] = depends_on
-    state["id"] = task_id
+    state["kind"], state["payload"], state["depends_on"], state["id"] = (
+        kind, payload, depends_on, task_id)
     return task
 
 
@@ -753,13 +671,13 @@ def _within_bounds(doc: object, limit: int = _MAX_DEPTH) -> bool:
     while level:
         if depth > limit:
             return False
-        below = []
+        below: list[object] = []
+        keys: list[Iterable[object]] = []
         for value in level:
             kind = type(value)
             if kind is dict:
                 assert isinstance(value, dict)
-                if not all(type(key) is str for key in value):
-                    return False
+                keys.append(value)
                 children: Iterable[object] = value.values()
             elif kind is list or kind is tuple:
                 assert isinstance(value, list | tuple)
@@ -767,11 +685,14 @@ def _within_bounds(doc: object, limit: int = _MAX_DEPTH) -> bool:
             else:
                 return False
             below += [c for c in children if type(c) in _CONTAINERS]
+        if keys and not set(map(type, chain.from_iterable(keys))) <= _ONLY_STR:
+            return False
         level, depth = below, depth + 1
     return True
 
 
 _CONTAINERS: Final = (dict, list, tuple)
+_ONLY_STR: Final = frozenset((str,))
 
 
 def _strict_problems(doc: object) -> tuple[list[Problem], bool]:
@@ -887,12 +808,11 @@ def _payload_fields(model: type[BaseModel]) -> str:
 
 
 def _check(
-    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True,
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *,
     contracts: bool = True,
 ) -> tuple[list[Problem], Plan | None]:
     with _collector_paused(raw):
-        problems, plan = _check_now(raw, kinds, min_tasks, max_tasks, quick=quick,
-                                    contracts=contracts)
+        problems, plan = _check_now(raw, kinds, min_tasks, max_tasks, contracts=contracts)
     if plan is not None and contracts:
         registry = _registry(kinds)
         if registry.has_contracts:
@@ -940,113 +860,27 @@ def _collector_paused(raw: object) -> Iterator[None]:
 
 
 def _check_now(
-    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *, quick: bool = True,
+    raw: object, kinds: KindsLike, min_tasks: int, max_tasks: int, *,
     contracts: bool = True,
 ) -> tuple[list[Problem], Plan | None]:
-    """Validate ``raw``'s shape; ``quick=False`` skips :func:`_plain_check` (tests compare
-    both). A plan it returns is then held to the kinds' contracts by :func:`_check`; one
-    with other problems is too, here, when its graph is sound, so that every problem is
-    reported at once."""
+    """Validate ``raw``'s shape. A plan it returns is then held to the kinds' contracts by
+    :func:`_check`; one with other problems is too, here, when its graph is sound, so that
+    every problem is reported at once."""
     _check_bounds(min_tasks, max_tasks)
     registry = _registry(kinds)
-    problems: list[Problem] = []
-
-    doc: object = raw
+    doc = _decoded(raw)
+    if isinstance(doc, Problem):
+        return [doc], None
     parsed_here = isinstance(raw, str | bytes | bytearray)  # nobody else holds its payloads
-    if isinstance(raw, bytes | bytearray):
-        try:
-            doc = bytes(raw).decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            message = (
-                f"the input is not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                f"send the plan as JSON: {_SHAPE_HINT}"
-            )
-            return [Problem(NOT_JSON, None, message)], None
-    if isinstance(doc, str):
-        doc, why = _decode_text(doc)
-        if doc is _TOO_DEEP:
-            message = (f"the JSON is nested more than {_MAX_DEPTH} levels deep; a plan needs "
-                       f"far fewer: {_SHAPE_HINT}")
-            return [Problem(SCHEMA, None, message)], None
-        if doc is None:
-            message = f"{why}; reply with the plan as JSON: {_SHAPE_HINT}"
-            return [Problem(NOT_JSON, None, message)], None
-
-    if quick:
-        read = _plain_check(doc, registry, min_tasks, max_tasks, copy_payload=not parsed_here)
-        # A plan with problems is read again carefully when the kinds declare contracts, so
-        # the contracts it breaks are listed with its other problems.
-        if read is not None and (read[1] is not None or not contracts
-                                 or not registry.has_contracts):
-            return read
 
     strict, too_deep = _strict_problems(doc)
     if too_deep:
         return strict, None
-    problems.extend(strict)
-
-    goal = ""
-    entries: Sequence[object] | None = None
-    if isinstance(doc, Mapping):
-        if "tasks" not in doc:
-            hint = (
-                " (this looks like a single task; put it in a list: "
-                '{"goal": "...", "tasks": [ <the task> ]})'
-                if "kind" in doc
-                else ""
-            )
-            problems.append(
-                Problem(SCHEMA, None, f"the plan has no 'tasks' list{hint}; expected {_SHAPE_HINT}")
-            )
-        elif not isinstance(doc["tasks"], list | tuple):
-            problems.append(
-                Problem(
-                    SCHEMA,
-                    None,
-                    f"'tasks' must be a list of task objects, got {_describe(doc['tasks'])}",
-                )
-            )
-        else:
-            entries = doc["tasks"]
-        if "goal" in doc:
-            if isinstance(doc["goal"], str):
-                goal = doc["goal"]
-            else:
-                problems.append(
-                    Problem(SCHEMA, None, f"'goal' must be a string, got {_describe(doc['goal'])}")
-                )
-    elif isinstance(doc, list | tuple):
-        entries = doc
-    else:
-        problems.append(
-            Problem(
-                SCHEMA,
-                None,
-                f"expected a plan object {_SHAPE_HINT} or a list of tasks, got {_describe(doc)}",
-            )
-        )
+    problems: list[Problem] = list(strict)
+    goal, entries = _goal_and_entries(doc, problems)
     if entries is None:
         return problems, None
-
-    n = len(entries)
-    if n < min_tasks:
-        problems.append(
-            Problem(
-                TOO_FEW_TASKS,
-                None,
-                f"the plan has {n} task{'s' if n != 1 else ''}; it needs at least {min_tasks} "
-                "— add the steps that reach the goal",
-            )
-        )
-    if n > max_tasks:
-        problems.append(
-            Problem(
-                TOO_MANY_TASKS,
-                None,
-                f"the plan has {n} tasks; at most {max_tasks} are allowed "
-                "— merge related steps into fewer tasks",
-            )
-        )
+    problems.extend(_count_problems(len(entries), min_tasks, max_tasks))
 
     refused = {p.task for p in strict if p.code == INVALID_PAYLOAD}
     specs = {spec.name: spec for spec in registry}
@@ -1055,39 +889,10 @@ def _check_now(
                    copy_payload=not parsed_here, specs=specs)
         for i, entry in enumerate(entries)
     ]
-
-    ids: dict[str, int] = {}
-    for i, draft in enumerate(drafts):
-        if draft.id is None:
-            continue
-        if draft.id in ids:
-            problems.append(
-                Problem(
-                    SCHEMA,
-                    i,
-                    f"id {draft.id!r} is already used by task {ids[draft.id]}; "
-                    "ids must be unique — rename one",
-                )
-            )
-            draft.ok = False
-        else:
-            ids[draft.id] = i
-
-    resolved: list[list[int]] = []
-    for i, draft in enumerate(drafts):
-        resolved.append(_resolve_deps(i, draft, n, ids, problems))
-
-    cycles, groups = _find_cycles(resolved)
-    problems.extend(_cycle_problem(c, drafts) for c in cycles)
-    if groups > len(cycles):
-        problems.append(
-            Problem(
-                CYCLE,
-                None,
-                f"{groups - len(cycles)} more dependency cycles are not listed "
-                f"({groups} in all); fix the ones above and validate again",
-            )
-        )
+    ids = _unique_ids(drafts, problems)
+    resolved = [_resolve_deps(i, draft, len(entries), ids, problems)
+                for i, draft in enumerate(drafts)]
+    problems.extend(_cycle_problems(resolved, drafts))
 
     if problems:
         if contracts and registry.has_contracts and all(
@@ -1098,150 +903,107 @@ def _check_now(
         # document-level problems first, then by task index (stable: field order kept)
         problems.sort(key=lambda p: -1 if p.task is None else p.task)
         return problems, None
-    tasks = tuple(
-        PlanTask(
-            kind=draft.kind or "",
-            payload=draft.payload,
-            depends_on=tuple(resolved[i]),
-            id=draft.id,
-        )
-        for i, draft in enumerate(drafts)
-    )
+    tasks = tuple([_plan_task(draft.kind or "", draft.payload, tuple(resolved[i]), draft.id)
+                   for i, draft in enumerate(drafts)])
     return [], Plan(goal=goal, tasks=tasks)
 
 
-_TASK_FIELD_SET: Final = frozenset(_TASK_FIELDS)
-_NO_PAYLOAD: Final[dict[str, Any]] = {}
-_NO_DEPS: Final[list[Any]] = []
-_DOC_FIELD_SET: Final = frozenset(("goal", "tasks"))
-_ONLY_STR: Final = frozenset((str,))
-_ONLY_DICT: Final = frozenset((dict,))
-_ONLY_LIST: Final = frozenset((list,))
-_NO_ID: Final = object()
-
-
-def _encodes(text: str) -> bool:
-    """True when ``text`` is valid UTF-8 text (no lone surrogate)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _plain_check(
-    doc: object, registry: Registry, min_tasks: int, max_tasks: int, *, copy_payload: bool
-) -> tuple[list[Problem], Plan | None] | None:
-    """The usual plan read at once: what the careful path would return, or None when
-    anything about ``doc`` is unusual (the careful path then reads and explains it).
-
-    Taken only where the careful path would find nothing wrong but invalid payloads:
-    ``doc`` a list of task dicts (or a ``{"goal", "tasks"}`` dict holding one) of plain
-    types with plain string keys, only the task fields, known kinds, valid UTF-8 text,
-    integer dependencies on earlier tasks, unique ids, a task count within the bounds, and
-    payloads that nest within the bound and are strict JSON (the careful path's checks,
-    run over the payloads only). Each check runs over every task at once at C speed
-    (``map``, ``set``), so a plan of many small tasks costs a few passes; only
-    dependencies, ids and payloads, where there are some, are looked at task by task. The
-    payloads are then copied and checked against their kinds' models in task order, as the
-    careful path does, and its problems (only ``invalid_payload`` can be left) come back
-    in its order. The tasks of a valid plan stay in rows (:class:`_PlanRows`) until read.
-    """
-    goal = ""
-    if type(doc) is list:
-        entries: list[Any] = doc
-        payload_level = 3  # the list, a task, its payload
-    elif type(doc) is dict:
-        entries = doc.get("tasks")  # type: ignore[assignment]
-        if (type(entries) is not list or not doc.keys() <= _DOC_FIELD_SET
-                or not set(map(type, doc)) <= _ONLY_STR):
-            return None
-        if "goal" in doc:
-            goal = doc["goal"]
-            if type(goal) is not str or not _encodes(goal):
-                return None
-        payload_level = 4  # the document, its tasks, a task, its payload
-    else:
-        return None
-    n = len(entries)
-    if n < min_tasks or n > max_tasks or not set(map(type, entries)) <= _ONLY_DICT:
-        return None
-    keys = list(chain.from_iterable(entries))  # every task's keys
-    if not set(map(type, keys)) <= _ONLY_STR:  # plain str keys: no look-alike of a field
-        return None
-    fields = set(keys)
-    if not fields <= _TASK_FIELD_SET:
-        return None
-    specs = {spec.name: spec for spec in registry if _encodes(spec.name)}
-    kinds: list[Any] = [entry.get("kind") for entry in entries]
-    given: list[Any] = [entry.get("payload", _NO_PAYLOAD) for entry in entries]
-    wants: list[Any] = [entry.get("depends_on", _NO_DEPS) for entry in entries]
-    if (not set(map(type, kinds)) <= _ONLY_STR or not set(kinds).issubset(specs)
-            or not set(map(type, given)) <= _ONLY_DICT
-            or not set(map(type, wants)) <= _ONLY_LIST):
-        return None
-
-    ids: list[str | None] | None = None
-    if "id" in fields:
-        ids = []
-        seen: set[str] = set()
-        for task_id in [entry.get("id", _NO_ID) for entry in entries]:
-            if task_id is _NO_ID:
-                ids.append(None)
-                continue
-            if type(task_id) is not str or not task_id or task_id in seen \
-                    or not _encodes(task_id):
-                return None
-            seen.add(task_id)
-            ids.append(task_id)
-
-    deps: list[tuple[int, ...]] | None = None
-    if any(wants):
-        deps = []
-        for i, these in enumerate(wants):
-            if not these:
-                deps.append(())
-                continue
-            for dep in these:
-                if type(dep) is not int or not 0 <= dep < i:
-                    return None
-            deps.append((these[0],) if len(these) == 1 else tuple(dict.fromkeys(these)))
-
-    filled = list(filter(None, given))
-    if filled:
-        # The careful path's strict checks of the whole document, less what was checked
-        # above: the payloads, one level down in a list of them.
-        if not _within_bounds(filled, _MAX_DEPTH + 2 - payload_level):
-            return None
+def _decoded(raw: object) -> object:
+    """``raw`` as a document: text (or UTF-8 bytes) parsed as JSON, anything else as it
+    is; the :class:`Problem` that stops it (not UTF-8, not JSON, nested too deep)."""
+    doc: object = raw
+    if isinstance(raw, bytes | bytearray):
         try:
-            json.dumps(filled, allow_nan=False, ensure_ascii=False).encode("utf-8")
-        except (ValueError, TypeError, UnicodeEncodeError, RecursionError):
-            return None
+            doc = bytes(raw).decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            return Problem(NOT_JSON, None,
+                           f"the input is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                           f"send the plan as JSON: {_SHAPE_HINT}")
+    if isinstance(doc, str):
+        doc, why = _decode_text(doc)
+        if doc is _TOO_DEEP:
+            return Problem(SCHEMA, None,
+                           f"the JSON is nested more than {_MAX_DEPTH} levels deep; a plan "
+                           f"needs far fewer: {_SHAPE_HINT}")
+        if doc is None:
+            return Problem(NOT_JSON, None, f"{why}; reply with the plan as JSON: {_SHAPE_HINT}")
+    return doc
 
-    payloads: list[dict[str, Any] | None] | None = None
-    problems: list[Problem] = []
-    modelled = {kind for kind in set(kinds) if specs[kind].payload_model is not None}
-    if filled or modelled:
-        # As the careful path reads each task: copy its payload, then check it.
-        payloads = []
-        for i, payload in enumerate(given):
-            copied = None
-            if payload:
-                copied = copy.deepcopy(payload) if copy_payload else dict(payload)
-            kind = kinds[i]
-            if kind in modelled:
-                spec = specs[kind]
-                assert spec.payload_model is not None
-                if copied is None:
-                    copied = {}  # what is checked is what the plan holds
-                _check_payload(i, spec, spec.payload_model, copied, problems)
-            payloads.append(copied)
-    if problems:
-        return problems, None
-    return [], Plan._of_rows(goal, _PlanRows(kinds, payloads, deps, ids))
 
+def _goal_and_entries(doc: object,
+                      problems: list[Problem]) -> tuple[str, Sequence[object] | None]:
+    """The goal and the task entries of a plan document (or a bare list of tasks); the
+    entries are None when the document has no list of them (its problems listed)."""
+    if isinstance(doc, list | tuple):
+        return "", doc
+    if not isinstance(doc, Mapping):
+        problems.append(Problem(SCHEMA, None, f"expected a plan object {_SHAPE_HINT} or a "
+                                f"list of tasks, got {_describe(doc)}"))
+        return "", None
+    goal = ""
+    entries: Sequence[object] | None = None
+    if "tasks" not in doc:
+        hint = (
+            " (this looks like a single task; put it in a list: "
+            '{"goal": "...", "tasks": [ <the task> ]})'
+            if "kind" in doc
+            else ""
+        )
+        problems.append(
+            Problem(SCHEMA, None, f"the plan has no 'tasks' list{hint}; expected {_SHAPE_HINT}")
+        )
+    elif not isinstance(doc["tasks"], list | tuple):
+        problems.append(Problem(SCHEMA, None, "'tasks' must be a list of task objects, got "
+                                f"{_describe(doc['tasks'])}"))
+    else:
+        entries = doc["tasks"]
+    if "goal" in doc:
+        if isinstance(doc["goal"], str):
+            goal = doc["goal"]
+        else:
+            problems.append(
+                Problem(SCHEMA, None, f"'goal' must be a string, got {_describe(doc['goal'])}")
+            )
+    return goal, entries
+
+
+def _count_problems(n: int, min_tasks: int, max_tasks: int) -> list[Problem]:
+    """A plan of ``n`` tasks outside the bounds."""
+    if n < min_tasks:
+        return [Problem(TOO_FEW_TASKS, None,
+                        f"the plan has {n} task{'s' if n != 1 else ''}; it needs at least "
+                        f"{min_tasks} — add the steps that reach the goal")]
+    if n > max_tasks:
+        return [Problem(TOO_MANY_TASKS, None,
+                        f"the plan has {n} tasks; at most {max_tasks} are allowed "
+                        "— merge related steps into fewer tasks")]
+    return []
+
+
+def _unique_ids(drafts: list[_Draft], problems: list[Problem]) -> dict[str, int]:
+    """Task id -> index, for the tasks that name themselves; a second use is a problem."""
+    ids: dict[str, int] = {}
+    for i, draft in enumerate(drafts):
+        if draft.id is None:
+            continue
+        if draft.id in ids:
+            problems.append(Problem(SCHEMA, i, f"id {draft.id!r} is already used by task "
+                                    f"{ids[draft.id]}; ids must be unique — rename one"))
+            draft.ok = False
+        else:
+            ids[draft.id] = i
+    return ids
+
+
+def _cycle_problems(resolved: list[list[int]], drafts: list[_Draft]) -> list[Problem]:
+    """The dependency cycles (the first ones, then a count of the rest)."""
+    cycles, groups = _find_cycles(resolved)
+    found = [_cycle_problem(c, drafts) for c in cycles]
+    if groups > len(cycles):
+        found.append(Problem(CYCLE, None,
+                             f"{groups - len(cycles)} more dependency cycles are not listed "
+                             f"({groups} in all); fix the ones above and validate again"))
+    return found
 
 def _read_task(
     i: int,
@@ -1253,159 +1015,95 @@ def _read_task(
     copy_payload: bool = True,
     specs: Mapping[str, KindSpec] | None = None,
 ) -> _Draft:
-    """Pass one over task ``i``: shape, kind, payload; dependencies are kept for pass two."""
-    specs = {spec.name: spec for spec in registry} if specs is None else specs
-    quick = _read_plain_task(i, entry, specs, problems, check_payload, copy_payload)
-    if quick is not None:
-        return quick
+    """Pass one over task ``i``: shape, kind, payload; dependencies are kept for pass two.
+    A field that cannot be read as given makes the draft not ``ok``."""
     draft = _Draft()
-    if not isinstance(entry, Mapping):
-        problems.append(
-            Problem(
-                SCHEMA,
-                i,
-                "a task must be an object "
-                '{"kind": "...", "payload": {...}, "depends_on": [...]}, '
-                f"got {_describe(entry)}",
-            )
-        )
+    if type(entry) is not dict and not isinstance(entry, Mapping):
+        problems.append(Problem(SCHEMA, i, "a task must be an object "
+                                '{"kind": "...", "payload": {...}, "depends_on": [...]}, '
+                                f"got {_describe(entry)}"))
         draft.ok = False
         return draft
-
-    unknown = [k for k in entry if k not in _TASK_FIELDS]
-    if unknown:
-        hints = []
-        for key in unknown:
-            guess = _suggest(key, _TASK_FIELDS, cutoff=0.5) if isinstance(key, str) else None
-            hints.append(f"{key!r} (did you mean {guess!r}?)" if guess else repr(key))
-        problems.append(
-            Problem(
-                SCHEMA,
-                i,
-                f"unknown field(s) {', '.join(hints)}; a task has only 'kind', 'payload', "
-                "'depends_on' and an optional 'id'",
-            )
-        )
-        draft.ok = False
-
-    spec: KindSpec | None = None
-    if "kind" not in entry:
-        problems.append(
-            Problem(SCHEMA, i, f"missing 'kind' (the worker kind to run); {_known_kinds(registry)}")
-        )
-        draft.ok = False
-    elif not isinstance(entry["kind"], str):
-        problems.append(
-            Problem(
-                SCHEMA,
-                i,
-                f"'kind' must be a string naming a worker kind, got {_describe(entry['kind'])}",
-            )
-        )
-        draft.ok = False
-    else:
-        kind = entry["kind"]
-        draft.kind = kind
-        if kind in registry:
-            spec = registry[kind]
-        else:
-            guess = _suggest(kind, registry.names)
-            did_you_mean = f" did you mean {guess!r}?" if guess else ""
-            problems.append(
-                Problem(
-                    UNKNOWN_KIND,
-                    i,
-                    f"unknown kind {kind!r};{did_you_mean} {_known_kinds(registry)}",
-                )
-            )
-            draft.ok = False
-
+    before = len(problems)
+    _read_fields(i, entry, problems)
+    spec = _read_kind(i, entry, registry, draft, problems,
+                      specs if specs is not None else {s.name: s for s in registry})
+    bad = len(problems) > before  # a field, the kind: the task cannot be read as given
     if "payload" in entry:
         payload = entry["payload"]
-        if isinstance(payload, Mapping):
+        if type(payload) is dict or isinstance(payload, Mapping):
             draft.payload = copy.deepcopy(dict(payload)) if payload and copy_payload \
                 else dict(payload)
         else:
-            problems.append(
-                Problem(
-                    SCHEMA,
-                    i,
-                    f"'payload' must be an object (use {{}} for none), got {_describe(payload)}",
-                )
-            )
-            draft.ok = False
-            spec = None
+            problems.append(Problem(SCHEMA, i, "'payload' must be an object (use {} for "
+                                    f"none), got {_describe(payload)}"))
+            bad, spec = True, None
     if check_payload and spec is not None and spec.payload_model is not None:
         _check_payload(i, spec, spec.payload_model, draft.payload, problems)
-
     if "depends_on" in entry:
         deps = entry["depends_on"]
         if isinstance(deps, list | tuple):
-            draft.deps = _read_deps(i, deps, problems)
+            draft.deps = _read_deps(i, deps, problems)  # each bad entry listed in pass two
         else:
-            hint = ""
-            if isinstance(deps, int) and not isinstance(deps, bool):
-                hint = f"; write [{_int_text(deps)}]"
-            elif isinstance(deps, str) and deps.strip().isdigit():
-                hint = f"; write [{deps.strip()}]"
-            problems.append(
-                Problem(
-                    SCHEMA,
-                    i,
-                    "'depends_on' must be a list of indices of earlier tasks (use [] for none), "
-                    f"got {_describe(deps)}{hint}",
-                )
-            )
-            draft.ok = False
-
+            _bad_depends_on(i, deps, problems)
+            bad = True
     if "id" in entry:
         task_id = entry["id"]
         if isinstance(task_id, str) and task_id:
             draft.id = task_id
         else:
             problems.append(
-                Problem(SCHEMA, i, f"'id' must be a non-empty string, got {_describe(task_id)}")
-            )
-            draft.ok = False
+                Problem(SCHEMA, i, f"'id' must be a non-empty string, got {_describe(task_id)}"))
+            bad = True
+    draft.ok = not bad
     return draft
 
 
-def _read_plain_task(
-    i: int,
-    entry: object,
-    specs: Mapping[str, KindSpec],
-    problems: list[Problem],
-    check_payload: bool,
-    copy_payload: bool,
-) -> _Draft | None:
-    """The usual task (a dict of the right fields and types, a known kind) read at once;
-    None for anything else, which the careful path reads and explains."""
-    if type(entry) is not dict or not entry.keys() <= _TASK_FIELD_SET:
+def _read_fields(i: int, entry: Mapping[Any, Any], problems: list[Problem]) -> None:
+    """A task's fields it should not have, with the field each was perhaps meant to be."""
+    if entry.keys() <= _TASK_FIELD_SET:
+        return
+    unknown = [k for k in entry if k not in _TASK_FIELD_SET]
+    hints = []
+    for key in unknown:
+        guess = _suggest(key, _TASK_FIELDS, cutoff=0.5) if isinstance(key, str) else None
+        hints.append(f"{key!r} (did you mean {guess!r}?)" if guess else repr(key))
+    problems.append(Problem(SCHEMA, i, f"unknown field(s) {', '.join(hints)}; a task has only "
+                            "'kind', 'payload', 'depends_on' and an optional 'id'"))
+
+
+def _read_kind(i: int, entry: Mapping[Any, Any], registry: Registry, draft: _Draft,
+               problems: list[Problem], specs: Mapping[str, KindSpec]) -> KindSpec | None:
+    """The task's kind into ``draft``; its spec when the registry knows it."""
+    if "kind" not in entry:
+        problems.append(Problem(SCHEMA, i, "missing 'kind' (the worker kind to run); "
+                                f"{_known_kinds(registry)}"))
         return None
-    assert isinstance(entry, dict)
-    kind, payload = entry.get("kind"), entry.get("payload", _NO_PAYLOAD)
-    deps, task_id = entry.get("depends_on", _NO_DEPS), entry.get("id")
-    if type(kind) is not str or type(payload) is not dict or type(deps) is not list:
+    kind = entry["kind"]
+    if not isinstance(kind, str):
+        problems.append(Problem(SCHEMA, i, "'kind' must be a string naming a worker kind, got "
+                                f"{_describe(kind)}"))
         return None
+    draft.kind = kind
     spec = specs.get(kind)
-    if spec is None or ("id" in entry and (type(task_id) is not str or not task_id)):
-        return None
-    assert isinstance(payload, dict) and isinstance(deps, list)
-    if not deps:
-        read: list[int | str] = []
-    elif len(deps) == 1 and (type(deps[0]) is int or type(deps[0]) is str):
-        read = [deps[0]]
-    else:
-        read = _read_deps(i, deps, problems)
-    draft = _Draft(
-        kind=kind,
-        payload=copy.deepcopy(payload) if payload and copy_payload else dict(payload),
-        deps=read,
-        id=task_id,
-    )
-    if check_payload and spec.payload_model is not None:
-        _check_payload(i, spec, spec.payload_model, draft.payload, problems)
-    return draft
+    if spec is not None:
+        return spec
+    guess = _suggest(kind, registry.names)
+    did_you_mean = f" did you mean {guess!r}?" if guess else ""
+    problems.append(Problem(UNKNOWN_KIND, i, f"unknown kind {kind!r};{did_you_mean} "
+                            f"{_known_kinds(registry)}"))
+    return None
+
+
+def _bad_depends_on(i: int, deps: object, problems: list[Problem]) -> None:
+    """A task's ``depends_on`` that is not a list, with how to write it."""
+    hint = ""
+    if isinstance(deps, int) and not isinstance(deps, bool):
+        hint = f"; write [{_int_text(deps)}]"
+    elif isinstance(deps, str) and deps.strip().isdigit():
+        hint = f"; write [{deps.strip()}]"
+    problems.append(Problem(SCHEMA, i, "'depends_on' must be a list of indices of earlier "
+                            f"tasks (use [] for none), got {_describe(deps)}{hint}"))
 
 
 def _check_payload(
@@ -1462,69 +1160,54 @@ def _resolve_deps(
     edges: list[int] = []
     seen: set[int] = set()
     for dep in draft.deps:
-        if isinstance(dep, str):
-            if dep not in ids:
-                hint = ""
-                if dep.strip().lstrip("-").isdigit():
-                    hint = f"; to name task {dep.strip()} by index write {dep.strip()} unquoted"
-                known = f"known ids: {_quoted(ids)}" if ids else "no task has an id"
-                problems.append(
-                    Problem(
-                        UNKNOWN_DEPENDENCY,
-                        i,
-                        f"task {i} depends on id {dep!r}, which no task has ({known}){hint}",
-                    )
-                )
-            elif ids[dep] == i:
-                problems.append(
-                    Problem(
-                        SELF_DEPENDENCY,
-                        i,
-                        f"task {i} depends on itself (id {dep!r}); remove {dep!r} from its "
-                        "depends_on",
-                    )
-                )
-            elif ids[dep] not in seen:
-                seen.add(ids[dep])
-                edges.append(ids[dep])
+        index = _by_id(i, dep, ids, problems) if isinstance(dep, str) else dep
+        if index is None:
             continue
-        if dep == i:
-            problems.append(
-                Problem(
-                    SELF_DEPENDENCY,
-                    i,
-                    f"task {i} depends on itself; remove {i} from its depends_on",
-                )
-            )
-        elif 0 <= dep < i:
-            if dep not in seen:
-                seen.add(dep)
-                edges.append(dep)
-        elif i < dep < n:
-            if i == 0:
-                advice = "the first task can depend on no task; reorder the tasks"
-            else:
-                earlier = "0" if i == 1 else f"0..{i - 1}"
-                advice = f"depend only on earlier tasks ({earlier})"
-            problems.append(
-                Problem(
-                    FORWARD_DEPENDENCY,
-                    i,
-                    f"task {i} depends on task {_int_text(dep)}, which comes later; {advice}",
-                )
-            )
-        else:
-            where = "indices start at 0" if dep < 0 else f"the plan has {n} tasks ({_range(n)})"
-            problems.append(
-                Problem(
-                    UNKNOWN_DEPENDENCY,
-                    i,
-                    f"task {i} depends on task {_int_text(dep)}, which does not exist; "
-                    f"{where}",
-                )
-            )
+        problem = _dependency_problem(i, index, n, dep)
+        if problem is not None:
+            problems.append(problem)
+        elif index not in seen:
+            seen.add(index)
+            edges.append(index)
     return edges
 
+
+def _by_id(i: int, dep: str, ids: Mapping[str, int], problems: list[Problem]) -> int | None:
+    """The index of the task a dependency names by id; None (a problem listed) for an id
+    no task has."""
+    if dep in ids:
+        return ids[dep]
+    hint = ""
+    if dep.strip().lstrip("-").isdigit():
+        hint = f"; to name task {dep.strip()} by index write {dep.strip()} unquoted"
+    known = f"known ids: {_quoted(ids)}" if ids else "no task has an id"
+    problems.append(Problem(UNKNOWN_DEPENDENCY, i, f"task {i} depends on id {dep!r}, which "
+                            f"no task has ({known}){hint}"))
+    return None
+
+
+def _dependency_problem(i: int, dep: int, n: int, given: int | str) -> Problem | None:
+    """What is wrong with task ``i`` depending on task ``dep`` of ``n`` (None: nothing).
+    ``given`` is how the plan named it: by index, only an earlier task will do; by id, any
+    other task (a cycle is found later)."""
+    if dep == i:
+        named = f" (id {given!r}); remove {given!r}" if isinstance(given, str) else \
+            f"; remove {i}"
+        return Problem(SELF_DEPENDENCY, i, f"task {i} depends on itself{named} from its "
+                       "depends_on")
+    if isinstance(given, str) or 0 <= dep < i:
+        return None
+    if i < dep < n:
+        if i == 0:
+            advice = "the first task can depend on no task; reorder the tasks"
+        else:
+            earlier = "0" if i == 1 else f"0..{i - 1}"
+            advice = f"depend only on earlier tasks ({earlier})"
+        return Problem(FORWARD_DEPENDENCY, i, f"task {i} depends on task {_int_text(dep)}, "
+                       f"which comes later; {advice}")
+    where = "indices start at 0" if dep < 0 else f"the plan has {n} tasks ({_range(n)})"
+    return Problem(UNKNOWN_DEPENDENCY, i, f"task {i} depends on task {_int_text(dep)}, which "
+                   f"does not exist; {where}")
 
 def _strong_components(graph: Sequence[Sequence[int]]) -> list[list[int]]:
     """Tarjan's strongly connected components, iteratively (no recursion on user data)."""

@@ -33,12 +33,13 @@ variant live in :mod:`planrun`'s ``evals`` data folder (:func:`shipped`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -646,64 +647,90 @@ async def aevaluate(
         prompts: version name -> a :class:`PromptLibrary`, a folder, a ``decompose.md``
             file, a shipped variant name, or None (the shipped prompts); or ``NAME=PATH``
             strings. Default: the shipped prompts alone, as ``default``.
-        model: the model (default: from the environment; under ``replay`` the cassette's).
-            A model passed in is not closed. Its limiter and budget hold for the whole
-            evaluation.
-        replay, record: a cassette to answer from (a path or a shipped set's name), or
-            to write. A request with no recording raises :class:`~planrun.FixtureMiss`.
+        model: the model (default: from the environment; under ``replay`` the cassette's);
+            one passed in is not closed. Its limiter and budget hold for the whole run.
+        replay, record: a cassette to answer from (a path or a shipped set's name; a
+            request it has no recording for is a :class:`~planrun.FixtureMiss`), or to write.
         registry: the kinds for goal lines that name none (an app ``module:attr``).
-        min_tasks, max_tasks, repair_attempts: as for :func:`planrun.decompose`.
-        prices: the price table for the cost.
+        min_tasks, max_tasks, repair_attempts: as for :func:`planrun.decompose`; ``prices``
+            the price table for the cost.
         command: the re-record command stored in a recorded cassette.
         concurrency: how many goals (of any version) are decomposed at once.
-        out: a JSON Lines file: each outcome is appended as it is measured
-            (``{"version": ..., **outcome}``), so an interrupted evaluation keeps what it
-            measured; outcomes already in the file are read back and not measured again.
+        out: a JSON Lines file each outcome is appended to as it is measured (``{"version":
+            ..., **outcome}``); outcomes already in it are read back, not measured again.
         on_outcome: called as each outcome is measured (a progress bar).
 
-    A goal whose request is refused (a permanent error) is noted as an ``error`` outcome
-    and the set goes on; a transport failure that outlasts the retries (the server
-    unreachable) stops the evaluation and raises it, what was measured being in ``out``.
+    A refused request (a permanent error) is an ``error`` outcome and the set goes on; a
+    server unreachable past the retries stops the evaluation (what was measured is in ``out``).
     """
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise UsageError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+    _check_concurrency(concurrency)
     items = list(goals) if isinstance(goals, Sequence) and not isinstance(goals, str) else \
         load_goals(goals, registry=registry)
     versions = prompts if isinstance(prompts, Mapping) else prompt_versions(list(prompts or []))
-    options = {"min_tasks": min_tasks, "max_tasks": max_tasks,
-               "repair_attempts": repair_attempts}
+    options = {"min_tasks": min_tasks, "max_tasks": max_tasks, "repair_attempts": repair_attempts}
     measured = _read_out(out, versions, items) if out is not None else {}
     with ExitStack() as stack:
         sink = stack.enter_context(_open_out(out)) if out is not None else None
         cassette = stack.enter_context(_cassette(record, replay, command))
-        chosen = model
-        if chosen is None:
-            chosen = cassette.model() if replay else _default_model()
+        chosen = model or (cassette.model() if replay else _default_model())
         libraries = {name: _library(source, stack) for name, source in versions.items()}
-        todo = [(name, g) for name in versions for g in items if (name, g.id) not in measured]
-        total, gate = len(versions) * len(items), asyncio.Semaphore(concurrency)
-
-        async def measure(name: str, goal: Goal) -> None:
-            async with gate:
-                outcome = await _one(goal, libraries[name], _Counting(chosen), options, prices)
-            measured[name, goal.id] = outcome
-            if sink is not None:
-                sink.write(json.dumps({"version": name, **outcome.to_dict()}) + "\n")
-                sink.flush()
-            if on_outcome is not None:
-                on_outcome(name, outcome, len(measured), total)
-
-        tasks = [asyncio.ensure_future(measure(name, goal)) for name, goal in todo]
         try:
-            await asyncio.gather(*tasks)
+            await _measure(items, libraries, chosen, options, prices, concurrency=concurrency,
+                           measured=measured, sink=sink, on_outcome=on_outcome)
         finally:
-            for task in tasks:  # the first failure stops the rest
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             if model is None:
                 await chosen.aclose()
         return EvalReport({name: VersionReport(name, [measured[name, g.id] for g in items])
                            for name in versions})
+
+
+def _check_concurrency(concurrency: object) -> None:
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise UsageError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+
+
+async def _measure(items: Sequence[Goal], libraries: Mapping[str, PromptLibrary],
+                   model: Model, options: Mapping[str, int], prices: PriceTable | None, *,
+                   concurrency: int, measured: dict[tuple[str, str], GoalOutcome],
+                   sink: IO[str] | None, on_outcome: OnOutcome | None) -> None:
+    """Measure every goal of every version not in ``measured`` yet, ``concurrency`` at a
+    time, noting each outcome as it comes."""
+    todo = [(name, g) for name in libraries for g in items if (name, g.id) not in measured]
+    total = len(libraries) * len(items)
+
+    async def measure(name: str, goal: Goal) -> None:
+        outcome = await _one(goal, libraries[name], _Counting(model), options, prices)
+        measured[name, goal.id] = outcome
+        _noted(sink, name, outcome)
+        if on_outcome is not None:
+            on_outcome(name, outcome, len(measured), total)
+
+    await _at_most(concurrency, [functools.partial(measure, name, goal) for name, goal in todo])
+
+
+def _noted(sink: IO[str] | None, version: str, outcome: GoalOutcome) -> None:
+    """Append ``outcome`` to the outcomes file as it is measured (flushed at once)."""
+    if sink is not None:
+        sink.write(json.dumps({"version": version, **outcome.to_dict()}) + "\n")
+        sink.flush()
+
+
+async def _at_most(concurrency: int, work: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run each of ``work``, ``concurrency`` at a time; the first failure cancels the rest
+    and is raised."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(one: Callable[[], Awaitable[None]]) -> None:
+        async with gate:
+            await one()
+
+    tasks = [asyncio.ensure_future(gated(one)) for one in work]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _open_out(out: str | os.PathLike[str]) -> IO[str]:

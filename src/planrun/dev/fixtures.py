@@ -1097,10 +1097,21 @@ def record(
 
     with mock.patch.object(httpx2.AsyncHTTPTransport, "handle_async_request", handle):
         yield recorder
+    cassette.about = _about(recorder, base_url=base_url, model=model, made=made, note=note,
+                            scenario=scenario, command=command)
+    recorder.finish().save(target)
+    log.info("wrote %s: %d interactions", target, len(cassette.interactions))
+
+
+def _about(recorder: Recorder, *, base_url: str | None, model: str | None,
+           made: Literal["recorded", "synthesized"], note: str | None, scenario: str | None,
+           command: str | None) -> dict[str, Any]:
+    """A recorded cassette's ``about``: how, from what and when it was made."""
+    cassette = recorder.cassette
     first_url = recorder.urls[0] if recorder.urls else ""
     first_body = cassette.interactions[0].request.body if cassette.interactions else None
     first_model = first_body.get("model") if isinstance(first_body, dict) else None
-    cassette.about = {
+    return {
         "format": FORMAT,
         "made": made,
         "note": note or (SYNTHESIZED_NOTE if made == "synthesized" else
@@ -1113,8 +1124,7 @@ def record(
         "scenario": scenario,
         "command": command,
     }
-    recorder.finish().save(target)
-    log.info("wrote %s: %d interactions", target, len(cassette.interactions))
+
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from planrun.core import (
     spawn_id,
 )
 from planrun.model._errors import OutputTruncated
-from planrun.model._prompts import PromptLibrary, describe_kinds
+from planrun.model._prompts import PromptLibrary, RenderedPrompt, describe_kinds
 from planrun.model._schema import check_max_tokens
 from planrun.obs import tracing
 from planrun.runtime import RealClock, run_blocking
@@ -109,13 +109,8 @@ async def adecompose(
         raise UsageError("repair_attempts must be >= 0")
     check_max_tokens(max_tokens, "decompose")
     library = prompts or PromptLibrary()
-    rendered = library.render(
-        "decompose",
-        goal=goal.strip(),
-        kinds=describe_kinds(registry),
-        min_tasks=min_tasks,
-        max_tasks=max_tasks,
-    )
+    rendered = library.render("decompose", goal=goal.strip(), kinds=describe_kinds(registry),
+                              min_tasks=min_tasks, max_tasks=max_tasks)
     # The model is asked for the tasks only: the goal is the user's, never a model's
     # rewording of it.
     schema = plan_schema(registry, min_tasks=min_tasks, max_tasks=max_tasks, goal=False)
@@ -126,30 +121,12 @@ async def adecompose(
     outputs: list[str] = []
     history: list[list[Problem]] = []
     for _ in range(repair_attempts + 1):
-        try:
-            completion = await model.complete(
-                messages,
-                result_model=schema,
-                schema_name="plan",
-                prompt_hash=rendered.hash,
-                prompt_name=rendered.name,
-                meter=scoped,
-                max_tokens=bound,
-                validate=False,
-            )
-        except OutputTruncated as cut:  # a plan that does not fit: ask for a shorter one
-            answer, problems = cut.text, [_truncated(cut)]
-        else:
-            answer = completion.text
-            candidate: Any = (completion.parsed if completion.parsed is not None
-                              else completion.text)
-            try:
-                plan = Plan.parse(candidate, registry, min_tasks=min_tasks,
-                                  max_tasks=max_tasks)
-            except InvalidPlan as exc:
-                answer, problems = completion.text or json.dumps(candidate), exc.problems
-            else:
-                return Plan(goal.strip(), plan.tasks)
+        plan, answer, problems = await _attempt(
+            model, messages, schema, rendered, scoped, bound,
+            lambda candidate: Plan.parse(candidate, registry, min_tasks=min_tasks,
+                                         max_tasks=max_tasks))
+        if plan is not None:
+            return Plan(goal.strip(), plan.tasks)
         outputs.append(answer)
         history.append(problems)
         tracing.plan_problems(len(history), problems)
@@ -158,12 +135,25 @@ async def adecompose(
             {"role": "assistant", "content": answer},
             {"role": "user", "content": repair_message(problems)},
         ]
-    raise InvalidPlan(
-        history[-1],
-        raw_outputs=outputs,
-        attempts=history,
-        message=_failure_message(history, len(outputs)),
-    )
+    raise InvalidPlan(history[-1], raw_outputs=outputs, attempts=history,
+                      message=_failure_message(history, len(outputs)))
+
+
+async def _attempt(model: Model, messages: list[dict[str, str]], schema: dict[str, Any],
+                   rendered: RenderedPrompt, meter: Usage | None, bound: int,
+                   parse: Callable[[Any], Plan]) -> tuple[Plan | None, str, list[Problem]]:
+    """One request for a plan: the plan it gave, else its answer and what is wrong with it."""
+    try:
+        completion = await model.complete(
+            messages, result_model=schema, schema_name="plan", prompt_hash=rendered.hash,
+            prompt_name=rendered.name, meter=meter, max_tokens=bound, validate=False)
+    except OutputTruncated as cut:  # a plan that does not fit: ask for a shorter one
+        return None, cut.text, [_truncated(cut)]
+    candidate: Any = completion.parsed if completion.parsed is not None else completion.text
+    try:
+        return parse(candidate), completion.text, []
+    except InvalidPlan as exc:
+        return None, completion.text or json.dumps(candidate), exc.problems
 
 
 def decompose(

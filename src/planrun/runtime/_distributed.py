@@ -59,6 +59,7 @@ from planrun.core import EventName as E
 from planrun.core.scheduling import (
     EFFECT_RETRY,
     SCHEDULER_RETRY,
+    STORE_PATIENCE,
     Addition,
     Approval,
     Backoff,
@@ -73,8 +74,6 @@ from planrun.core.scheduling import (
     expand,
     failure_of,
     kept_gate,
-    replans_spent,
-    retries_spent,
     spawn_refused,
     timed_out,
     waiting_cause,
@@ -82,7 +81,7 @@ from planrun.core.scheduling import (
 from planrun.obs import tracing
 from planrun.runtime._attempt import jsonable, maybe_await, run_attempt
 from planrun.runtime._clock import Clock, RealClock
-from planrun.runtime._supervisor import EffectFn, Replanner, ask_replanner
+from planrun.runtime._supervisor_state import EffectFn, Replanner, ask_replanner
 from planrun.stores.base import RunInfo, Store, WidenConflict
 
 __all__ = ["Coordinator", "Mode", "WorkerProcess"]
@@ -192,9 +191,7 @@ class Coordinator:
         self.max_attempts = policy.attempts if max_attempts is None else max_attempts
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
                        stall_after=stall_after, max_reclaims=max_reclaims,
-                       max_attempts=self.max_attempts)
-        if deadline_s is not None and not deadline_s > 0:
-            raise UsageError(f"deadline_s must be > 0 or None, got {deadline_s}")
+                       max_attempts=self.max_attempts, deadline_s=deadline_s)
         self.registry = registry
         self.store = store
         self.run_id = run_id or uuid.uuid4().hex[:12]
@@ -213,10 +210,9 @@ class Coordinator:
             effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
             spawn_limits=spawn_limits, default_attempts=self.max_attempts, approvals=approvals,
             task_approvals=task_approvals, max_replans=max_replans,
+            can_replan=replanner is not None, claims_alone=mode == "peer",
         )
         self.replanner = replanner
-        self.core.can_replan = replanner is not None
-        self.core.claims_alone = mode == "peer"
         self._asking: set[asyncio.Task[None]] = set()
         self._changes: list[_Change] = []
         self._seq = -1
@@ -269,10 +265,9 @@ class Coordinator:
         for task_id, record in state.effects.items():
             if record.state == "applied":  # an applied effect has its event (one transaction)
                 self.core.effect_known(task_id)
-        self.core.retries_used = retries_spent(state.events)
         # A replan asked but unanswered when the coordinator stopped left no event: the
         # core asks it again when it recovers the dead task.
-        self.core.replans_used, self.core.replanned = replans_spent(state.events)
+        self.core.spent_before(state.events)
         return await self._coordinate(self.clock.now(), fresh=False)
 
     # ---- the loop: a mirror of the run, kept current from the ledger's tail ----------------
@@ -285,7 +280,7 @@ class Coordinator:
         """
         core = self.core
         if self.deadline_s is not None:
-            core.deadline = started + self.deadline_s
+            core.set_deadline(started + self.deadline_s)
         await self._patiently(self._first_read)
         core.start(self.clock.now())
         if not fresh:
@@ -340,7 +335,7 @@ class Coordinator:
 
     async def _patiently(self, step: Any) -> Any:
         """Run ``step``; ride out a store that is down for up to ``store_patience``."""
-        delay, deadline = 0.2, self.clock.now() + self.store_patience
+        tries, deadline = 0, self.clock.now() + self.store_patience
         while True:
             try:
                 return await step()
@@ -348,8 +343,8 @@ class Coordinator:
                 if self.clock.now() >= deadline:
                     raise
                 log.warning("coordinator %s: store unavailable (%s); retrying", self.run_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                tries += 1
+                await asyncio.sleep(STORE_PATIENCE.backoff(tries))
 
     async def _round(self) -> None:
         core = self.core
@@ -591,7 +586,7 @@ class WorkerProcess:
     async def arun(self) -> None:
         """Serve every running run of the store until stopped (or idle past ``idle_exit``)."""
         idle_since = self._now()
-        delay = self.poll
+        delay, outages = self.poll, 0
         runs: list[str] = []
         listed = float("-inf")
         while not self._stop.is_set():
@@ -600,12 +595,13 @@ class WorkerProcess:
                     runs = [r.id for r in await self.store.list_runs() if r.status == "running"]
                     listed = self._now()
                 busy = await self._round(runs)
-                delay = self.poll
+                delay, outages = self.poll, 0
             except StoreError as exc:
                 # The database went away: take nothing, keep what runs, try again later.
                 log.warning("worker %s: store unavailable (%s); retrying", self.name, exc)
                 runs, busy = [], bool(self._running)
-                delay = min(delay * 2, 5.0)
+                outages += 1
+                delay = STORE_PATIENCE.backoff(outages)
             if busy or runs:
                 idle_since = self._now()
             elif self.idle_exit is not None and self._now() - idle_since > self.idle_exit:
@@ -780,7 +776,7 @@ class WorkerProcess:
             widened = [(j, _event(j, E.JOINED, now, detail={"depends_on": len(j.depends_on)}))
                        for j in addition.joiners]
             added = [(t, _created_events(t, now)) for t in addition.tasks]
-        delay = 0.2
+        tries = 0
         while True:
             try:
                 ok = await self.store.write_fenced(run_id, outcome, event, task.token,
@@ -798,8 +794,8 @@ class WorkerProcess:
                     log.warning("worker %s: dropping the result of %s: %s", self.name,
                                 task.id, exc)
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                tries += 1
+                await asyncio.sleep(STORE_PATIENCE.backoff(tries))
         if ok:
             self.done += name in (E.COMPLETED, E.WAITING)
         else:

@@ -16,7 +16,13 @@ from planrun.core.scheduling._approval import (
     waiting_cause,
 )
 from planrun.core.scheduling._outcome import Failure, failure_of, timed_out
-from planrun.core.scheduling._retry import SCHEDULER_RETRY, Backoff, RetryPolicy, as_policy
+from planrun.core.scheduling._retry import (
+    SCHEDULER_RETRY,
+    STORE_PATIENCE,
+    Backoff,
+    RetryPolicy,
+    as_policy,
+)
 from planrun.core.scheduling._scheduler import (
     EFFECT_RETRY,
     OnDead,
@@ -35,6 +41,7 @@ from planrun.core.scheduling._spawn import Addition, SpawnLimits, expand
 __all__ = [
     "EFFECT_RETRY",
     "SCHEDULER_RETRY",
+    "STORE_PATIENCE",
     "Addition",
     "Approval",
     "Backoff",

@@ -3,11 +3,11 @@
 :class:`~planrun.core.scheduling.Scheduler` keeps counts and indexes current change by change: a
 worker's load and active count, the resource locks, how many dependencies each task still
 waits for, the tasks waiting for a person, how many tasks are unfinished, which ready tasks
-are queued, the leases. Its hot path (``finish``, ``_assign``, ``_pump`` and ``_replace``'s
-start) updates some of them in line rather than through ``_index`` / ``_unindex``, where
-every status change's effect on them is written once. :func:`index_problems` recomputes
-each from the records alone; the tests run it after every step of random runs, so an in-line
-copy that drifts from the rule it copies fails there rather than in a user's run.
+are queued, the leases. Every status change's effect on them is written once, in
+``Scheduler._replace`` (through ``_index`` / ``_unindex``). :func:`index_problems` recomputes
+each from the records alone; the tests run it after every step of random runs and at the
+end of every run of every driver, so a change that leaves them wrong fails there rather than
+in a user's run.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _forgotten(core: Scheduler) -> list[str]:
     """Pending tasks with nothing left to wait for that nothing will ever give out."""
     if not core.started or core.stopping:
         return []
-    in_heaps = Counter(entry[-1] for entry in (*core._ready, *core._first))
+    in_heaps = Counter(entry[-1] for entry in core._ready)
     parked = {tid for waiting in core._parked.values() for tid in waiting}
     delayed = {tid for _, tid, _ in core._delayed}
     problems = [f"{tid} is marked queued but is in no ready heap"

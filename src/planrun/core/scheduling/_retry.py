@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from planrun.core._errors import UsageError
 
-__all__ = ["Backoff", "RetryPolicy"]
+__all__ = ["STORE_PATIENCE", "Backoff", "RetryPolicy"]
 
 
 @dataclass(frozen=True)
@@ -112,3 +112,8 @@ def as_policy(value: RetryPolicy | Backoff | None, default: RetryPolicy) -> Retr
     if isinstance(value, RetryPolicy):
         return value
     raise UsageError(f"expected a planrun.RetryPolicy, got {type(value).__name__}")
+
+
+STORE_PATIENCE = RetryPolicy(base=0.2, cap=5.0, jitter=0.0)
+"""How a driver waits out a store that refuses its calls: 0.2 s doubling to 5 s between
+tries, until the driver's ``store_patience`` (a time, not a count) runs out."""
