@@ -26,7 +26,7 @@ from planrun.core._task import Status, Task, transition
 from planrun.stores import PostgresStore, RunInfo
 
 if TYPE_CHECKING:
-    from planrun.stores.postgres import Cursor
+    from planrun.stores._postgres_rows import Cursor
 
 pytestmark = pytest.mark.postgres
 

@@ -1001,7 +1001,7 @@ def test_sqlite_a_new_file_opened_by_many_processes_at_once(tmp_path: Path) -> N
 
 
 def test_sqlite_switching_to_wal_waits_out_a_lock_and_nothing_else() -> None:
-    from planrun.stores.sqlite import _enable_wal
+    from planrun.stores._sqlite_rows import _enable_wal
 
     class Conn:
         def __init__(self, errors: list[str]) -> None:

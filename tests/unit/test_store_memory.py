@@ -23,7 +23,7 @@ from planrun.stores import (
     mask_url,
     open_store,
 )
-from planrun.stores import postgres as postgres_module
+from planrun.stores import _postgres_rows as postgres_module
 from planrun.stores.base import TASK_COLUMNS, load_queries
 
 

@@ -890,7 +890,7 @@ def _check_now(
         for i, entry in enumerate(entries)
     ]
     ids = _unique_ids(drafts, problems)
-    resolved = [_resolve_deps(i, draft, len(entries), ids, problems)
+    resolved = [_resolve_deps(i, draft, len(entries), ids, problems) if draft.deps else []
                 for i, draft in enumerate(drafts)]
     problems.extend(_cycle_problems(resolved, drafts))
 
@@ -1025,7 +1025,8 @@ def _read_task(
         draft.ok = False
         return draft
     before = len(problems)
-    _read_fields(i, entry, problems)
+    if not entry.keys() <= _TASK_FIELD_SET:
+        _read_fields(i, entry, problems)
     spec = _read_kind(i, entry, registry, draft, problems,
                       specs if specs is not None else {s.name: s for s in registry})
     bad = len(problems) > before  # a field, the kind: the task cannot be read as given
@@ -1043,7 +1044,8 @@ def _read_task(
     if "depends_on" in entry:
         deps = entry["depends_on"]
         if isinstance(deps, list | tuple):
-            draft.deps = _read_deps(i, deps, problems)  # each bad entry listed in pass two
+            if deps:
+                draft.deps = _read_deps(i, deps, problems)  # a bad entry is listed there
         else:
             _bad_depends_on(i, deps, problems)
             bad = True
@@ -1061,9 +1063,9 @@ def _read_task(
 
 def _read_fields(i: int, entry: Mapping[Any, Any], problems: list[Problem]) -> None:
     """A task's fields it should not have, with the field each was perhaps meant to be."""
-    if entry.keys() <= _TASK_FIELD_SET:
-        return
     unknown = [k for k in entry if k not in _TASK_FIELD_SET]
+    if not unknown:
+        return
     hints = []
     for key in unknown:
         guess = _suggest(key, _TASK_FIELDS, cutoff=0.5) if isinstance(key, str) else None

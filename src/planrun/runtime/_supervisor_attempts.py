@@ -20,18 +20,7 @@ from planrun.core.scheduling import (
     timed_out,
 )
 from planrun.runtime._attempt import call, checked, is_coroutine_handler, jsonable, maybe_await
-from planrun.runtime._supervisor_state import (  # noqa: F401
-    _FINISHED_AT,
-    _RECLAIMED,
-    _REJECTED,
-    _STARTED,
-    _STATUS,
-    _WAITING,
-    GATHER_MAX_S,
-    GATHER_S,
-    WRITE_STALL_S,
-    EffectFn,
-    Replanner,
+from planrun.runtime._supervisor_state import (
     _How,
     _new_object,
     _partial,

@@ -10,24 +10,11 @@ from planrun.core import (
 from planrun.core.scheduling import (
     STORE_PATIENCE,
 )
-from planrun.runtime._supervisor_state import (  # noqa: F401
-    _FINISHED_AT,
-    _RECLAIMED,
-    _REJECTED,
-    _STARTED,
-    _STATUS,
-    _WAITING,
+from planrun.runtime._supervisor_state import (
     GATHER_MAX_S,
     GATHER_S,
     WRITE_STALL_S,
-    EffectFn,
-    Replanner,
-    _How,
-    _new_object,
-    _partial,
-    _set_attr,
     _SupervisorState,
-    ask_replanner,
 )
 
 

@@ -13,13 +13,9 @@ from planrun.core import (
     Task,
     transition,
 )
-from planrun.stores._memory_rows import (  # noqa: F401
-    _FINAL,
+from planrun.stores._memory_rows import (
     _IN_FLIGHT,
-    _NOT_NULL_TASK,
-    Call,
     Row,
-    _checked,
     _ready_at,
     _Run,
 )

@@ -12,15 +12,11 @@ from planrun.core import (
     Task,
     as_event,
 )
-from planrun.stores._memory_rows import (  # noqa: F401
+from planrun.stores._memory_rows import (
     _FINAL,
-    _IN_FLIGHT,
-    _NOT_NULL_TASK,
-    Call,
     Row,
     _checked,
     _MemoryRows,
-    _ready_at,
     _Run,
 )
 from planrun.stores.base import (

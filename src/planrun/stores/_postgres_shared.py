@@ -8,21 +8,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from planrun.core import StoreError, Task
-from planrun.stores._postgres_rows import (  # noqa: F401
-    _FLOATS,
-    _INTS,
+from planrun.stores._postgres_rows import (
     CHANNEL,
-    EVENT_COLUMNS,
-    IDLE_IN_TRANSACTION_TIMEOUT,
-    LOCK_TIMEOUT,
     Q,
-    T,
-    _arrays,
     _by_pos,
-    _cell,
-    _drivers,
-    _password,
-    _run_exists,
     log,
 )
 

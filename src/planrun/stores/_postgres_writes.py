@@ -6,23 +6,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from planrun.core import Event, EventRow, StoreError, Task
-from planrun.stores._postgres_rows import (  # noqa: F401
-    _FLOATS,
-    _INTS,
-    CHANNEL,
+from planrun.stores._postgres_rows import (
     EVENT_COLUMNS,
-    IDLE_IN_TRANSACTION_TIMEOUT,
-    LOCK_TIMEOUT,
     Q,
-    T,
     _arrays,
-    _by_pos,
-    _cell,
-    _drivers,
-    _password,
     _PostgresRows,
-    _run_exists,
-    log,
 )
 
 if TYPE_CHECKING:

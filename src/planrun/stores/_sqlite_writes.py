@@ -8,30 +8,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from planrun.core import Event, EventRow, StoreError, Task
-from planrun.stores._sqlite_rows import (  # noqa: F401
-    _EVENT_WIDTH,
-    _FINAL_TEXT,
-    _NULL_REAL,
+from planrun.stores._sqlite_rows import (
     _NULL_TEXT,
-    _ROW_OF,
-    _VALUES_AT_ONCE,
-    _WIDTH,
     Q,
-    Row,
-    T,
-    _append_started,
-    _dict_row,
-    _enable_wal,
     _event_params,
     _grow,
     _last_seq,
-    _locked,
     _raise_next_seq,
     _require_run,
     _rows,
-    _rows_statement,
     _SQLiteRows,
-    _statements,
     _take_seqs,
     _task_params,
     _tasks_by_ids,

@@ -9,15 +9,8 @@ supervisor asked of its store. Nothing awaits inside a call, so each is atomic o
 
 from __future__ import annotations
 
-from planrun.stores._memory_rows import (  # noqa: F401
-    _FINAL,
-    _IN_FLIGHT,
-    _NOT_NULL_TASK,
+from planrun.stores._memory_rows import (
     Call,
-    Row,
-    _checked,
-    _ready_at,
-    _Run,
 )
 from planrun.stores._memory_shared import _MemoryShared
 

@@ -52,23 +52,6 @@ psycopg is imported only when a store is made, so planrun imports without the
 
 from __future__ import annotations
 
-from planrun.stores._postgres_rows import (  # noqa: F401
-    _FLOATS,
-    _INTS,
-    CHANNEL,
-    EVENT_COLUMNS,
-    IDLE_IN_TRANSACTION_TIMEOUT,
-    LOCK_TIMEOUT,
-    Q,
-    T,
-    _arrays,
-    _by_pos,
-    _cell,
-    _drivers,
-    _password,
-    _run_exists,
-    log,
-)
 from planrun.stores._postgres_shared import _PostgresShared
 
 __all__ = ["PostgresStore"]

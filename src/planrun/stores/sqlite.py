@@ -14,34 +14,6 @@ a :class:`planrun.VirtualClock` from advancing while a query runs.
 
 from __future__ import annotations
 
-from planrun.stores._sqlite_rows import (  # noqa: F401
-    _EVENT_WIDTH,
-    _FINAL_TEXT,
-    _NULL_REAL,
-    _NULL_TEXT,
-    _ROW_OF,
-    _VALUES_AT_ONCE,
-    _WIDTH,
-    Q,
-    Row,
-    T,
-    _append_started,
-    _dict_row,
-    _enable_wal,
-    _event_params,
-    _grow,
-    _last_seq,
-    _locked,
-    _raise_next_seq,
-    _require_run,
-    _rows,
-    _rows_statement,
-    _statements,
-    _take_seqs,
-    _task_params,
-    _tasks_by_ids,
-    _transaction,
-)
 from planrun.stores._sqlite_shared import _SQLiteShared
 
 __all__ = ["SQLiteStore"]
