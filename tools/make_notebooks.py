@@ -894,7 +894,7 @@ def execute(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 # What changes from one run to the next (run ids, durations, scratch folders, addresses),
-# after the checkout's own path is masked.
+# after the path of the checkout is masked (the stored outputs were made in another one).
 _VOLATILE = [
     (re.compile(r"\b[0-9a-f]{12}\b"), "<id>"),
     (re.compile(r"\d+\.\d+ ?(s|ms|us)\b"), "<time>"),
@@ -902,6 +902,9 @@ _VOLATILE = [
     (re.compile(r"0x[0-9a-f]+"), "<addr>"),
 ]
 
+
+_CHECKOUT = re.compile(r"/[^\s'\"()]+/(fixtures|prompts|src|notebooks)/")
+"""A path into a checkout (the one the notebook was stored from, or this one)."""
 
 VARIES = "vary from run to run"
 """A code cell whose source says this prints timings: its text is not compared."""
@@ -927,7 +930,7 @@ def outputs(notebook: nbformat.NotebookNode) -> list[list[str]]:
                 text = "image/png" if "image/png" in data else str(data.get("text/plain", ""))
             if varies and out.get("output_type") == "stream":
                 text = "<varies>"
-            text = text.replace(str(REPO), "<repo>")
+            text = _CHECKOUT.sub(r"<repo>/\1/", text.replace(str(REPO), "<repo>"))
             for pattern, mask in _VOLATILE:
                 text = pattern.sub(mask, text)
             shown.append(text)
