@@ -969,6 +969,9 @@ def main(argv: list[str] | None = None) -> int:
                         "here or was stored without its outputs")
     args = parser.parse_args(argv)
     names = args.names or list(BOOKS)
+    unknown = [n for n in names if n not in BOOKS]
+    if unknown:
+        parser.error(f"no notebook {', '.join(unknown)} (have {', '.join(BOOKS)})")
     if args.check:
         found = [p for name in names for p in problems(name)]
         for line in found:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -135,3 +136,16 @@ def test_replies_to_security_incidents_wait_for_approval(fake: FakeOpenAI) -> No
         assert kinds.index("approved") < kinds.index("effect") and kinds.count("effect") == 1
     sent = {r["ticket_id"] for r in outbox.sent.values()}
     assert security <= sent and not security & set(desk.flagged.values())
+
+
+def test_the_chores_example_says_what_is_wrong_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planrun.examples import chores
+
+    assert chores.main(["--db", "nosuch://x", "--tasks", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chores: error: unknown store scheme 'nosuch'") and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_:
+        chores.main(["--db", f"sqlite:///{tmp_path}/c.db", "--tasks", "0"])
+    assert exit_.value.code == 2
+    assert "must be a whole number >= 1" in capsys.readouterr().err

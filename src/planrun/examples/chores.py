@@ -18,12 +18,13 @@ import asyncio
 import os
 import signal
 import sqlite3
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from planrun._facade import App, plan_and_run
-from planrun.core import Registry, Task, TaskContext, WorkerSpec
+from planrun.core import PlanrunError, Registry, Task, TaskContext, WorkerSpec
 
 __all__ = ["OUTBOX", "app", "delivered", "make_app", "plan"]
 
@@ -82,19 +83,31 @@ app = make_app()
 """The chores app, its outbox in the current folder (``--app planrun.examples.chores:app``)."""
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chores as a durable run; exit 0 when every chore completed."""
     parser = argparse.ArgumentParser(prog="python -m planrun.examples.chores",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--db", required=True, help="the store URL (sqlite:///chores.db)")
     parser.add_argument("--run-id", default=None, help="the run's id")
-    parser.add_argument("--tasks", type=int, default=60)
+    parser.add_argument("--tasks", type=_positive, default=60, help="how many chores")
     parser.add_argument("--outbox", default=OUTBOX)
-    parser.add_argument("--crash-after", type=int, default=None, metavar="N",
+    parser.add_argument("--crash-after", type=_positive, default=None, metavar="N",
                         help="SIGKILL this process after N chores")
     args = parser.parse_args(argv)
-    report = plan_and_run(plan(args.tasks), make_app(args.outbox, crash_after=args.crash_after),
-                          store=args.db, run_id=args.run_id)
+    try:
+        report = plan_and_run(plan(args.tasks), make_app(args.outbox,
+                                                         crash_after=args.crash_after),
+                              store=args.db, run_id=args.run_id)
+    except PlanrunError as exc:  # a bad store URL, a run id in use: one line, exit 2
+        print(f"chores: error: {exc}", file=sys.stderr)
+        return 2
     print(report.summary())
     return 0 if report.ok else 1
 
