@@ -198,6 +198,8 @@ class Driver:
                 self.over.set()
                 for s in opened:
                     await self._close(s)
+        if self.mode == "dbos":
+            return await self._on_dbos(registry, tasks, workers, options, interrupt)
         lease = options.pop("stale_after", 5.0)
         stores = [await self._open()]
         assert self.mode in ("push", "peer")
@@ -234,6 +236,58 @@ class Driver:
                 await self._close(s)
 
 
+    async def _on_dbos(self, registry: Registry, tasks: list[Task], workers: list[WorkerSpec],
+                       options: dict[str, Any], interrupt: Callable[[], bool] | None
+                       ) -> RunResult:
+        """The supervisor here, its attempts done by a worker process on DBOS (this one:
+        DBOS runs one application per process) serving the kinds the workers do."""
+        from planrun._facade import App
+        from planrun.runtime._dbos_attempts import DBOSAttempts
+        from planrun.runtime._dbos_worker import DBOSWorker
+
+        lease = options.setdefault("stale_after", 5.0)
+        kinds = None
+        if all(w.skills is not None for w in workers):
+            kinds = sorted({k for w in workers for k in w.skills or {}})
+        worker_store = await self._open()
+        worker = DBOSWorker(registry, Quiet(worker_store, "dbos-w", self.silenced), self.url,
+                            name="dbos-w", kinds=kinds,
+                            concurrency=sum(w.capacity for w in workers), lease_s=lease)
+        serving = asyncio.ensure_future(worker.arun())
+        self._serving = [serving]
+        ready = asyncio.ensure_future(worker.ready.wait())
+        await asyncio.wait([ready, serving], return_when=asyncio.FIRST_COMPLETED)
+        if serving.done():
+            serving.result()  # the worker could not start: say why
+        opened = [await self._open()]
+        attempts = DBOSAttempts(self.url, opened[0], lease_s=lease,
+                                in_flight=sum(w.capacity for w in workers))
+        app = attempts.app(App(registry))
+
+        def supervisor(run_id: str | None = None) -> Supervisor:
+            return Supervisor(app.registry, app.worker_specs(), store=opened[-1], seed=0,
+                              run_id=run_id, **options)
+
+        try:
+            sup = self._driving = supervisor()
+            sup.add_tasks(tasks)
+            if interrupt is None:
+                return checked(sup.core, await sup.arun())
+            await self._until(sup.arun(), interrupt)
+            opened.append(await self._open())
+            attempts.store = opened[-1]
+            self.resumed.set()
+            again = supervisor(sup.run_id)
+            return checked(again.core, await again.aresume())
+        finally:
+            self.over.set()
+            await attempts.aclose()
+            worker.stop()
+            await asyncio.gather(serving, return_exceptions=True)
+            for s in (*opened, worker_store):
+                await self._close(s)
+
+
 def checked(core: Scheduler, result: RunResult, queues: bool = True) -> RunResult:
     """``result``, once the driver's core is found to hold what its records imply (see
     :func:`planrun.core.scheduling._check.index_problems`): every rule below runs it."""
@@ -251,18 +305,22 @@ DRIVERS = [
     ("peer-memory", "memory", "peer", True),
     ("push-sqlite", "sqlite", "push", False),
     ("peer-postgres", "postgres", "peer", False),
+    ("dbos-sqlite", "sqlite", "dbos", False),
+    ("dbos-postgres", "postgres", "dbos", False),
 ]
 
 
 NOT_ROUTED = {d[0]: "peer-mode workers claim ready tasks themselves: no strategy picks a worker"
-              for d in DRIVERS if d[2] == "peer"}
+              for d in DRIVERS if d[2] == "peer"} | {
+    d[0]: "DBOS queues give attempts to the processes serving them: no strategy picks one"
+    for d in DRIVERS if d[2] == "dbos"}
 """Drivers the routing rules do not apply to, and why."""
 NOT_RESUMABLE = {d[0]: "no store: nothing outlives the run to resume it from"
                  for d in DRIVERS if d[1] is None}
 """Drivers the resume rule does not apply to, and why."""
 ROUTED = [d for d in DRIVERS if d[0] not in NOT_ROUTED]
 RESUMABLE = [d for d in DRIVERS if d[0] not in NOT_RESUMABLE]
-PEER = [d for d in DRIVERS if d[0] in NOT_ROUTED]
+PEER = [d for d in DRIVERS if d[2] == "peer"]
 
 
 def make_driver(param: tuple[str, str | None, str | None, bool],
@@ -585,8 +643,10 @@ def test_a_kind_no_worker_does_is_refused_up_front_or_stalls(driver: Driver) -> 
         with pytest.raises(UsageError, match="no registered worker does kind 'orphan'"):
             driver.run(tasks, handlers, workers=workers)
         return
-    # worker processes come and go: a kind nobody serves waits, then stalls
-    with pytest.raises(StallError, match=r"o \(pending\)"):
+    # worker processes come and go: a kind nobody serves waits (on its DBOS queue), then
+    # stalls
+    waits = "running" if driver.mode == "dbos" else "pending"
+    with pytest.raises(StallError, match=rf"o \({waits}\)"):
         driver.run(tasks, handlers, workers=workers, stall_after=driver.lease)
 
 
@@ -744,7 +804,9 @@ def test_an_interrupted_run_resumes_each_task_once_keeping_retries_spent(
     assert len([e for e in result.events if e.event == "retry"]) == 1
     assert result.audit.duplicates == 0 and result.audit.order_violations == 0
     assert result.audit.missing == ["g"]
-    if not d.external:  # the dead supervisor's attempts were put back and run again
+    if not d.external or d.mode == "dbos":
+        # The dead supervisor's attempts were put back and run again (on DBOS: the
+        # attempts its stop left on their queues were cancelled there).
         assert {e.task for e in result.events if e.event == "reclaimed"} == {"h1", "h2"}
         assert calls["h1"] == calls["h2"] == 2
     else:  # the workers outlived their coordinator and finished what they held

@@ -15,7 +15,7 @@ from planrun.core.scheduling._approval import (
     kept_gate,
     waiting_cause,
 )
-from planrun.core.scheduling._outcome import Failure, failure_of, timed_out
+from planrun.core.scheduling._outcome import Failure, ReportedFailure, failure_of, timed_out
 from planrun.core.scheduling._retry import (
     SCHEDULER_RETRY,
     STORE_PATIENCE,
@@ -48,6 +48,7 @@ __all__ = [
     "Failure",
     "OnDead",
     "ReplanRequest",
+    "ReportedFailure",
     "RetryPolicy",
     "RunFacts",
     "Scheduler",

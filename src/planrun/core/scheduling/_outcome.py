@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from planrun.core._errors import BudgetExceeded, ErrorClass, TransientError, classify
 
-__all__ = ["Failure", "failure_of", "timed_out"]
+__all__ = ["Failure", "ReportedFailure", "failure_of", "timed_out"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +28,19 @@ class Failure:
     """The run's budget refused the attempt's spending: nothing more should start."""
 
 
+class ReportedFailure(Exception):
+    """An attempt's failure as the process that ran it classified it (with
+    :func:`failure_of`, there): the driver that hears of it hands it on unchanged."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.error)
+        self.failure = failure
+
+
 def failure_of(exc: BaseException) -> Failure:
     """Classify the exception an attempt raised."""
+    if isinstance(exc, ReportedFailure):
+        return exc.failure
     from planrun.core._redact import redact  # the key never reaches a record, an event or a report
 
     error = redact(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,97 @@
+"""What one attempt carries between the process that runs a plan and the process that does
+the task, through DBOS: the call (task, token, payload, inputs) and the outcome (the result
+and what the attempt spawned, or its failure as :func:`~planrun.core.scheduling.failure_of`
+classified it where it ran). Plain JSON both ways; no decision is made on either side of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from planrun.core import SpawnRequest, TaskContext, UsageError
+from planrun.core.scheduling import Failure, ReportedFailure, failure_of
+
+__all__ = [
+    "APP_VERSION",
+    "ATTEMPT_WORKFLOW",
+    "attempt_id",
+    "call_of",
+    "dbos_url",
+    "failed",
+    "queue_name",
+    "succeeded",
+    "take_outcome",
+]
+
+ATTEMPT_WORKFLOW = "planrun.attempt"
+"""The DBOS workflow every worker process registers: one attempt of one task."""
+
+APP_VERSION = "planrun-1"
+"""The application version planrun's workflows are enqueued and served under, the same in
+every process whatever else the application registers (DBOS serves a queued workflow only
+to processes of its version)."""
+
+
+def queue_name(kind: str) -> str:
+    """The DBOS queue of a kind's attempts: served by the processes that do the kind."""
+    return f"planrun.{kind}"
+
+
+def attempt_id(run_id: str, task_id: str, token: int) -> str:
+    """The DBOS workflow id of an attempt: one per run, task and fencing token."""
+    return f"{run_id}:{task_id}:{token}"
+
+
+def dbos_url(url: str) -> str:
+    """The DBOS system database for a store URL: the same PostgreSQL database (DBOS keeps
+    its tables in the schema ``dbos``), or a file beside the SQLite store."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql://" + url.split("://", 1)[1]
+    if scheme == "sqlite":
+        path = url.split("://", 1)[1]
+        if path in ("", "/", "/:memory:"):
+            raise UsageError("DBOS workers need a database file or server; "
+                             "sqlite:///:memory: lives in one process only")
+        return f"sqlite://{path}.dbos"
+    raise UsageError(f"DBOS workers need a postgresql:// or sqlite:/// URL, not {url!r}")
+
+
+def call_of(ctx: TaskContext) -> dict[str, Any]:
+    """The call a worker process gets for the attempt ``ctx`` describes."""
+    return {"run_id": ctx.run_id, "task_id": ctx.task_id, "kind": ctx.kind,
+            "token": ctx.attempt, "payload": dict(ctx.payload),
+            "estimate_s": ctx.estimate_s, "inputs": dict(ctx.inputs)}
+
+
+def succeeded(result: Any, spawned: Sequence[SpawnRequest]) -> dict[str, Any]:
+    """The outcome of an attempt that returned ``result`` (checked by its kind, JSON)."""
+    outcome: dict[str, Any] = {"result": result}
+    if spawned:
+        outcome["spawned"] = [
+            {"kind": s.kind, "payload": dict(s.payload), "depends_on": list(s.depends_on),
+             "joins": list(s.joins), "estimate_s": s.estimate_s} for s in spawned]
+    return outcome
+
+
+def failed(exc: BaseException) -> dict[str, Any]:
+    """The outcome of an attempt that raised ``exc``, classified where it ran."""
+    failure = failure_of(exc)
+    return {"failure": {"error": failure.error, "error_class": failure.error_class,
+                        "retry_after": failure.retry_after, "budget": failure.budget}}
+
+
+def take_outcome(outcome: Mapping[str, Any], ctx: TaskContext) -> Any:
+    """The attempt's result, its spawns added to ``ctx``; or its failure raised as the
+    :class:`ReportedFailure` the core reads as it was classified."""
+    failure = outcome.get("failure")
+    if failure is not None:
+        raise ReportedFailure(Failure(str(failure["error"]), str(failure["error_class"]),
+                                      failure.get("retry_after"), bool(failure.get("budget"))))
+    for spawn in outcome.get("spawned") or ():
+        ctx.spawned.append(SpawnRequest(
+            spawn["kind"], spawn.get("payload") or {}, tuple(spawn.get("depends_on") or ()),
+            tuple(spawn.get("joins") or ()), float(spawn.get("estimate_s", 1.0))))
+    return outcome.get("result")

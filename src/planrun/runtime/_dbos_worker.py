@@ -1,0 +1,256 @@
+"""A worker process on DBOS: it serves the DBOS queues of the kinds it does.
+
+Each attempt is a DBOS workflow (``planrun.attempt``) taken from its kind's queue; the
+process runs the kind's handler and returns the outcome (see :mod:`._dbos_wire`). It says
+it is alive by a heartbeat per run in the run's store, which the process running the plan
+reads to keep the leases of the attempts this process holds. It decides nothing: retries,
+deaths, approvals, spawns and effects are the core's, in the process running the plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from planrun.core import Registry, StoreError, Task, TaskContext, UsageError
+from planrun.core.scheduling import check_policies, timed_out
+from planrun.runtime._attempt import run_attempt
+from planrun.runtime._dbos_wire import (
+    APP_VERSION,
+    ATTEMPT_WORKFLOW,
+    dbos_url,
+    failed,
+    queue_name,
+    succeeded,
+)
+from planrun.stores.base import Store
+
+__all__ = ["DBOSWorker", "import_dbos"]
+
+log = logging.getLogger("planrun.dbos")
+
+_SERVING: DBOSWorker | None = None
+"""The worker this process serves attempts for (DBOS runs one application per process)."""
+
+
+def import_dbos() -> Any:
+    """The ``dbos`` package, or a one-line error saying how to install it."""
+    try:
+        import dbos
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise UsageError('running on DBOS needs the [dbos] extra: pip install "planrun[dbos]"'
+                         ) from exc
+    return dbos
+
+
+_registered = False
+
+_QUEUE_LOOK_S = 1.1
+"""How long DBOS may take to start serving a queue registered after its launch."""
+
+
+def register_workflows() -> None:
+    """Register planrun's attempt workflow with DBOS (once per process, before launch).
+
+    An application that runs its own DBOS instance calls this before ``DBOS.launch()``
+    and serves the queues of its kinds with :class:`DBOSWorker` (``launch=False``).
+    """
+    global _registered
+    if _registered:
+        return
+    dbos = import_dbos()
+
+    @dbos.DBOS.workflow(name=ATTEMPT_WORKFLOW)  # type: ignore[untyped-decorator]
+    async def planrun_attempt(call: dict[str, Any]) -> dict[str, Any]:
+        worker = _SERVING
+        if worker is None:
+            return failed(RuntimeError("this process serves no planrun worker"))
+        return await worker.attempt(call)
+
+    _registered = True
+
+
+class DBOSWorker:
+    """Does the attempts of a run's tasks that DBOS queues give this process.
+
+    Args:
+        registry: the kinds (with their handlers).
+        store: the runs' store (heartbeats, and the run's limits for ``extras_for``).
+        url: the database URL the runs use (DBOS keeps its queues beside the store).
+        name: this process's name, unique among the workers (default ``host-pid``); it is
+            also its DBOS executor id.
+        kinds: the kinds it serves (default: all of the registry).
+        concurrency: attempts run at once by this process.
+        lease_s: the lease a run gives an attempt; the heartbeat comes three times in it.
+        idle_exit: stop after this many seconds with no attempt (None: never).
+        timeout: seconds one attempt may take when its kind says nothing.
+        extras, extras_for: given to handlers (``extras_for(run_id)`` per run: its model,
+            limiter and budget).
+        app_name: the DBOS application these queues belong to; every process of a run uses
+            the same name, and another application's queues of the same names are refused.
+        poll: seconds between two looks at the queues.
+        launch: launch DBOS here (False: the application's own DBOS instance, launched by
+            it after :func:`register_workflows`).
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        store: Store,
+        url: str,
+        *,
+        name: str | None = None,
+        kinds: Sequence[str] | None = None,
+        concurrency: int = 4,
+        lease_s: float = 30.0,
+        idle_exit: float | None = None,
+        timeout: float | None = None,
+        extras: Mapping[str, Any] | None = None,
+        extras_for: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
+        app_name: str = "planrun",
+        poll: float = 0.01,
+        launch: bool = True,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.url = url
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.kinds = list(kinds or registry.names)
+        unknown = [k for k in self.kinds if k not in registry]
+        if unknown:
+            raise UsageError(f"unknown kind(s) {unknown}; the app has {registry.names}")
+        if concurrency < 1:
+            raise UsageError("concurrency must be >= 1")
+        if not lease_s > 0:
+            raise UsageError(f"lease_s must be > 0, got {lease_s}")
+        check_policies(timeout=timeout)
+        self.concurrency = concurrency
+        self.lease_s = lease_s
+        self.idle_exit = idle_exit
+        self.timeout = timeout
+        self.extras = dict(extras or {})
+        self.extras_for = extras_for
+        self.app_name = app_name
+        self.poll = poll
+        self.launch = launch
+        self.done = 0
+        self.failed = 0
+        self._slots = asyncio.Semaphore(concurrency)
+        self._held: dict[str, int] = {}  # run id -> attempts held
+        self._registered: set[str] = set()
+        self._stop = asyncio.Event()
+        self.ready = asyncio.Event()
+        """Set once this process serves its queues."""
+        self._last_busy = time.monotonic()
+
+    def stop(self) -> None:
+        """Finish the attempts in hand and stop serving."""
+        self._stop.set()
+
+    async def arun(self) -> None:
+        """Serve the queues until stopped (or idle past ``idle_exit``)."""
+        global _SERVING
+        dbos = import_dbos()
+        register_workflows()
+        if self.launch:
+            dbos.DBOS(config={
+                "name": self.app_name, "system_database_url": dbos_url(self.url),
+                "executor_id": self.name, "application_version": APP_VERSION,
+                "log_level": "WARNING"})
+            dbos.DBOS.listen_queues([queue_name(k) for k in self.kinds])
+        _SERVING = self
+        try:
+            if self.launch:
+                dbos.DBOS.launch()
+            for kind in self.kinds:
+                try:
+                    await dbos.DBOS.register_queue_async(
+                        queue_name(kind), worker_concurrency=self.concurrency,
+                        polling_interval_sec=self.poll, on_conflict="always_update")
+                except Exception as exc:
+                    raise UsageError(f"queue {queue_name(kind)!r}: {exc}") from exc
+            # DBOS starts serving a queue registered after its launch at its next look for
+            # new queues (once a second).
+            await asyncio.sleep(_QUEUE_LOOK_S)
+            self.ready.set()
+            await self._beat_until_stopped()
+        finally:
+            _SERVING = None
+            if self.launch:
+                dbos.DBOS.destroy()
+
+    async def _beat_until_stopped(self) -> None:
+        """Heartbeat the runs whose attempts this process holds; stop when told or idle."""
+        every = min(1.0, self.lease_s / 3)
+        while not self._stop.is_set():
+            now = time.time()
+            for run_id in [r for r, n in self._held.items() if n > 0]:
+                with contextlib.suppress(StoreError):
+                    await self._beat(run_id, now)
+            if self._held and any(self._held.values()):
+                self._last_busy = time.monotonic()
+            elif self.idle_exit is not None \
+                    and time.monotonic() - self._last_busy > self.idle_exit:
+                break
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), every)
+        while any(self._held.values()):  # what is in hand is finished
+            await asyncio.sleep(0.05)
+
+    async def _beat(self, run_id: str, now: float) -> None:
+        if run_id not in self._registered:
+            await self.store.register_worker(run_id, self.name, self.kinds, self.concurrency,
+                                             now)
+            self._registered.add(run_id)
+        else:
+            await self.store.heartbeat_worker(run_id, self.name, now)
+
+    async def attempt(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """Do one attempt; return its outcome (never raise: a failure is an outcome)."""
+        run_id = str(call["run_id"])
+        self._held[run_id] = self._held.get(run_id, 0) + 1
+        try:
+            if run_id not in self._registered:
+                with contextlib.suppress(StoreError):
+                    await self._beat(run_id, time.time())
+            async with self._slots:
+                outcome = await self._run(call)
+        finally:
+            self._held[run_id] -= 1
+            self._last_busy = time.monotonic()
+        if "failure" in outcome:
+            self.failed += 1
+        else:
+            self.done += 1
+        return outcome
+
+    async def _run(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        kind = str(call["kind"])
+        if kind not in self.registry:
+            return failed(UsageError(f"worker {self.name} does not know kind {kind!r}"))
+        spec = self.registry[kind]
+        limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
+        task = Task(id=str(call["task_id"]), kind=kind, payload=dict(call["payload"]),
+                    token=int(call["token"]), estimate_s=float(call.get("estimate_s", 1.0)))
+        try:
+            extras = self.extras
+            if self.extras_for is not None:  # the run's own model, limiter and budget
+                extras = {**extras, **await self.extras_for(str(call["run_id"]))}
+            ctx = TaskContext(run_id=str(call["run_id"]), task_id=task.id, kind=kind,
+                              attempt=task.token, worker=self.name, skill=1.0,
+                              payload=task.payload, estimate_s=task.estimate_s,
+                              inputs=dict(call.get("inputs") or {}), extras=extras)
+            result = await run_attempt(spec, spec.handler, task, ctx, limit)
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            return failed(timed_out(exc, limit))
+        except Exception as exc:
+            return failed(exc)
+        return succeeded(result, ctx.spawned)
