@@ -51,7 +51,8 @@ def with_search_path(url: str, schema: str) -> str:
 
 
 def fresh_schema(prefix: str = "planrun_t") -> Iterator[str]:
-    """A URL whose tables land in a new schema, dropped afterwards (a fixture body)."""
+    """A URL whose tables land in a new schema, dropped afterwards with the schema of the
+    DBOS tables a run on DBOS kept beside it (a fixture body)."""
     require_pg()
     import psycopg
 
@@ -63,3 +64,4 @@ def fresh_schema(prefix: str = "planrun_t") -> Iterator[str]:
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema}_dbos CASCADE")

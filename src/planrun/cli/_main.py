@@ -7,7 +7,7 @@
     planrun plan GOAL --app module:attr [--json]
     planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
                 [--budget-usd X] [--rpm N] [--tpm N] [--db URL] [--json]
-    planrun run PLAN.json --app module:attr --db URL --workers external [--mode push|peer]
+    planrun run PLAN.json --app module:attr --db URL --workers external [--stale-after S]
     planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
                    [--rpm N] [--tpm N]
     planrun resume RUN_ID --db URL [--app module:attr]
@@ -584,10 +584,11 @@ def _add_run(subparsers: _Subparsers) -> None:
                         help="external: worker processes (planrun worker) do the tasks; "
                         "this process only coordinates (needs --db)")
     parser.add_argument("--mode", choices=["push", "peer"],
-                        help="external workers: the coordinator assigns (push, the default) "
-                        "or workers claim ready tasks themselves (peer)")
+                        help="external workers: push (the only mode: attempts go to the "
+                        "DBOS queues of their kinds); peer is refused")
     parser.add_argument("--stale-after", type=_seconds, metavar="S",
-                        help="external workers: reclaim a task whose lease is this old "
+                        help="external workers: reclaim an attempt whose worker process has "
+                        "not heartbeat for this long "
                         "(default 30)")
     parser.set_defaults(func=_cmd_run)
 
@@ -642,7 +643,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _check_run_flags(args)
     _refuse_unhonoured(args)
     source = _plan_source(args)
-    app = _with_concurrency(load_app(args.app), args)
+    external = args.workers == "external"
+    app = load_app(args.app) if external else _with_concurrency(load_app(args.app), args)
     limits = _run_limits(args)
     budget = limits.budget()
     if not isinstance(source, str):
@@ -655,23 +657,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             "retry_budget": args.retry_budget}
     if limits.rated or limits.budgeted:
         meta["limits"] = limits.to_meta()
-    if args.workers == "external":
+    # A model here decomposes a goal and re-plans; worker processes bring their own.
+    needs_model = isinstance(source, str) or (
+        app.needs_model() and (not external or args.on_dead == "replan"))
+    if external:
         if not args.db:
             raise _CliError("--workers external needs --db (the database the workers use)")
-        planner = None
-        if isinstance(source, str) or (args.on_dead == "replan" and app.needs_model()):
-            planner = _limited(_model(args), limits)
-        if isinstance(source, str):
-            from planrun.model import decompose
-
-            assert planner is not None
-            with _cassette(args):
-                source = decompose(source, app.registry, planner,
-                                   min_tasks=args.min_tasks, max_tasks=args.max_tasks)
-        replanner = _replanner(args.on_dead, source.goal, app, planner,
-                               min_tasks=args.min_tasks, max_tasks=args.max_tasks)
-        return _coordinate(source, app, args, limits, replanner)
-    model = _model(args) if isinstance(source, str) or app.needs_model() else None
+        lease = args.stale_after or LEASE_S
+        app = _on_dbos(app, args, lease)
+        meta.update({"workers": "external", "stale_after": lease})
+    model = _model(args) if needs_model else None
     options: dict[str, Any] = {
         "model": _limited(model, limits), "strategy": strategy, "budget": budget,
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
@@ -679,13 +674,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
     }
     if args.db:
         options["store"] = args.db
+    if external:
+        options["stale_after"] = meta["stale_after"]
     return _execute(source, app, options, args)
+
+
+PEER_REFUSED = ("--mode peer is not offered: worker processes take attempts from DBOS "
+                "queues (the articles' peer protocol is shown by planrun compare)")
+
+LEASE_S = 30.0
+"""The lease of an attempt a worker process holds, unless ``--stale-after`` says."""
+
+
+def _on_dbos(app: Any, args: argparse.Namespace, lease: float | None) -> Any:
+    """The app with its attempts done by worker processes (``planrun worker``) through the
+    DBOS queues in the run's database."""
+    from planrun.runtime import DBOSAttempts
+
+    _with_store(args.db, _reachable)  # a database that does not answer: one line
+    attempts = DBOSAttempts(args.db, app_name=args.app or "planrun",
+                            in_flight=getattr(args, "concurrency", None) or 32,
+                            lease_s=lease or LEASE_S)
+    if not (getattr(args, "json", False) or getattr(args, "quiet", False)):
+        print(f"attempts go to the DBOS queues of {args.db and _masked(args.db)}: start "
+              f"workers with planrun worker --db ... --app {args.app}", file=sys.stderr)
+    return attempts.app(app)
 
 
 def _check_run_flags(args: argparse.Namespace) -> None:
     """Refuse flags the chosen mode cannot use, rather than ignore them."""
     if args.db is not None:
         _check_db(args.db)
+    if args.mode == "peer":
+        raise _CliError(PEER_REFUSED)
     if args.workers != "external":
         if args.mode == "peer":
             raise _CliError("--mode peer needs --workers external (local runs are supervised "
@@ -703,90 +724,6 @@ def _check_db(url: str, *, must_exist: bool = False) -> None:
     if must_exist and sep and scheme.lower() == "sqlite" and rest.startswith("/") \
             and rest != "/" and not Path(rest[1:]).is_file():
         raise _CliError(f"no database file {rest[1:]!r} (from --db {url}); nothing was created")
-
-
-class _RunReplanner:
-    """The decomposer's replanner for a coordinated run, charged to the run's budget in its
-    store (``Usage(shared=SharedBudget(store, run_id))``) once :meth:`bind` names the run."""
-
-    def __init__(self, goal: str, registry: Any, model: Any, **options: Any) -> None:
-        self.goal, self.registry, self.model, self.options = goal, registry, model, options
-        self.meter: Any = None
-        self._replan: Any = None
-
-    async def bind(self, store: Any, run_id: str, *, budgeted: bool) -> None:
-        from planrun.model import SharedBudget, Usage
-
-        # as a worker process does: the run's stored limits, shared with every process
-        shared = SharedBudget(store, run_id, enforce=budgeted)
-        await shared.open()
-        self.meter = Usage(shared=shared)
-        self._replan = None
-
-    async def __call__(self, request: Any) -> Any:
-        if self._replan is None:
-            from planrun.model import replanner
-
-            self._replan = replanner(self.goal, self.registry, self.model, meter=self.meter,
-                                     **self.options)
-        return await self._replan(request)
-
-
-def _replanner(on_dead: str | None, goal: str, app: Any, model: Any,
-               **options: Any) -> _RunReplanner | None:
-    """With ``--on-dead replan`` and a model, the coordinator re-plans through the
-    decomposer, as a supervised run does, charged to the run's budget."""
-    if on_dead != "replan" or model is None:
-        return None
-    return _RunReplanner(goal, app.registry, model, **options)
-
-
-def _coordinate(plan: Any, app: Any, args: argparse.Namespace, limits: Any,
-                replanner: Any = None) -> int:
-    from planrun.model import SharedBudget
-    from planrun.runtime import Coordinator, hold_run
-
-    mode: Any = args.mode or "push"
-    stale_after = 30.0 if args.stale_after is None else args.stale_after
-    meta: dict[str, Any] = {"app": args.app, "on_dead": args.on_dead,
-                            "stale_after": stale_after, "retry_budget": args.retry_budget}
-    if limits.rated or limits.budgeted:
-        meta["limits"] = limits.to_meta()
-
-    async def go(store: Any) -> Any:
-        coordinator = Coordinator(app.registry, store, mode=mode, on_dead=args.on_dead,
-                                  effects=app.effects, stale_after=stale_after,
-                                  approvals=app.approvals, replanner=replanner,
-                                  retry_budget=args.retry_budget, goal=plan.goal, meta=meta,
-                                  deadline_s=args.deadline)
-        # The run's budget is in the database before any worker can see the run.
-        await SharedBudget(store, coordinator.run_id).open(limits.budget())
-        if replanner is not None:
-            await replanner.bind(store, coordinator.run_id, budgeted=limits.budgeted)
-        print(f"run {coordinator.run_id}: waiting for workers "
-              f"(planrun worker --db ... --app {args.app})", file=sys.stderr)
-        # With tracing on, the run's span is the parent of its worker processes' spans:
-        # its trace context is stored in the run's meta, where the workers read it.
-        with tracing.traced_run(coordinator.run_id, goal=plan.goal) as traced:
-            if traced is not None:
-                coordinator.meta.update(traced.meta)
-            async with hold_run(store, coordinator.run_id, new_run=True):
-                result = await coordinator.arun(plan.to_tasks())
-            if traced is not None:
-                traced.set_result(result)
-            return result
-
-    result = _with_store(args.db, go)
-    summary = {"run_id": result.run_id, "ok": result.ok, "counts": result.counts,
-               "audit": result.audit.to_dict(), "workers": dict(result.workers)}
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        counts = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
-        print(f"run {result.run_id}: {counts}")
-        statuses = {t.id: t.status.value for t in result.tasks.values()}
-        print(f"audit: {result.audit.describe(statuses)}")
-    return EXIT_OK if result.ok else 1
 
 
 def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Namespace) -> int:
@@ -895,9 +832,15 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     ref = args.app or meta.get("app")
     if not ref:
         raise _CliError(f"run {args.run_id} does not name its app; pass --app module:attr")
-    app = _with_concurrency(load_app(ref), args)
-    if meta.get("coordinated"):  # started with --workers external: coordinate it again
-        return _coordinate_again(args, run, app, meta)
+    if meta.get("coordinated"):
+        raise _CliError(f"run {args.run_id} was coordinated by a planrun release before "
+                        "worker processes ran on DBOS; this release cannot resume it")
+    external = meta.get("workers") == "external"
+    app = load_app(ref) if external else _with_concurrency(load_app(ref), args)
+    needs_model = app.needs_model() and (not external or meta.get("on_dead") == "replan")
+    if external:  # started with --workers external: its attempts go to the workers again
+        args.app = ref
+        app = _on_dbos(app, args, float(meta.get("stale_after", LEASE_S)))
     from planrun.model import RunLimits
 
     limits = RunLimits.from_meta(meta)  # the limits the run was started with
@@ -910,43 +853,11 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         options["strategy"] = meta["strategy"]
     if meta.get("retry_budget") is not None:
         options["retry_budget"] = meta["retry_budget"]
-    if app.needs_model():
+    if external:
+        options["stale_after"] = float(meta.get("stale_after", LEASE_S))
+    if needs_model:
         options["model"] = _limited(_model(args), limits)
     return _execute(None, app, options, args)
-
-
-def _coordinate_again(args: argparse.Namespace, run: Any, app: Any,
-                      meta: dict[str, Any]) -> int:
-    """Resume a run started with ``--workers external``: coordinate it again."""
-    from planrun.model import RunLimits
-    from planrun.runtime import Coordinator
-
-    on_dead = meta.get("on_dead", "cancel_dependents")
-    model = (_limited(_model(args), RunLimits.from_meta(meta))
-             if on_dead == "replan" and app.needs_model() else None)
-    replanner = _replanner(on_dead, run.goal, app, model)
-
-    async def again(store: Any) -> Any:
-        from planrun.runtime import hold_run
-
-        if replanner is not None:
-            await replanner.bind(store, args.run_id,
-                                 budgeted=RunLimits.from_meta(meta).budgeted)
-        # The policies the run was started with.
-        coordinator = Coordinator(app.registry, store, run_id=args.run_id,
-                                  mode=meta.get("mode", "push"),
-                                  on_dead=on_dead, replanner=replanner,
-                                  stale_after=float(meta.get("stale_after", 30.0)),
-                                  retry_budget=meta.get("retry_budget"),
-                                  effects=app.effects, approvals=app.approvals)
-        async with hold_run(store, args.run_id, wait=args.wait,
-                            on_wait=_owner_countdown(args.quiet)):
-            return await coordinator.aresume()
-
-    result = _with_store(args.db, again)
-    done = ", ".join(f"{k} {v}" for k, v in result.counts.items() if v)
-    print(f"run {result.run_id}: {done}")
-    return EXIT_OK if result.ok else 1
 
 
 def _resume_runner(run_id: str) -> Any:
@@ -1206,9 +1117,11 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 
 def _add_worker(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
-        "worker", help="a worker process: takes tasks of running runs from the database",
-        description="Register with the database's running runs, heartbeat, take assigned tasks "
-        "(or claim ready ones in peer mode), renew leases, write results fenced by token.",
+        "worker", help="a worker process: does the attempts of runs started with --workers "
+        "external",
+        description="Serve the DBOS queues of the app's kinds in the database: take each "
+        "attempt put there by a run, do it, send back its outcome; heartbeat while holding "
+        "any. The run decides what an outcome means.",
     )
     _db_flag(parser)
     parser.add_argument("--app", required=True, metavar="module:attr",
@@ -1218,7 +1131,8 @@ def _add_worker(subparsers: _Subparsers) -> None:
                         help="attempts this worker runs at once")
     parser.add_argument("--name", help="unique worker name (default host-pid)")
     parser.add_argument("--mode", choices=["push", "peer"], default="push",
-                        help="push: take what the coordinator assigns; peer: claim ready tasks")
+                        help="push (the only mode): take the attempts the run puts on the "
+                        "queues; peer is refused")
     parser.add_argument("--lease", type=_seconds, default=30.0, metavar="S",
                         help="seconds a taken task is held between heartbeats (default 30)")
     parser.add_argument("--idle-exit", type=_seconds, metavar="S",
@@ -1235,29 +1149,33 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import signal
 
     from planrun._facade import load_app
-    from planrun.runtime import WorkerProcess
+    from planrun.runtime import DBOSWorker
 
     _check_db(args.db)
+    if args.mode == "peer":
+        raise _CliError(PEER_REFUSED)
     app = load_app(args.app)
     model = _model(args) if app.needs_model() else None
 
-    async def go(store: Any) -> WorkerProcess:
+    async def go(store: Any) -> DBOSWorker:
         import asyncio
 
-        worker = WorkerProcess(app.registry, store, name=args.name, kinds=args.kinds,
-                               capacity=args.concurrency, mode=args.mode, lease_s=args.lease,
-                               idle_exit=args.idle_exit, timeout=args.timeout,
-                               extras_for=_run_extras(store, model, args))
+        worker = DBOSWorker(app.registry, store, args.db, name=args.name, kinds=args.kinds,
+                            concurrency=args.concurrency, lease_s=args.lease,
+                            idle_exit=args.idle_exit, timeout=args.timeout,
+                            extras_for=_run_extras(store, model, args), app_name=args.app)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         print(f"worker {worker.name}: kinds {', '.join(worker.kinds)}, "
-              f"capacity {worker.capacity}, {args.mode} mode", file=sys.stderr)
+              f"concurrency {worker.concurrency}", file=sys.stderr)
+        for line in await worker.lacking():
+            print(f"worker {worker.name}: {line}", file=sys.stderr)
         await worker.arun()
         return worker
 
     worker = _with_store(args.db, go)
-    print(f"worker {worker.name}: {worker.done} completed, {worker.rejected} refused",
+    print(f"worker {worker.name}: {worker.done} completed, {worker.failed} failed",
           file=sys.stderr)
     return EXIT_OK
 

@@ -2,11 +2,15 @@
 decided.
 
 The in-process :class:`Supervisor` (asyncio tasks, batched store writes), running one
-attempt, run ownership (:func:`hold_run`), approvals given from outside a run, and clocks.
+attempt, attempts carried by worker processes on DBOS (:class:`DBOSAttempts` in the process
+running the plan, :class:`DBOSWorker` in each worker process), run ownership
+(:func:`hold_run`), approvals given from outside a run, and clocks.
 Nothing here decides what the core decides.
 """
 
 from planrun.runtime._clock import Clock, RealClock, VirtualClock, run_blocking
+from planrun.runtime._dbos_attempts import DBOSAttempts
+from planrun.runtime._dbos_worker import DBOSWorker, register_workflows
 from planrun.runtime._decisions import approve_task, reject_task
 from planrun.runtime._distributed import Coordinator, WorkerProcess
 from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
@@ -15,6 +19,8 @@ from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
 __all__ = [
     "Clock",
     "Coordinator",
+    "DBOSAttempts",
+    "DBOSWorker",
     "EffectFn",
     "RealClock",
     "Replanner",
@@ -25,6 +31,7 @@ __all__ = [
     "approve_task",
     "hold_run",
     "owner_gone",
+    "register_workflows",
     "reject_task",
     "run_blocking",
 ]

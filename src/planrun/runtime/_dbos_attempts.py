@@ -26,8 +26,10 @@ from planrun.core import Registry, StoreError, TaskContext, UsageError, WorkerSp
 from planrun.runtime._dbos_wire import (
     APP_VERSION,
     ATTEMPT_WORKFLOW,
+    application_name,
     attempt_id,
     call_of,
+    dbos_schema,
     dbos_url,
     queue_name,
     take_outcome,
@@ -86,15 +88,17 @@ class DBOSAttempts:
         dbos = import_dbos()
         system_url = dbos_url(url)
         try:
-            dbos.DBOS.migrate(system_url)
+            schema = dbos_schema(url)
+            dbos.DBOS.migrate(system_url, schema=schema)
             self.client = dbos.DBOSClient(system_database_url=system_url,
-                                          application_name=app_name)
+                                          dbos_system_schema=schema,
+                                          application_name=application_name(app_name))
         except Exception as exc:
             raise StoreError(f"DBOS cannot use {url}: {type(exc).__name__}: {exc}") from exc
         self.url = url
         self.store = store
         self._own_store = store is None
-        self.app_name = app_name
+        self.app_name = application_name(app_name)
         self.in_flight = in_flight
         self.poll = poll
         self.lease_s = lease_s

@@ -6,9 +6,10 @@ classified it where it ran). Plain JSON both ways; no decision is made on either
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from planrun.core import SpawnRequest, TaskContext, UsageError
 from planrun.core.scheduling import Failure, ReportedFailure, failure_of
@@ -34,6 +35,13 @@ every process whatever else the application registers (DBOS serves a queued work
 to processes of its version)."""
 
 
+def application_name(name: str) -> str:
+    """``name`` (an app's ``module:attr``, say) as a DBOS application name: lowercase
+    letters, digits, dashes and underscores."""
+    plain = re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")
+    return plain if len(plain) >= 3 else f"planrun-{plain}".rstrip("-")
+
+
 def queue_name(kind: str) -> str:
     """The DBOS queue of a kind's attempts: served by the processes that do the kind."""
     return f"planrun.{kind}"
@@ -57,6 +65,17 @@ def dbos_url(url: str) -> str:
                              "sqlite:///:memory: lives in one process only")
         return f"sqlite://{path}.dbos"
     raise UsageError(f"DBOS workers need a postgresql:// or sqlite:/// URL, not {url!r}")
+
+
+def dbos_schema(url: str) -> str:
+    """The PostgreSQL schema of DBOS's tables for a store URL: ``dbos``, or
+    ``<schema>_dbos`` when the URL puts the store in a schema of its own
+    (``?options=-csearch_path=<schema>``), so runs kept apart stay apart on DBOS too."""
+    for value in parse_qs(urlsplit(url).query).get("options", []):
+        found = re.search(r"-c\s*search_path=([A-Za-z_][A-Za-z0-9_]*)", value)
+        if found:
+            return f"{found.group(1)}_dbos"
+    return "dbos"
 
 
 def call_of(ctx: TaskContext) -> dict[str, Any]:

@@ -18,12 +18,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from planrun.core import Registry, StoreError, Task, TaskContext, UsageError
+from planrun.core import Registry, StoreError, Task, TaskContext, UsageError, redact
 from planrun.core.scheduling import check_policies, timed_out
 from planrun.runtime._attempt import run_attempt
 from planrun.runtime._dbos_wire import (
     APP_VERSION,
     ATTEMPT_WORKFLOW,
+    application_name,
+    dbos_schema,
     dbos_url,
     failed,
     queue_name,
@@ -136,7 +138,7 @@ class DBOSWorker:
         self.timeout = timeout
         self.extras = dict(extras or {})
         self.extras_for = extras_for
-        self.app_name = app_name
+        self.app_name = application_name(app_name)
         self.poll = poll
         self.launch = launch
         self.done = 0
@@ -162,12 +164,16 @@ class DBOSWorker:
             dbos.DBOS(config={
                 "name": self.app_name, "system_database_url": dbos_url(self.url),
                 "executor_id": self.name, "application_version": APP_VERSION,
-                "log_level": "WARNING"})
+                "dbos_system_schema": dbos_schema(self.url), "log_level": "WARNING"})
             dbos.DBOS.listen_queues([queue_name(k) for k in self.kinds])
         _SERVING = self
         try:
             if self.launch:
-                dbos.DBOS.launch()
+                try:
+                    dbos.DBOS.launch()
+                except Exception as exc:
+                    raise StoreError(f"DBOS cannot start on {redact(self.url)}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
             for kind in self.kinds:
                 try:
                     await dbos.DBOS.register_queue_async(
@@ -184,6 +190,23 @@ class DBOSWorker:
             _SERVING = None
             if self.launch:
                 dbos.DBOS.destroy()
+
+    async def lacking(self) -> list[str]:
+        """What running runs need that this process does not do, one line per run (their
+        attempts of those kinds wait on their queues for a process that does them)."""
+        lines = []
+        for run in await self.store.list_runs():
+            if run.status != "running":
+                continue
+            state = await self.store.load_tasks(run.id)
+            if state.run.meta.get("workers") != "external":
+                continue
+            needed = {t.kind for t in state.tasks if not t.finished}
+            missing = sorted(needed - set(self.kinds))
+            if missing:
+                lines.append(f"run {run.id} needs kind(s) {', '.join(missing)}, which this "
+                             "worker does not do; it serves the others")
+        return lines
 
     async def _beat_until_stopped(self) -> None:
         """Heartbeat the runs whose attempts this process holds; stop when told or idle."""
