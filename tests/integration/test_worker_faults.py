@@ -1,11 +1,11 @@
-"""Eight worker processes, 2,000 tickets, one PostgreSQL database, and real faults.
+"""Eight worker processes on DBOS, 2,000 tickets, one PostgreSQL database, and real faults.
 
-While the run goes on, two workers are killed with SIGKILL and a third is frozen with
-SIGSTOP for more than twice its lease, then let go with SIGCONT. The run must still end
-with exactly 2,000 completions and 2,000 replies; what the frozen worker finishes after it
-wakes was reclaimed meanwhile, so the database refuses it; and a frozen process (whose
-connection may sit inside a transaction) must not hold the others up: the five workers
-left keep at least half the rate they had before the freeze.
+While the run goes on, two worker processes are killed with SIGKILL and a third is frozen
+with SIGSTOP for more than twice its lease, then let go with SIGCONT. The run must still
+end with exactly 2,000 completions and 2,000 replies; the attempts the killed and frozen
+processes held were reclaimed after their lease and done by others; what the frozen process
+finished after it woke carried a stale fencing token and was refused; and a frozen process
+must not hold the others up: the five left keep at least half the rate they had before.
 
 The figures (rates, refusals, duration) are printed with ``-s``.
 """
@@ -13,29 +13,23 @@ The figures (rates, refusals, duration) are printed with ``-s``.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from dbos_support import run_on_dbos, spawn_worker
 from dist_app import registry
 from pgtest import fresh_schema
 
-from planrun.core._errors import StoreError
 from planrun.core._task import Status, Task
-from planrun.runtime._distributed import Coordinator
-from planrun.stores import open_store
+from planrun.runtime._dbos_wire import dbos_schema, dbos_url
 
-HERE = Path(__file__).resolve().parent
 TASKS = 2000
-LEASE = 3.0          # every worker's lease, and the coordinator's stale_after
+LEASE = 3.0          # every worker's lease, and the run's stale_after
 FROZEN_FOR = 2 * LEASE + 1.0
 WORK_S = "0.2"       # pretend work per ticket: the run lasts long enough to measure
 
@@ -45,57 +39,63 @@ def pg_url() -> Iterator[str]:
     yield from fresh_schema("planrun_wfault")
 
 
-def spawn(url: str, name: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "planrun.cli", "worker", "--db", url, "--app", "dist_app:app",
-         "--name", name, "--concurrency", "4", "--mode", "push", "--lease", str(LEASE),
-         "--idle-exit", "120"],
-        env={**os.environ, "PYTHONPATH": str(HERE), "DIST_APP_WORK_S": WORK_S},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+def holding(url: str, names: list[str]) -> set[str]:
+    """Which of ``names`` hold an attempt now."""
+    from dbos import DBOSClient
 
-
-async def progress(store: Any, run_id: str, worker: str) -> tuple[int, int]:
-    """Tasks completed, and tasks ``worker`` is running."""
+    client = DBOSClient(system_database_url=dbos_url(url), dbos_system_schema=dbos_schema(url))
     try:
-        state = await store.load_tasks(run_id)
-    except StoreError:  # the coordinator has not created the run yet
-        return 0, 0
-    return (sum(t.status is Status.COMPLETED for t in state.tasks),
-            sum(t.status is Status.RUNNING and t.assigned_to == worker for t in state.tasks))
+        return {s.executor_id for s in client.list_workflows(
+            status="PENDING", executor_id=names, load_input=False, load_output=False)}
+    finally:
+        client.destroy()
 
 
-def rate(events: list[Any], workers: set[str], start: float, end: float) -> float:
-    n = sum(1 for e in events if e.event == "completed" and e.worker in workers
-            and start <= e.at < end)
-    return n / (end - start)
+def holders(url: str, run_id: str) -> dict[tuple[str, int], str]:
+    """(task, attempt) -> the worker process DBOS gave that attempt to."""
+    from dbos import DBOSClient
+
+    client = DBOSClient(system_database_url=dbos_url(url), dbos_system_schema=dbos_schema(url))
+    try:
+        held = {}
+        for status in client.list_workflows(workflow_id_prefix=f"{run_id}:",
+                                            load_input=False, load_output=False):
+            _, task, token = status.workflow_id.rsplit(":", 2)
+            if status.executor_id:
+                held[task, int(token)] = status.executor_id
+        return held
+    finally:
+        client.destroy()
 
 
 def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) -> None:
     sent: Counter[str] = Counter()
     names = [f"w{i}" for i in range(8)]
-    killed, frozen = {"w0", "w1"}, "w2"
-    others = set(names) - killed - {frozen}
+    killed, frozen = ["w0", "w1"], "w2"
     marks: dict[str, float] = {}
-    workers = {n: spawn(pg_url, n) for n in names}
+    done_at: list[float] = []
+    workers = {n: spawn_worker(pg_url, n, lease=LEASE, env={"DIST_APP_WORK_S": WORK_S})
+               for n in names}
 
-    async def faults(store: Any, run_id: str, run: asyncio.Future[Any]) -> None:
-        async def until(count: int, not_before: float = 0.0) -> None:
-            """Until ``count`` completions and the worker to freeze is running something."""
-            while not run.done():
-                if time.time() >= not_before:
-                    done, running = await progress(store, run_id, frozen)
-                    if done >= count and running:
-                        return
-                await asyncio.sleep(0.1)
-            raise AssertionError(f"the run ended before {count} completions")
+    def effect(task: Task, key: str) -> None:
+        sent.update([key])
+        done_at.append(time.time())
 
-        await until(TASKS * 15 // 100)
+    async def faults(run: asyncio.Future[Any]) -> None:
+        async def until(count: int, hold: list[str]) -> None:
+            """Until ``count`` completions, and each of ``hold`` holds an attempt."""
+            while len(done_at) < count or len(
+                    await asyncio.to_thread(holding, pg_url, hold)) < len(hold):
+                if run.done():
+                    raise AssertionError(f"the run ended before {count} completions")
+                await asyncio.sleep(0.05)
+
+        await until(TASKS * 15 // 100, killed)
         marks["killed"] = time.time()
         for n in killed:
             workers[n].send_signal(signal.SIGKILL)
-        # the kills' leases run out and their tasks go to the others before the freeze
-        await until(TASKS * 30 // 100, not_before=marks["killed"] + LEASE + 2.0)
+        await asyncio.sleep(LEASE + 1.0)  # the kills' leases ran out; theirs went elsewhere
+        await until(TASKS * 30 // 100, [frozen])
         marks["frozen"] = time.time()
         workers[frozen].send_signal(signal.SIGSTOP)
         await asyncio.sleep(FROZEN_FOR)
@@ -103,23 +103,14 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
         workers[frozen].send_signal(signal.SIGCONT)
 
     async def go() -> Any:
-        store = open_store(pg_url)
-        await store.open()
-        probe = open_store(pg_url)
-        await probe.open()
-        try:
-            coordinator = Coordinator(registry, store, poll=0.1, stale_after=LEASE,
-                                      effects={"triage": lambda t, key: sent.update([key])})
-            run = asyncio.ensure_future(coordinator.arun(
-                Task(id=f"T-{i:04d}", kind="triage", payload={"ticket": f"T-{i:04d}"})
-                for i in range(TASKS)))
-            injector = asyncio.ensure_future(faults(probe, coordinator.run_id, run))
-            result = await asyncio.wait_for(run, 240)
-            await injector
-            return result
-        finally:
-            await probe.close()
-            await store.close()
+        run = asyncio.ensure_future(run_on_dbos(
+            registry, (Task(id=f"T-{i:04d}", kind="triage", payload={"ticket": f"T-{i:04d}"})
+                       for i in range(TASKS)),
+            pg_url, lease=LEASE, effects={"triage": effect}, stall_after=120))
+        injector = asyncio.ensure_future(faults(run))
+        result = await asyncio.wait_for(run, 400)
+        await injector
+        return result
 
     started = time.time()
     try:
@@ -140,37 +131,36 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
     assert len(sent) == TASKS and set(sent.values()) == {1}
     assert not any(e.event in ("dead", "cancelled") for e in result.events)
 
-    for n in set(names) - killed:  # faults are logged in a line, never as a traceback
+    for n in set(names) - set(killed):  # faults are logged in a line, never as a traceback
         err = outputs[n][1]
         assert "Task exception was never retrieved" not in err and "Traceback" not in err, err
-
-    # The killed workers' tasks were reclaimed and finished by others.
-    reclaimed = Counter(e.worker for e in result.events if e.event == "reclaimed")
-    assert all(reclaimed[n] >= 1 for n in killed), reclaimed
     assert all(workers[n].returncode == -signal.SIGKILL for n in killed)
 
-    # The frozen worker's tasks were reclaimed while it slept; what it finished after it
-    # woke carried the old fencing token and the database refused it.
-    assert reclaimed[frozen] >= 1, reclaimed
+    # The attempts the killed and the frozen processes held were reclaimed after their lease.
+    held = holders(pg_url, result.run_id)
+    reclaimed = [e for e in result.events if e.event == "reclaimed"]
+    assert all(e.detail.get("reason") == "lease expired" for e in reclaimed)
+    taken_back = {(e.task, e.attempt - 1) for e in reclaimed}  # logged under the new token
+    by_holder = Counter(held.get(attempt) for attempt in taken_back)
+    assert all(by_holder[n] >= 1 for n in [*killed, frozen]), by_holder
+    # ... and done by others under a newer token: no completion is a reclaimed attempt's.
+    assert not any((e.task, e.attempt) in taken_back for e in completed)
+
+    # What the frozen process finished after it woke was refused by its stale token.
+    refused = [e for e in result.events if e.event == "rejected"]
+    assert any(held.get((e.task, e.attempt)) == frozen for e in refused), refused[:5]
     assert workers[frozen].returncode == 0, outputs[frozen][1][-2000:]
-    summary = re.search(rf"worker {frozen}: (\d+) completed, (\d+) refused", outputs[frozen][1])
+    summary = re.search(rf"worker {frozen}: (\d+) completed", outputs[frozen][1])
     assert summary, outputs[frozen][1][-2000:]
-    # Refused by the database (a stale token), or, when its first write after waking
-    # failed, dropped by the worker itself (past its lease it never retries a result).
-    refused = int(summary.group(2))
-    dropped = outputs[frozen][1].count("dropping the result of")
-    assert refused + dropped >= 1, outputs[frozen][1][-2000:]
-    taken_back = {e.task for e in result.events if e.event == "reclaimed" and e.worker == frozen}
-    held = {(e.task, e.attempt) for e in result.events  # the attempts it held when frozen
-            if e.event == "started" and e.worker == frozen and e.task in taken_back}
-    assert held and not any((e.task, e.attempt) in held for e in completed)
 
     # The five others keep at least half their pace while one process is frozen.
-    before = rate(result.events, others, marks["killed"] + LEASE + 1.0, marks["frozen"])
-    during = rate(result.events, others, marks["frozen"], marks["thawed"])
-    print(f"\n{TASKS} tasks in {took:.1f} s; others' rate before the freeze {before:.1f}/s, "
-          f"during {during:.1f}/s; frozen worker: {refused} late results refused, "
-          f"{dropped} dropped; "
-          f"reclaimed per worker {dict(reclaimed)}")
+    def rate(start: float, end: float) -> float:
+        return sum(1 for t in done_at if start <= t < end) / (end - start)
+
+    before = rate(marks["killed"] + LEASE + 1.0, marks["frozen"])
+    during = rate(marks["frozen"], marks["thawed"])
+    print(f"\n{TASKS} tasks in {took:.1f} s; rate before the freeze {before:.1f}/s, during "
+          f"{during:.1f}/s; {len(refused)} late results refused; reclaimed per holder "
+          f"{dict(by_holder)}")
     assert before > 0
     assert during >= 0.5 * before, (before, during)
