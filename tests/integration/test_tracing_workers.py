@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dbos_support import run_on_dbos
 from dist_app import registry
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -19,7 +20,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from planrun._facade import App, resume_run
 from planrun.core._task import Task
 from planrun.obs import tracing
-from planrun.runtime._distributed import Coordinator
 from planrun.stores import open_store
 
 HERE = Path(__file__).resolve().parent
@@ -35,16 +35,10 @@ def test_worker_process_spans_are_in_the_runs_trace(tmp_path: Path) -> None:
     tickets = [Task(id=f"T-{i}", kind="triage", payload={"ticket": f"T-{i}"}) for i in range(4)]
 
     async def go() -> Any:
-        store = open_store(url)
-        await store.open()
-        try:
-            with tracing.traced_run("dist-run") as traced:
-                assert traced is not None
-                coordinator = Coordinator(registry, store, run_id="dist-run", poll=0.05,
-                                          meta=traced.meta)
-                return await asyncio.wait_for(coordinator.arun(tickets), 60)
-        finally:
-            await store.close()
+        with tracing.traced_run("dist-run") as traced:
+            assert traced is not None
+            return await asyncio.wait_for(run_on_dbos(registry, tickets, url, run_id="dist-run",
+                                                      meta=traced.meta), 60)
 
     env = {**os.environ, "PYTHONPATH": str(HERE), tracing.FILE_ENV: str(spans_file)}
     worker = subprocess.Popen(

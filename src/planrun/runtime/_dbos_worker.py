@@ -20,6 +20,7 @@ from typing import Any
 
 from planrun.core import Registry, StoreError, Task, TaskContext, UsageError, redact
 from planrun.core.scheduling import check_policies, timed_out
+from planrun.obs import tracing
 from planrun.runtime._attempt import run_attempt
 from planrun.runtime._dbos_wire import (
     APP_VERSION,
@@ -243,7 +244,7 @@ class DBOSWorker:
                 with contextlib.suppress(StoreError):
                     await self._beat(run_id, time.time())
             async with self._slots:
-                outcome = await self._run(call)
+                outcome = await self._traced(call)
         finally:
             self._held[run_id] -= 1
             self._last_busy = time.monotonic()
@@ -251,6 +252,25 @@ class DBOSWorker:
             self.failed += 1
         else:
             self.done += 1
+        return outcome
+
+    async def _traced(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """The attempt, in an attempt span of the run's trace when tracing is on."""
+        if not tracing.enabled():
+            return await self._run(call)
+        task = Task(id=str(call["task_id"]), kind=str(call["kind"]), token=int(call["token"]),
+                    attempts=int(call["token"]) - 1)
+        outcome: dict[str, Any] = {}
+
+        async def work() -> None:
+            outcome.update(await self._run(call))
+            failure = outcome.get("failure")
+            tracing.attempt_outcome(task.evolve(
+                error=failure["error"] if failure else None,
+                error_class=failure["error_class"] if failure else None),
+                "failed" if failure else "completed")
+
+        await tracing.worker_attempt(work(), self.store, str(call["run_id"]), task, self.name)
         return outcome
 
     async def _run(self, call: Mapping[str, Any]) -> dict[str, Any]:
