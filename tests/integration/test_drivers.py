@@ -1,10 +1,8 @@
 """The scheduling rules, written once, run against every driver of the core.
 
 Drivers: the in-process supervisor with no store and with the memory, SQLite and PostgreSQL
-stores; external workers (a coordinator and in-process worker processes on their own store
-connections) in push and peer mode, on the memory store under a virtual clock and on SQLite
-and PostgreSQL in real time. A rule that needs what a mode cannot do (resource locks in peer
-mode) asserts that the mode refuses it.
+stores; and the supervisor with its attempts done by a worker process on DBOS (this test
+process: DBOS runs one application per process), on SQLite and on PostgreSQL in real time.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from planrun.core._task import Status, Task
 from planrun.core.scheduling import RetryPolicy, Scheduler
 from planrun.core.scheduling._check import index_problems
 from planrun.runtime._clock import VirtualClock
-from planrun.runtime._distributed import Coordinator, WorkerProcess
 from planrun.runtime._supervisor import RunResult, Supervisor
 from planrun.stores import InMemoryStore, open_store
 
@@ -43,8 +40,8 @@ FAST = RetryPolicy(attempts=3, base=0.02, cap=0.1, jitter=0.0, max_retry_after=0
 
 class Quiet:
     """A worker's store connection that goes silent while its worker is silenced: no
-    heartbeat, no lease renewal, nothing taken or claimed (a stopped process). Its reports
-    still go through, as a process woken up again would send them."""
+    heartbeat (a stopped process). Its outcomes still go through, as a process woken up
+    again would send them."""
 
     def __init__(self, store: Any, name: str, silenced: set[str]) -> None:
         self._store, self._name, self._silenced = store, name, silenced
@@ -60,15 +57,6 @@ class Quiet:
         if not self.silent:
             await self._store.heartbeat_worker(*args)
 
-    async def renew(self, *args: Any) -> bool:
-        return True if self.silent else bool(await self._store.renew(*args))
-
-    async def take_assigned(self, *args: Any) -> list[Task]:
-        return [] if self.silent else list(await self._store.take_assigned(*args))
-
-    async def claim(self, *args: Any) -> list[Task]:
-        return [] if self.silent else list(await self._store.claim(*args))
-
 
 @dataclass
 class Driver:
@@ -76,13 +64,12 @@ class Driver:
 
     name: str
     store: str | None  # None, "memory", "sqlite", "postgres"
-    mode: str | None  # None (in process), "push", "peer"
+    mode: str | None  # None (in process), "dbos"
     virtual: bool
     url: str = ""
     silenced: set[str] = field(default_factory=set)
     """Workers that say nothing (see :class:`Quiet`); in process a handler that does not
     heartbeat is silent by itself."""
-    procs: list[WorkerProcess] = field(default_factory=list)
     over: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the run returned or raised (handlers that hang wait for it)."""
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -90,6 +77,7 @@ class Driver:
 
     @property
     def external(self) -> bool:
+        """Attempts done by worker processes that come and go."""
         return self.mode is not None
 
     @property
@@ -104,10 +92,8 @@ class Driver:
         self.silenced.discard(worker)
 
     def refused(self, result: RunResult) -> int:
-        """Late results refused by their fencing token (in process: ``rejected`` events;
-        worker processes: results the database refused)."""
-        return (sum(1 for e in result.events if e.event == "rejected")
-                + sum(p.rejected for p in self.procs))
+        """Late results refused by their fencing token (``rejected`` events)."""
+        return sum(1 for e in result.events if e.event == "rejected")
 
     def run(self, tasks: Sequence[Task], handlers: dict[str, Handler],
             interrupt: Callable[[], bool] | None = None, **options: Any) -> RunResult:
@@ -134,12 +120,9 @@ class Driver:
         if core is None:
             return "no driver"
         open_tasks = [f"{t.id}:{t.status.value}" for t in core.tasks.values() if not t.finished]
-        workers = [f"{p.name}: running {sorted(k[1] for k in p._running)}, done {p.done}"
-                   for p in self.procs]
         failed = [repr(f.exception()) for f in getattr(self, "_serving", [])
                   if f.done() and not f.cancelled() and f.exception() is not None]
-        return (f"unfinished {open_tasks[:12]}; workers {workers}; worker errors {failed}; "
-                f"facts {core.facts}")
+        return f"unfinished {open_tasks[:12]}; worker errors {failed}; facts {core.facts}"
 
     async def _open(self) -> Any:
         if self.store == "memory":
@@ -198,43 +181,8 @@ class Driver:
                 self.over.set()
                 for s in opened:
                     await self._close(s)
-        if self.mode == "dbos":
-            return await self._on_dbos(registry, tasks, workers, options, interrupt)
-        lease = options.pop("stale_after", 5.0)
-        stores = [await self._open()]
-        assert self.mode in ("push", "peer")
-        self.procs = []
-        for spec in workers:
-            own = await self._open()
-            stores.append(own)
-            self.procs.append(WorkerProcess(
-                registry, Quiet(own, spec.name, self.silenced), name=spec.name,
-                kinds=list(spec.skills) if spec.skills is not None else None,
-                capacity=spec.capacity, mode=self.mode, poll=0.01, lease_s=lease,
-                clock=clock))
-        serving = self._serving = [asyncio.ensure_future(p.arun()) for p in self.procs]
-
-        def coordinator(run_id: str | None = None) -> Coordinator:
-            return Coordinator(registry, stores[0], mode=self.mode, poll=0.01,
-                               stale_after=lease, clock=clock, run_id=run_id, **options)
-
-        try:
-            first = self._driving = coordinator()
-            if interrupt is None:
-                return checked(first.core, await first.arun(tasks), queues=False)
-            await self._until(first.arun(tasks), interrupt)
-            stores.insert(0, await self._open())  # the cancelled one's connection is not reused
-            self.resumed.set()
-            again = coordinator(first.run_id)
-            return checked(again.core, await again.aresume(), queues=False)
-        finally:
-            self.over.set()
-            for p in self.procs:
-                p.stop()
-            await asyncio.gather(*serving, return_exceptions=True)
-            for s in stores:
-                await self._close(s)
-
+        assert self.mode == "dbos"
+        return await self._on_dbos(registry, tasks, workers, options, interrupt)
 
     async def _on_dbos(self, registry: Registry, tasks: list[Task], workers: list[WorkerSpec],
                        options: dict[str, Any], interrupt: Callable[[], bool] | None
@@ -301,17 +249,12 @@ DRIVERS = [
     ("supervisor-memory", "memory", None, True),
     ("supervisor-sqlite", "sqlite", None, False),
     ("supervisor-postgres", "postgres", None, False),
-    ("push-memory", "memory", "push", True),
-    ("peer-memory", "memory", "peer", True),
-    ("push-sqlite", "sqlite", "push", False),
-    ("peer-postgres", "postgres", "peer", False),
     ("dbos-sqlite", "sqlite", "dbos", False),
     ("dbos-postgres", "postgres", "dbos", False),
 ]
 
 
-NOT_ROUTED = {d[0]: "peer-mode workers claim ready tasks themselves: no strategy picks a worker"
-              for d in DRIVERS if d[2] == "peer"} | {
+NOT_ROUTED = {
     d[0]: "DBOS queues give attempts to the processes serving them: no strategy picks one"
     for d in DRIVERS if d[2] == "dbos"}
 """Drivers the routing rules do not apply to, and why."""
@@ -320,7 +263,7 @@ NOT_RESUMABLE = {d[0]: "no store: nothing outlives the run to resume it from"
 """Drivers the resume rule does not apply to, and why."""
 ROUTED = [d for d in DRIVERS if d[0] not in NOT_ROUTED]
 RESUMABLE = [d for d in DRIVERS if d[0] not in NOT_RESUMABLE]
-PEER = [d for d in DRIVERS if d[2] == "peer"]
+ON_DBOS = [d for d in DRIVERS if d[2] == "dbos"]
 
 
 def make_driver(param: tuple[str, str | None, str | None, bool],
@@ -348,8 +291,8 @@ def routing_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[D
     yield from make_driver(request.param, tmp_path)
 
 
-@pytest.fixture(params=PEER, ids=[d[0] for d in PEER])
-def peer_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+@pytest.fixture(params=ON_DBOS, ids=[d[0] for d in ON_DBOS])
+def dbos_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
     yield from make_driver(request.param, tmp_path)
 
 
@@ -476,12 +419,13 @@ def test_balanced_starts_the_longest_critical_path_first(routing_driver: Driver)
     assert got["s"] != got["l0"]
 
 
-def test_peer_workers_claim_so_no_strategy_routes(peer_driver: Driver) -> None:
-    result = peer_driver.run([*chain(3), Task(id="free", kind="k")], {"k": ok},
+def test_on_dbos_queues_route_not_a_strategy(dbos_driver: Driver) -> None:
+    result = dbos_driver.run([*chain(3), Task(id="free", kind="k")], {"k": ok},
                              strategy="round_robin")
     assert result.ok and result.audit.clean
-    assert assignments(result) == []  # nobody assigned anything: each task was claimed
-    assert all(events_of(result, t, "started")[0].worker in ("w1", "w2") for t in result.tasks)
+    # every attempt went to the queues (one worker here), whichever process then took it
+    assert {w for _, w in assignments(result)} == {"dbos"}
+    assert {t.result for t in result.tasks.values()} == {f"done {t}" for t in result.tasks}
 
 
 # ---- retries, backoff, budget of retries, permanent errors -------------------------------
@@ -714,10 +658,6 @@ def test_tasks_sharing_a_resource_never_overlap(driver: Driver) -> None:
         spans[ctx.task_id] = (start, loop.time())
 
     tasks = [Task(id=f"r{i}", kind="k", resources=("db",)) for i in range(4)]
-    if driver.mode == "peer":
-        with pytest.raises(UsageError, match="push mode"):
-            driver.run(tasks, {"k": write})
-        return
     result = driver.run(tasks, {"k": write})
     assert result.ok
     ordered = sorted(spans.values())
@@ -804,22 +744,19 @@ def test_an_interrupted_run_resumes_each_task_once_keeping_retries_spent(
     assert len([e for e in result.events if e.event == "retry"]) == 1
     assert result.audit.duplicates == 0 and result.audit.order_violations == 0
     assert result.audit.missing == ["g"]
-    if not d.external or d.mode == "dbos":
-        # The dead supervisor's attempts were put back and run again (on DBOS: the
-        # attempts its stop left on their queues were cancelled there).
-        assert {e.task for e in result.events if e.event == "reclaimed"} == {"h1", "h2"}
-        assert calls["h1"] == calls["h2"] == 2
-    else:  # the workers outlived their coordinator and finished what they held
-        assert calls["h1"] == calls["h2"] == 1
+    # The stopped supervisor's attempts were put back and run again (on DBOS: the attempts
+    # its stop left on their queues were cancelled there).
+    assert {e.task for e in result.events if e.event == "reclaimed"} == {"h1", "h2"}
+    assert calls["h1"] == calls["h2"] == 2
 
 
 def test_every_driver_is_listed() -> None:
     names = [d[0] for d in DRIVERS]
-    assert len(names) == len(set(names)) == 8
-    assert {d[2] for d in DRIVERS} == {None, "push", "peer"}
+    assert len(names) == len(set(names)) == 6
+    assert {d[2] for d in DRIVERS} == {None, "dbos"}
     assert {d[1] for d in DRIVERS} == {None, "memory", "sqlite", "postgres"}
     # each exclusion is a mode without the feature, with its reason; everything else runs
-    assert set(NOT_ROUTED) == {d[0] for d in DRIVERS if d[2] == "peer"}
+    assert set(NOT_ROUTED) == {d[0] for d in DRIVERS if d[2] == "dbos"}
     assert set(NOT_RESUMABLE) == {"supervisor"}
-    assert len(ROUTED) + len(NOT_ROUTED) == len(RESUMABLE) + len(NOT_RESUMABLE) == 8
+    assert len(ROUTED) + len(NOT_ROUTED) == len(RESUMABLE) + len(NOT_RESUMABLE) == 6
 

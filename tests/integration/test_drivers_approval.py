@@ -346,9 +346,9 @@ def test_cli_approve_and_reject_refuse_bad_input(tmp_path: Path) -> None:
     assert empty.returncode == 2 and "needs a reason" in empty.stderr
 
 
-# ---- external workers: the coordinator gates starts in push mode ---------------------------
+# ---- worker processes on DBOS: the run's process gates, the workers do ----------------------
 
-EXTERNAL = [d for d in DRIVERS if d[2] in ("push", "peer")]
+EXTERNAL = [d for d in DRIVERS if d[2] == "dbos"]
 
 
 @pytest.fixture(params=EXTERNAL, ids=[d[0] for d in EXTERNAL])
@@ -367,12 +367,12 @@ def external(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]
 
 def run_external(driver: Driver, tasks: Sequence[Task], handlers: dict[str, Handler],
                  decisions: Sequence[Decision] = (), **options: Any) -> RunResult:
-    """A coordinator and two worker processes; each decision is written through the store."""
-    from planrun.runtime._distributed import Coordinator, WorkerProcess
+    """The run supervised here, its attempts done by a worker on DBOS; each decision is
+    written through the store, as ``planrun approve`` writes it."""
+    from planrun._facade import App
+    from planrun.runtime import DBOSAttempts, DBOSWorker
 
     registry = Registry(KindSpec(k, handler=h) for k, h in handlers.items())
-    clock = VirtualClock() if driver.virtual else None
-    assert driver.mode is not None
 
     async def decide(store: Any) -> None:
         for task_id, approve, text in decisions:
@@ -385,31 +385,31 @@ def run_external(driver: Driver, tasks: Sequence[Task], handlers: dict[str, Hand
                 await reject_task(store, "rx", task_id, text or "no")
 
     async def go() -> RunResult:
-        coordinator_store = await driver._open()
-        others = [await driver._open() for _ in range(3)]
-        procs = [WorkerProcess(registry, s, name=f"w{i}", capacity=4, mode=driver.mode,
-                               poll=0.01, lease_s=5.0, clock=clock)
-                 for i, s in enumerate(others[:2], 1)]
-        serving = [asyncio.ensure_future(p.arun()) for p in procs]
-        deciding = asyncio.ensure_future(decide(others[2]))
+        stores = [await driver._open() for _ in range(3)]
+        worker = DBOSWorker(registry, stores[1], driver.url, name="w1", concurrency=8,
+                            lease_s=5.0)
+        serving = asyncio.ensure_future(worker.arun())
+        attempts = DBOSAttempts(driver.url, stores[0], lease_s=5.0)
+        deciding = asyncio.ensure_future(decide(stores[2]))
         try:
-            coordinator = Coordinator(registry, coordinator_store, run_id="rx",
-                                      mode=driver.mode, poll=0.01, stale_after=5.0,
-                                      clock=clock, retry=FAST, **options)
-            result = await coordinator.arun(list(tasks))
+            await worker.ready.wait()
+            app = attempts.app(App(registry, effects=options.pop("effects", {}),
+                                   approvals=options.pop("approvals", {})))
+            sup = Supervisor(app.registry, app.worker_specs(), store=stores[0], run_id="rx",
+                             effects=app.effects, approvals=app.approvals, stale_after=5.0,
+                             retry=FAST, approval_poll=0.05, **options)
+            sup.add_tasks(list(tasks))
+            result = await sup.arun()
             await deciding
             return result
         finally:
             deciding.cancel()
-            for p in procs:
-                p.stop()
-            await asyncio.gather(*serving, deciding, return_exceptions=True)
-            if driver.store != "memory":
-                for s in [coordinator_store, *others]:
-                    await s.close()
+            worker.stop()
+            await attempts.aclose()
+            await asyncio.gather(serving, deciding, return_exceptions=True)
+            for s in stores:
+                await s.close()
 
-    if clock is not None:
-        return clock.run(go())
     return asyncio.run(asyncio.wait_for(go(), 60))
 
 
@@ -435,16 +435,6 @@ def test_external_workers_start_a_task_only_once_approved(external: Driver) -> N
     assert result.tasks["no"].status is Status.DEAD and result.tasks["no"].cause == "rejected"
     assert result.tasks["never"].status is Status.CANCELLED
     assert "started" not in events_of(result, "no")
-
-
-def test_peer_workers_never_claim_a_task_waiting_for_approval(external: Driver) -> None:
-    # No dependency: in peer mode the task is claimable from the start unless it waits.
-    tasks = [Task(id="pay", kind="pay"), Task(id="a", kind="k")]
-    result = run_external(external, tasks, {"k": ok, "pay": ok}, [("pay", True, "fine")],
-                          approvals={"pay": "start"})
-    ev = events_of(result, "pay")
-    assert ev[:3] == ["created", "waiting", "approved"] and ev.count("started") == 1
-    assert result.ok and result.audit.clean
 
 
 def test_external_workers_hold_an_effect_until_approved(external: Driver) -> None:

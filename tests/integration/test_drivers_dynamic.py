@@ -3,7 +3,7 @@
 A handler spawns tasks with :meth:`TaskContext.spawn`; the addition is validated like a
 plan, bounded, recorded with the spawner's completion in one write, and a join waits for
 everything a task spawned. The drivers are those of ``test_drivers`` (in process with each
-store, external workers in push and peer mode).
+store, and a worker process on DBOS).
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import test_drivers
 from pgtest import fresh_schema
 from test_drivers import DRIVERS, Driver
 
-from planrun.core._errors import PermanentError, StoreError, TransientError
-from planrun.core._ledger import Event
+from planrun.core._errors import PermanentError, TransientError
 from planrun.core._registry import SpawnRequest, TaskContext
-from planrun.core._task import Status, Task, transition
+from planrun.core._task import Status, Task
 from planrun.core.scheduling import SpawnLimits
 from planrun.runtime._supervisor import RunResult
-from planrun.stores import InMemoryStore, open_store
-from planrun.stores.base import RunInfo
+from planrun.stores import open_store
 
 
 async def fetch(payload: Any, ctx: TaskContext) -> dict[str, int]:
@@ -249,141 +247,11 @@ def test_a_reclaimed_spawner_adds_nothing_twice(in_process: Driver) -> None:
     assert result.audit.clean
 
 
-# ---- the store's one transaction, for worker processes ------------------------------------
-
-
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
-    if request.param == "memory":
-        yield "memory"
-    elif request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'spawn.db'}"
-    else:
-        yield from fresh_schema("planrun_spawn")
-
-
-async def _opened(url: str) -> Any:
-    store = InMemoryStore() if url == "memory" else open_store(url)
-    await store.open()
-    return store
-
-
-def _ev(task: Task, name: str) -> Event:
-    return Event(-1, 1.0, task.id, name, "w", task.token, {})
-
-
-async def _spawning_run(store: Any) -> tuple[Task, Task]:
-    spawner = transition(Task("x", "fetch"), Status.RUNNING, token=1, assigned_to="w")
-    joiner = Task("j", "summary", depends_on=("x",), joins=("x",))
-    await store.create_run(RunInfo("r", 0.0, "running"))
-    await store.add_tasks("r", [spawner, joiner], [])
-    return spawner, joiner
-
-
-def _addition(spawner: Task, joiner: Task, n: int) -> tuple[Task, list[Any], list[Any]]:
-    done = transition(spawner, Status.COMPLETED, result=1, attempts=1, lease=None)
-    new = [Task(f"x/{i}", "classify", parent="x") for i in range(n)]
-    wide = joiner.evolve(depends_on=joiner.depends_on + tuple(t.id for t in new),
-                         token=joiner.token + 1)
-    return done, [(t, _ev(t, "created")) for t in new], [(wide, _ev(wide, "joined"))]
-
-
-async def test_a_spawn_is_written_with_its_completion_or_not_at_all(store_url: str) -> None:
-    store = await _opened(store_url)
-    try:
-        spawner, joiner = await _spawning_run(store)
-        done, added, widened = _addition(spawner, joiner, 3)
-        # a fault inside the transaction (an added row that clashes) leaves nothing written
-        clash = [*added, (Task("j", "classify", parent="x"), _ev(joiner, "created"))]
-        with pytest.raises(StoreError):
-            await store.write_fenced("r", done, _ev(done, "completed"), 1, clash, widened)
-        state = await store.load("r")
-        assert {t.id: t.status for t in state.tasks} == {"x": Status.RUNNING,
-                                                         "j": Status.PENDING}
-        assert state.events == [] and state.tasks[1].depends_on == ("x",)
-        # the stale attempt of a reclaimed spawner adds nothing
-        assert not await store.write_fenced("r", done, _ev(done, "completed"), 0, added,
-                                            widened)
-        assert len((await store.load("r")).tasks) == 2
-        # the current one adds everything, once
-        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
-        assert not await store.write_fenced("r", done, _ev(done, "completed"), 1, added,
-                                            widened)
-        state = await store.load("r")
-        by_id = {t.id: t for t in state.tasks}
-        assert sorted(by_id) == ["j", "x", "x/0", "x/1", "x/2"]
-        assert by_id["x/1"].parent == "x" and by_id["j"].joins == ("x",)
-        assert by_id["j"].depends_on == ("x", "x/0", "x/1", "x/2")
-        assert [e.event for e in state.events] == ["completed", "joined", *["created"] * 3]
-    finally:
-        await store.close()
-
-
-async def test_a_finished_joiner_is_not_widened(store_url: str) -> None:
-    store = await _opened(store_url)
-    try:
-        spawner, joiner = await _spawning_run(store)
-        cancelled = transition(joiner, Status.CANCELLED, cause="abort")
-        await store.write("r", [(cancelled, Event(0, 0.5, "j", "cancelled"))])
-        done, added, widened = _addition(spawner, joiner, 1)
-        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
-        by_id = {t.id: t for t in (await store.load("r")).tasks}
-        assert by_id["j"].status is Status.CANCELLED and by_id["j"].depends_on == ("x",)
-        assert "x/0" in by_id
-    finally:
-        await store.close()
-
-
-async def test_a_replan_is_written_with_its_event_or_not_at_all(store_url: str) -> None:
-    store = await _opened(store_url)
-    try:
-        spawner, joiner = await _spawning_run(store)
-        dead = transition(spawner, Status.DEAD, error="gone", finished_at=1.0, lease=None)
-        await store.write("r", [(dead, Event(0, 1.0, "x", "dead"))])
-        _, added, widened = _addition(spawner, joiner, 2)
-        clash = [*added, (Task("j", "classify", parent="x"), _ev(joiner, "created"))]
-        with pytest.raises(StoreError):  # a row that clashes: nothing is written
-            await store.write_added("r", _ev(dead, "replanned"), clash, widened)
-        state = await store.load("r")
-        assert len(state.tasks) == 2 and [e.event for e in state.events] == ["dead"]
-        await store.write_added("r", _ev(dead, "replanned"), added, widened)
-        state = await store.load("r")
-        by_id = {t.id: t for t in state.tasks}
-        assert by_id["x"].status is Status.DEAD  # the event changes no row
-        assert by_id["j"].depends_on == ("x", "x/0", "x/1")
-        events = sorted(state.events, key=lambda e: e.seq)  # numbered by the store, in order
-        assert [e.event for e in events] == ["dead", "replanned", "joined", "created", "created"]
-        assert len({e.seq for e in events}) == 5
-    finally:
-        await store.close()
-
-
 def test_spawn_requests_keep_their_order_and_ids() -> None:
     ctx = TaskContext(run_id="r", task_id="t", kind="k", attempt=1, worker="w", skill=1.0)
     assert ctx.spawn("a") == "t/0"
     assert ctx.spawn("b", {"x": 1}, depends_on=["t/0"], joins=["t0"]) == "t/1"
     assert ctx.spawned[1] == SpawnRequest("b", {"x": 1}, ("t/0",), ("t0",), 1.0)
-
-
-async def test_two_spawns_widening_one_joiner_at_once_do_not_lose_each_other(
-        store_url: str) -> None:
-    store = await _opened(store_url)
-    try:
-        spawner, joiner = await _spawning_run(store)
-        other = transition(Task("y", "fetch"), Status.RUNNING, token=1, assigned_to="w")
-        await store.add_tasks("r", [other], [])
-        done, added, widened = _addition(spawner, joiner, 1)
-        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, added, widened)
-        # a second spawner that read the joiner before the first write is refused whole
-        done_y = transition(other, Status.COMPLETED, result=1, attempts=1, lease=None)
-        late = [(Task("y/0", "classify", parent="y"), _ev(other, "created"))]
-        with pytest.raises(StoreError, match="changed since it was read"):
-            await store.write_fenced("r", done_y, _ev(done_y, "completed"), 1, late, widened)
-        by_id = {t.id: t for t in (await store.load("r")).tasks}
-        assert by_id["y"].status is Status.RUNNING and "y/0" not in by_id
-        assert by_id["j"].depends_on == ("x", "x/0")
-    finally:
-        await store.close()
 
 
 # ---- replanning ----------------------------------------------------------------------------
@@ -543,21 +411,3 @@ def test_a_replan_cut_off_by_a_stop_is_asked_again_on_resume_once(url: str,
     assert result.tasks["dig/1"].status is Status.COMPLETED
     assert sum(e.event == "replanned" for e in result.events) == 1
     assert set(completions(result).values()) == {1}
-
-
-async def test_a_row_added_waiting_is_written_with_both_its_events(store_url: str) -> None:
-    store = await _opened(store_url)
-    try:
-        spawner, joiner = await _spawning_run(store)
-        done, added, widened = _addition(spawner, joiner, 2)
-        gated = transition(added[1][0], Status.WAITING, cause="approval:start")
-        both = [added[0], (gated, (_ev(gated, "created"), _ev(gated, "waiting")))]
-        assert await store.write_fenced("r", done, _ev(done, "completed"), 1, both, widened)
-        state = await store.load("r")
-        assert {t.id: t.status for t in state.tasks}["x/1"] is Status.WAITING
-        events = sorted(state.events, key=lambda e: e.seq)
-        assert [(e.task, e.event) for e in events][-4:] == [
-            ("j", "joined"), ("x/0", "created"), ("x/1", "created"), ("x/1", "waiting")]
-        assert len({e.seq for e in events}) == len(events)
-    finally:
-        await store.close()

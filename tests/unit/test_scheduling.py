@@ -19,7 +19,7 @@ from planrun.core._errors import ErrorClass, UsageError
 from planrun.core._ledger import EventName as E
 from planrun.core._registry import KindSpec, Registry, WorkerSpec
 from planrun.core._routing import get_router
-from planrun.core._task import Status, Task, transition
+from planrun.core._task import Status, Task
 from planrun.core.scheduling import Failure, RetryPolicy, Scheduler
 
 EXACT = RetryPolicy(attempts=3, base=1.0, cap=4.0, jitter=0.0, max_retry_after=10.0)
@@ -190,70 +190,6 @@ def test_a_budget_refusal_cancels_what_has_not_started_with_cause_budget() -> No
     assert {t.id: t.cause for t in s.tasks.values()} == {"a": "budget", "b": "budget",
                                                          "c": "budget"}
     assert s.done
-
-
-# ---- what others wrote (the coordinator's mirror) ---------------------------------------
-
-
-def peer_core() -> tuple[Scheduler, Recorder]:
-    s, sink = core()
-    s.claims_alone = True
-    s.add([Task("p", "k"), Task("j", "k", depends_on=("p",))], 0.0)
-    s.start(0.0)
-    return s, sink
-
-
-def spawned(status: Status, **fields: Any) -> Task:
-    """``p/0`` as a peer worker left it: claimed (started), then ``status``."""
-    task = Task("p/0", "k", parent="p", created_at=1.0)
-    if status in (Status.DEAD, Status.CANCELLED):
-        return transition(task, status, **fields)
-    running = transition(task, Status.RUNNING, assigned_to="w2", token=1, started_at=1.5)
-    return transition(running, status, assigned_to=None, **fields)
-
-
-def test_a_spawned_task_first_seen_failed_permanently_is_decided_dead() -> None:
-    # A peer worker claimed and failed a spawned task before the coordinator read it.
-    s, sink = peer_core()
-    s.observe(spawned(Status.FAILED, attempts=1, error="PermanentError: no",
-                      error_class=ErrorClass.PERMANENT, token=1), 2.0)
-    assert s.tasks["p/0"].status is Status.DEAD
-    assert sink.events("p/0") == [E.DEAD]
-
-
-def test_a_spawned_task_first_seen_failed_transiently_is_retried() -> None:
-    s, sink = peer_core()
-    s.observe(spawned(Status.FAILED, attempts=1, error="TransientError: slow",
-                      error_class=ErrorClass.TRANSIENT, token=1), 2.0)
-    assert s.tasks["p/0"].status is Status.FAILED and s.next_wakeup(2.0) == 3.0
-    s.tick(3.0)
-    assert s.tasks["p/0"].status is Status.PENDING and sink.events("p/0") == [E.RETRY]
-
-
-def test_a_spawned_task_first_seen_dead_cancels_its_known_joiner() -> None:
-    s, _ = peer_core()
-    s.observe(s.tasks["j"].evolve(depends_on=("p", "p/0")), 1.0)  # the join widened first
-    s.observe(spawned(Status.DEAD, error="PermanentError: no", token=1), 2.0)
-    assert s.tasks["j"].status is Status.CANCELLED and s.tasks["j"].cause == "p/0"
-
-
-def test_a_spawned_task_first_seen_completed_releases_its_known_joiner() -> None:
-    s, _ = core()  # push mode: the core counts what the joiner waits for
-    s.add([Task("p", "k"), Task("j", "k", depends_on=("p",))], 0.0)
-    s.start(0.0)
-    p = started(s, 0.0)["p"]
-    s.observe(s.tasks["j"].evolve(depends_on=("p", "p/0")), 1.0)
-    s.observe(transition(p, Status.COMPLETED, result=1, attempts=1), 1.0)
-    assert started(s, 1.0) == {}
-    s.observe(spawned(Status.COMPLETED, result=2, attempts=1), 2.0)
-    assert set(started(s, 2.0)) == {"j"}
-
-
-def test_a_spawned_task_first_seen_cancelled_for_the_budget_stops_the_run() -> None:
-    s, _ = peer_core()
-    s.observe(spawned(Status.CANCELLED, cause="budget", token=1), 2.0)
-    assert s.facts.budget_exhausted
-    assert s.tasks["p"].status is Status.CANCELLED and s.tasks["p"].cause == "budget"
 
 
 # ---- leases, stall, effects --------------------------------------------------------------
@@ -431,7 +367,7 @@ def test_release_without_dispatch_leaves_what_became_ready_to_the_next_dispatch(
 
 
 def test_a_worker_first_seen_after_its_tasks_counts_them_as_its_load() -> None:
-    """A resumed coordinator reads the stored tasks before the workers holding them: a
+    """A core that restores stored tasks before it meets the workers holding them: a
     worker it meets then starts with what is in flight on it, not with nothing (its
     active count went below zero when those tasks ended)."""
     from planrun.core.scheduling._check import index_problems
@@ -443,10 +379,8 @@ def test_a_worker_first_seen_after_its_tasks_counts_them_as_its_load() -> None:
                     estimate_s=3.0),
                Task("c", "k")])
     s.start(0.0)
-    worker = s.sync_worker("w9", ["k"], 2)
+    worker = s.add_worker(WorkerSpec("w9", {"k": 1.0}, 2))
     assert (worker.active, worker.load_s) == (1, 5.0)
-    assert s.sync_worker("w9", ["k"], 2) is worker and worker.active == 1  # seen again
     assert s.complete("a", 1, "ra", 1.0, "w9")
     assert (worker.active, worker.load_s) == (0, 3.0)
-    assert s.sync_worker("w9", ["k", "other"], 4).load_s == 3.0  # new skills: recounted
     assert index_problems(s, queues=False) == []

@@ -12,7 +12,7 @@ from planrun.runtime._clock import Clock, RealClock, VirtualClock, run_blocking
 from planrun.runtime._dbos_attempts import DBOSAttempts
 from planrun.runtime._dbos_worker import DBOSWorker, register_workflows
 from planrun.runtime._decisions import approve_task, reject_task
-from planrun.runtime._distributed import Coordinator, WorkerProcess
+from planrun.runtime._deprecated import Coordinator, WorkerProcess
 from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
 from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
 

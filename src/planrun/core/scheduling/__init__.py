@@ -12,7 +12,6 @@ from planrun.core.scheduling._approval import (
     Approval,
     as_approval,
     decide_record,
-    kept_gate,
     waiting_cause,
 )
 from planrun.core.scheduling._outcome import Failure, ReportedFailure, failure_of, timed_out
@@ -61,7 +60,6 @@ __all__ = [
     "dependency_order",
     "expand",
     "failure_of",
-    "kept_gate",
     "replans_spent",
     "retries_spent",
     "spawn_refused",

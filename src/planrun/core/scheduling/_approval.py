@@ -11,15 +11,15 @@ ledger event, and a decision written while no driver runs is carried out at resu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from planrun.core._errors import UsageError
 from planrun.core._task import Status, Task
 
-__all__ = ["APPROVED", "REJECTED", "Approval", "Stage", "as_approval", "gates_meta",
-           "kept_gate", "recorded_decision", "stage_of", "waiting_cause"]
+__all__ = ["APPROVED", "REJECTED", "Approval", "Stage", "as_approval",
+           "recorded_decision", "stage_of", "waiting_cause"]
 
 Stage = Literal["start", "effect"]
 STAGES: tuple[str, ...] = ("start", "effect")
@@ -120,25 +120,3 @@ def decide_record(task: Task, approve: bool, note: str | None) -> Task:
     return task.evolve(cause=prefix + stage_of(task), error=note)
 
 
-def gates_meta(approvals: Mapping[str, Approval],
-               task_approvals: Mapping[str, Approval]) -> dict[str, Any]:
-    """The approval rules as kept in a run's meta (``meta["approvals"]``), where worker
-    processes read them: per kind and per task, the stage, the timeout, and whether a
-    condition decides (a worker cannot run it: it asks, and the coordinator's core
-    decides with the condition)."""
-
-    def one(rule: Approval) -> dict[str, Any]:
-        return {"before": rule.before, "timeout_s": rule.timeout_s,
-                "conditional": rule.when is not None}
-
-    return {"kinds": {k: one(r) for k, r in approvals.items()},
-            "tasks": {t: one(r) for t, r in task_approvals.items()}}
-
-
-def kept_gate(gates: Mapping[str, Any] | None, task: Task) -> Mapping[str, Any] | None:
-    """The rule of ``gates`` (from :func:`gates_meta`) ``task`` falls under: its own, else
-    its kind's; None when it needs no approval or was approved already."""
-    if not gates or task.cause == APPROVED:
-        return None
-    rule = (gates.get("tasks") or {}).get(task.id) or (gates.get("kinds") or {}).get(task.kind)
-    return rule if isinstance(rule, Mapping) else None

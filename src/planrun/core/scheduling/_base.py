@@ -232,7 +232,6 @@ class _State:
 
         def _rewire(self, old: Task, new: Task) -> None: ...
 
-        def _observed_wait(self, task: Task, now: float) -> None: ...
 
     def __init__(
         self,
@@ -256,7 +255,6 @@ class _State:
         approvals: Mapping[str, Approval | str] | None = None,
         task_approvals: Mapping[str, Approval | str] | None = None,
         can_replan: bool = False,
-        claims_alone: bool = False,
     ) -> None:
         check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
                        stall_after=stall_after, max_reclaims=max_reclaims)
@@ -274,10 +272,6 @@ class _State:
         self.effect_retry = effect_retry
         self.approvals = {k: as_approval(v) for k, v in (approvals or {}).items()}
         self.task_approvals = {k: as_approval(v) for k, v in (task_approvals or {}).items()}
-        self.claims_alone = claims_alone
-        """Workers claim ready tasks on their own (peer mode): a task that needs approval
-        before it starts waits from the moment it is added, before any worker can claim
-        it, and an approval makes it pending again."""
         self.kinds = kinds
         self.spawn_limits = spawn_limits or SpawnLimits()
         self.default_attempts = default_attempts

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from planrun.core._errors import InvalidPlan, UsageError
@@ -43,25 +43,9 @@ class _Dispatch(_Ready):
         self._count_in(state)
         return state
 
-    def sync_worker(self, name: str, kinds: Sequence[str], capacity: int) -> WorkerState:
-        """Create or refresh a worker seen in the store (external workers)."""
-        state = self.workers.get(name)
-        spec = WorkerSpec(name, dict.fromkeys(kinds, 1.0), max(1, capacity))
-        if state is None:
-            state = WorkerState(spec)
-            self.workers[name] = state
-        elif state.spec == spec:
-            return state
-        else:
-            state.spec = spec
-        self._capable.clear()
-        self._count_in(state)
-        return state
-
     def _count_in(self, worker: WorkerState) -> None:
-        """A worker the core meets, or meets again with other skills: its load and active
-        count from the tasks in flight on it already (a resumed coordinator reads the
-        stored tasks before the workers that hold them)."""
+        """A worker the core meets: its load and active count from the tasks in flight on
+        it already."""
         mine = [t for t in self.tasks.values()
                 if t.assigned_to == worker.name and t.status in _IN_FLIGHT]
         worker.active = sum(1 for t in mine if t.status is _RUNNING)
@@ -88,7 +72,7 @@ class _Dispatch(_Ready):
             task = self._pop_ready(now)
             if task is None:
                 continue
-            worker = self._route(task, None)
+            worker = self._route(task)
             if worker is None:
                 self._queued.add(task.id)
                 heapq.heappush(self._ready, self._entry[task.id])
@@ -102,34 +86,11 @@ class _Dispatch(_Ready):
             self._pump(worker, now, starts)
         return starts
 
-    def assign(self, now: float, free: dict[str, int]) -> list[Task]:
-        """Push mode: assign ready tasks to workers with ``free`` slots (name -> slots)."""
-        self._ask(now)
-        assigned: list[Task] = []
-        later: list[str] = []
-        while (self._ready and not self.stopping and not self.paused
-               and any(n > 0 for n in free.values())):
-            task = self._pop_ready(now)
-            if task is None:
-                continue
-            worker = self._route(task, free)
-            if worker is None:
-                later.append(task.id)
-                continue
-            assigned.append(self._assign(task, worker, now, lease=now + self.stale_after))
-            free[worker.name] -= 1
-        for tid in later:
-            self._queued.add(tid)
-            heapq.heappush(self._ready, self._entry[tid])
-        return assigned
-
-    def _route(self, task: Task, free: Mapping[str, int] | None) -> WorkerState | None:
+    def _route(self, task: Task) -> WorkerState | None:
         candidates = self._capable.get(task.kind)
         if candidates is None:
             candidates = [w for w in self.workers.values() if w.spec.can_do(task.kind)]
             self._capable[task.kind] = candidates
-        if free is not None:
-            candidates = [w for w in candidates if free.get(w.name, 0) > 0]
         if not candidates:
             return None
         if len(candidates) == 1 and type(self.router) in _STATELESS:
@@ -139,12 +100,11 @@ class _Dispatch(_Ready):
             candidates = [w for w in candidates if w.name != avoid] or candidates
         return self.router.pick(task, candidates)
 
-    def _assign(self, task: Task, worker: WorkerState, now: float,
-                lease: float | None = None) -> Task:
+    def _assign(self, task: Task, worker: WorkerState, now: float) -> Task:
         self.last_change = now
         name = worker.name
         token = task.token
-        new = assigned(task, name, lease)
+        new = assigned(task, name, None)
         tid = task.id
         self.tasks[tid] = new
         self._index(new)  # pending -> assigned: nothing to undo, nothing finishes

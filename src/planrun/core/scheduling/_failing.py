@@ -121,9 +121,7 @@ class _Failing(_Dispatch):
         self._schedule_retry(task.id, at, task.assigned_to)
 
     def expire(self, task: Task, now: float) -> None:
-        """The lease of ``task`` (a fresh record) ran out while a live worker held it."""
-        self.observe(task, now)
-        task = self.tasks[task.id]
+        """The lease of ``task`` ran out while a worker held it."""
         if task.status not in _IN_FLIGHT:
             return
         worker = task.assigned_to
@@ -142,49 +140,3 @@ class _Failing(_Dispatch):
         if worker is not None:
             self._avoid[task.id] = worker
         self._offer(task.id)
-
-    def observe(self, new: Task, now: float) -> None:
-        """A record as the store has it now (written by a worker, or by this driver)."""
-        old = self.tasks.get(new.id)
-        if old is None:
-            # A task added elsewhere (a worker's spawn, a replan), seen now in whatever state
-            # it reached meanwhile: peer workers may have claimed, run and failed it already.
-            self._insert(new)
-            self._prioritise([new])
-            if new.status is not _PENDING:
-                self.touch(now)
-            self._settle(None, new, now)
-            return
-        if old is new or (old.status is new.status and old.token == new.token
-                          and old.attempts == new.attempts):
-            if old is not new:
-                if old.depends_on != new.depends_on:
-                    self._rewire(old, new)  # a join widened by a spawn
-                    self.touch(now)
-                else:
-                    self.tasks[new.id] = new
-                if new.status is _WAITING:
-                    self.take_decision(new, now)
-            return
-        if old.depends_on != new.depends_on:
-            self._rewire(old, old.evolve(depends_on=new.depends_on))
-        self._replace(old, new)
-        self.touch(now)
-        self._settle(old, new, now)
-
-    def _settle(self, old: Task | None, new: Task, now: float) -> None:
-        """Decide what an observed record's status asks for (``old``: the record this
-        core had, None for one it never saw): a failure's retry or death, what a death
-        cancels, a budget stop, a start, a wait."""
-        status = new.status
-        if status is _FAILED:
-            self._decide_failed(new, now)
-        elif status is _DEAD and (old is None or old.status is not _DEAD):
-            self._after_death(new, now)
-        elif status is _CANCELLED and new.cause == "budget":
-            self._budget_stop(now)
-        elif status is _PENDING:
-            if old is not None or self.started:
-                self._offer(new.id)
-        elif status is _WAITING:
-            self._observed_wait(new, now)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
 from typing import Any
 
 from planrun.core._errors import UsageError
@@ -15,7 +14,6 @@ from planrun.core.scheduling._approval import (
     APPROVED,
     REJECTED,
     Approval,
-    gates_meta,
     recorded_decision,
     stage_of,
     waiting_cause,
@@ -42,51 +40,14 @@ class _Gates(_Failing):
                 and rule.applies(task))
 
     def _ask(self, now: float) -> None:
-        """Ready tasks that need approval before they start go to ``waiting`` (every such
-        task when workers claim alone)."""
+        """Ready tasks that need approval before they start go to ``waiting``."""
         if not self._asking:
             return
         asking, self._asking = self._asking, []
         for tid in asking:
             task = self.tasks[tid]
-            if task.status is _PENDING and not self.stopping \
-                    and (not self._waiting[tid] or self.claims_alone):
+            if task.status is _PENDING and not self.stopping and not self._waiting[tid]:
                 self._wait(task, "start", now, None)
-
-    def gate_unclaimed(self, tasks: Iterable[Task], now: float) -> None:
-        """With :attr:`claims_alone`: the pending ``tasks`` that need approval before they
-        start go to ``waiting`` now (the driver writes them so before a worker sees them)."""
-        if not self.claims_alone or not (self.approvals or self.task_approvals):
-            return
-        for task in tasks:
-            current = self.tasks[task.id]
-            if current.status is _PENDING and self._needs_start_approval(current) \
-                    and not self.stopping:
-                self._wait(current, "start", now, None)
-
-    def gates(self) -> dict[str, Any]:
-        """The approval rules as a run's meta keeps them for worker processes."""
-        return gates_meta(self.approvals, self.task_approvals)
-
-    def _observed_wait(self, task: Task, now: float) -> None:
-        """A worker process wrote ``task`` waiting (its result held for an approval before
-        the effect): time it out by its rule, and complete it at once when the rule's
-        condition says it needs none."""
-        if self.take_decision(task, now):
-            return
-        if task.not_before is not None:
-            heapq.heappush(self._approval_timeouts, (task.not_before, task.id))
-        rule = self.approval_for(task)
-        if rule is not None and rule.applies(task):
-            return
-        if stage_of(task) == "effect":
-            self._change(task, _COMPLETED, E.COMPLETED, None, {"approved": False},
-                         cause=None, error=None, not_before=None, finished_at=now)
-        else:  # written waiting by a worker that cannot run the rule's condition
-            self._change(task, _PENDING, E.APPROVED, None,
-                         {"for": "start", "note": "no approval needed", "by": "rule"},
-                         cause=APPROVED, error=None, not_before=None)
-            self._offer(task.id)
 
     def _wait(self, task: Task, stage: str, now: float, worker: str | None,
               **changes: Any) -> Task:

@@ -51,7 +51,6 @@ class _Growth(_Gates):
             self._insert(task)
             self._sink(task, E.CREATED, None, {"parent": task.parent}, task.token)
         self._prioritise(list(addition.tasks))
-        self.gate_unclaimed(addition.tasks, now)
         if self.started:
             for task in addition.tasks:
                 self._offer(task.id)

@@ -206,7 +206,7 @@ class _Ready(_State):
         if tid in self._queued:
             return
         task = self.tasks[tid]
-        if task.status is _PENDING and (not self._waiting[tid] or self.claims_alone):
+        if task.status is _PENDING and not self._waiting[tid]:
             if (self.approvals or self.task_approvals) and self._needs_start_approval(task):
                 if tid not in self._asking:
                     self._asking.append(tid)

@@ -9,17 +9,11 @@ run has passed its deadline, is stalled or is finished.
 
 It does no I/O and reads no clock: every call passes ``now``. Each change it decides is a
 new task record made by :func:`planrun.core._task.transition`, handed to the ``sink`` with its
-ledger event; a driver persists the change (in-process: a batch for the store; the
-coordinator: a fenced write) and carries it out (start an attempt, apply an effect).
-
-Two ways to feed it:
-
-* outcomes the driver saw itself (:meth:`Scheduler.complete`, :meth:`Scheduler.fail`,
-  :meth:`Scheduler.heartbeat`), used by the in-process supervisor;
-* records changed by someone else (:meth:`Scheduler.observe`), used by the coordinator for
-  what worker processes wrote. A worker reports ``failed`` without deciding anything; the
-  core decides retry or death when it observes the record, with the same rule as for an
-  outcome it saw itself.
+ledger event; a driver persists the change (a batch for the store) and carries it out
+(start an attempt, apply an effect). The driver feeds it the outcomes it saw
+(:meth:`Scheduler.complete`, :meth:`Scheduler.fail`, :meth:`Scheduler.heartbeat`), whether
+the attempt ran in its process or in a worker process on DBOS, which reports a failure as
+it classified it and decides nothing.
 """
 
 from __future__ import annotations
@@ -80,7 +74,6 @@ class Scheduler(_Growth):
             kind wait for a person's decision (:meth:`approve`, :meth:`reject`).
         task_approvals: task id -> :class:`Approval`, for single tasks (over their kind's).
         can_replan: the driver has a replanner (``on_dead="replan"`` asks it).
-        claims_alone: workers claim ready tasks themselves (peer mode).
     """
 
     def tick(self, now: float) -> None:
