@@ -1,4 +1,4 @@
-"""The app of ``bench/dbos.py``'s worker processes (``bench_app:app``): a no-op kind and a
+"""The app of ``bench/on_dbos.py``'s worker processes (``bench_app:app``): a no-op kind and a
 kind that waits 20 ms, as a model call would wait on the network."""
 
 from __future__ import annotations

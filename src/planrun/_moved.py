@@ -26,7 +26,7 @@ MOVED: dict[str, str] = {
     "planrun.console": "planrun.obs._console",
     "planrun.decompose": "planrun.model._decompose",
     "planrun.demo": "planrun.dev.demo",
-    "planrun.distributed": "planrun.runtime._distributed",
+    "planrun.distributed": "planrun.runtime._deprecated",
     "planrun.errors": "planrun.core._errors",
     "planrun.eval": "planrun.dev.eval",
     "planrun.fixtures": "planrun.dev.fixtures",

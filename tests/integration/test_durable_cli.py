@@ -166,28 +166,30 @@ def test_database_restarted_mid_run_loses_no_task() -> None:
     assert len({e.task for e in completed}) == 200
 
 
-def test_a_coordinated_run_resumes_under_the_policies_it_started_with(tmp_path: Path) -> None:
+def test_a_run_on_dbos_resumes_under_the_policies_it_started_with(tmp_path: Path) -> None:
     from planrun.core._task import Status, transition
     from planrun.stores import RunInfo
 
     db = f"sqlite:///{tmp_path / 'policy.db'}"
-    meta = {"app": "dist_app:app", "coordinated": True, "mode": "push",
-            "on_dead": "abort_run", "stale_after": 5.0, "retry_budget": 0}
+    meta = {"app": "dist_app:app", "workers": "external", "on_dead": "abort_run",
+            "stale_after": 5.0, "retry_budget": 0}
+    old = {"app": "dist_app:app", "coordinated": True, "mode": "push"}
 
     async def prepare() -> None:
         store = open_store(db)
         await store.open()
-        dead = transition(Task(id="a", kind="triage", payload={"ticket": "a"}),
-                          Status.DEAD, error="boom")
-        await store.create_run(RunInfo("run-policy", time.time(), meta=meta))
-        await store.add_tasks("run-policy", [dead, Task(id="b", kind="triage")], [])
+        for run_id, run_meta in (("run-policy", meta), ("run-old", old)):
+            dead = transition(Task(id="a", kind="triage", payload={"ticket": "a"}),
+                              Status.DEAD, error="boom")
+            await store.create_run(RunInfo(run_id, time.time(), meta=run_meta))
+            await store.add_tasks(run_id, [dead, Task(id="b", kind="triage")], [])
         await store.close()
 
-    async def load() -> Any:
+    async def load(run_id: str) -> Any:
         store = open_store(db)
         await store.open()
         try:
-            return await store.load("run-policy")
+            return await store.load(run_id)
         finally:
             await store.close()
 
@@ -195,8 +197,14 @@ def test_a_coordinated_run_resumes_under_the_policies_it_started_with(tmp_path: 
     # Under the default policy "b" would wait for a worker; under abort_run it is cancelled.
     resumed = cli("resume", "run-policy", "--db", db, timeout=60)
     assert resumed.returncode == 1, resumed.stderr
-    b = next(t for t in asyncio.run(load()).tasks if t.id == "b")
+    b = next(t for t in asyncio.run(load("run-policy")).tasks if t.id == "b")
     assert b.status is Status.CANCELLED and b.cause == "abort: a died"
+    # A run the earlier engine coordinated is refused in one line, and left as it was.
+    refused = cli("resume", "run-old", "--db", db, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "before worker processes ran on DBOS" in refused.stderr
+    b = next(t for t in asyncio.run(load("run-old")).tasks if t.id == "b")
+    assert b.status is Status.PENDING
 
 
 def test_run_records_its_retry_budget_for_resume(tmp_path: Path) -> None:

@@ -1,18 +1,18 @@
 """PostgreSQL under faults: a writer stopped inside its transaction, commits out of order.
 
 Against the real server (``PLANRUN_TEST_PG``), each test in a fresh schema. Every wait is
-bounded: a stopped writer is stopped for a few seconds, and a write that would wait for it
-fails the test instead of hanging.
+bounded: a stopped writer is stopped for a few seconds, and a call that would wait for it
+longer than the server lets it hold its transaction fails the test instead of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -65,16 +65,11 @@ async def sessions(store: PostgresStore, name: str) -> list[str]:
     return await store._tx(go)
 
 
-async def finish(store: PostgresStore, run_id: str, worker: str) -> Task | None:
-    """Claim one task and write its completion fenced, as a pull-mode worker does."""
-    got = await store.claim(run_id, worker, ["k"], None, 30.0)
-    if not got:
-        return None
-    done = transition(got[0], Status.COMPLETED, result={"by": worker}, attempts=1,
+def completed(task: Task, worker: str) -> Task:
+    running = transition(transition(task, Status.ASSIGNED, assigned_to=worker, token=1),
+                         Status.RUNNING, started_at=2.0)
+    return transition(running, Status.COMPLETED, result={"by": worker}, attempts=1,
                       finished_at=3.0)
-    assert await store.write_fenced(run_id, done, Event(-1, 3.0, done.id, "completed",
-                                                        worker, done.token), done.token)
-    return done
 
 
 async def bounded(aw: Awaitable[T], what: str, seconds: float = 5.0) -> T:
@@ -84,18 +79,26 @@ async def bounded(aw: Awaitable[T], what: str, seconds: float = 5.0) -> T:
         pytest.fail(f"{what} waited {seconds} s: blocked by the stopped writer")
 
 
-async def test_a_writer_stopped_inside_its_transaction_freezes_nothing(pg_url: str) -> None:
+IDLE = 3.0
+"""Seconds the server lets the stopped writer sit inside its transaction."""
+
+
+async def test_a_writer_stopped_inside_its_transaction_holds_the_run_only_until_cut_off(
+    pg_url: str,
+) -> None:
     store = PostgresStore(pg_url, max_size=4)
     await store.open()
     child: subprocess.Popen[str] | None = None
     try:
-        run_id = await new_run(store, 41)
-        [t0] = await store.claim(run_id, "stalled", ["k"], None, 30.0)  # the child's task
-        cursor = (await store.load_changed(run_id, -1))[1]
+        run_id = await new_run(store, 11)  # seqs 0-10
+        elsewhere = await new_run(store, 1)
+        await store.limiter_configure("llm", rpm=60_000.0, tpm=None, request_burst=100.0,
+                                      token_burst=1.0)
+        await store.spend_open(run_id, max_tokens=10_000, max_cost=None)
         name = f"planrun-stall-{uuid.uuid4().hex[:8]}"
         child = subprocess.Popen(
-            [sys.executable, str(HERE / "pg_stall_worker.py"), pg_url, run_id, t0.id,
-             str(t0.token), name],
+            [sys.executable, str(HERE / "pg_stall_worker.py"), pg_url, run_id, "t0", "11",
+             name, str(IDLE)],
             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert child.stdout is not None
         assert await bounded(asyncio.to_thread(child.stdout.readline), "the child") == "holding\n"
@@ -103,44 +106,59 @@ async def test_a_writer_stopped_inside_its_transaction_freezes_nothing(pg_url: s
             await asyncio.sleep(0.01)
         assert await sessions(store, name) == ["idle in transaction"]
 
-        # While it is stopped, holding its transaction: others claim, complete and log.
-        finished: list[Task] = []
-        seen: dict[str, Task] = {}
-        for i in range(40):
-            done = await bounded(finish(store, run_id, f"w{i % 4}"), "a claim and write")
-            assert done is not None
-            finished.append(done)
-            await bounded(store.append_event(run_id, Event(-1, 3.0, done.id, "effect", None,
-                                                           done.token, {"key": done.id})),
-                          "append_event")
-            if i % 8 == 7:  # the coordinator keeps reading what changed
-                changed, cursor = await bounded(store.load_changed(run_id, cursor),
-                                                "load_changed")
-                seen.update((t.id, t) for t in changed)
-        # ...and the server cuts the stopped session off (idle_in_transaction 1 s).
-        for _ in range(100):
-            if not await sessions(store, name):
-                break
-            await asyncio.sleep(0.05)
+        # While it is stopped, holding t0's row, seq 11 and the run's row, what needs none
+        # of them goes on at once: effects and their store-numbered events, workers' beats,
+        # shared limits, reads, another run's batch.
+        for i in range(1, 6):
+            task_id = f"t{i}"
+            await bounded(store.effect_begin(run_id, task_id, f"key-{i}", 3.0), "effect_begin")
+            assert await bounded(store.effect_done(
+                run_id, task_id, {"sent": i}, 3.0,
+                Event(-1, 3.0, task_id, "effect", None, 1, {"key": f"key-{i}"})), "effect_done")
+            await bounded(store.register_worker(run_id, f"w{i}", ["k"], 1, 3.0),
+                          "register_worker")
+            await bounded(store.heartbeat_worker(run_id, f"w{i}", 4.0), "heartbeat_worker")
+            assert await bounded(store.limiter_take("llm", 0.0), "limiter_take") == 0.0
+            assert await bounded(store.spend_reserve(run_id, 10, 0.0), "spend_reserve") is None
+            await bounded(store.spend_settle(run_id, 10, 0.0, 1, 5, 0, 5, 0.0), "spend_settle")
+        other = completed(Task("t0", "k"), "w")
+        await bounded(store.write_batch(elsewhere, [other],
+                                        [(1, 3.0, "t0", "completed", "w", 1, None)]),
+                      "another run's batch")
+        seen = await bounded(store.load(run_id), "load")
+        assert await bounded(store.run_owner(run_id), "run_owner") is None
+        # Nothing above waited for the server to cut the stopped session off.
+        assert await sessions(store, name) == ["idle in transaction"]
+        assert seen.tasks[0].status is Status.PENDING  # its write is not committed
+        assert [e.task for e in seen.events if e.event == "effect"] == [
+            f"t{i}" for i in range(1, 6)]
+
+        # The run's next batch and a process taking the run over need the run's row: they
+        # wait until the server cuts the stopped session off (rolling it back), then go on.
+        started = time.monotonic()
+        done = [completed(Task(f"t{i}", "k"), "w") for i in range(1, 11)]
+        await bounded(store.write_batch(
+            run_id, done, [(100 + i, 3.0, t.id, "completed", "w", 1, None)
+                           for i, t in enumerate(done)]), "the run's next batch", 4 * IDLE)
+        await bounded(store.acquire_run(run_id, "p2", 30.0, time.time()), "acquire_run",
+                      4 * IDLE)
+        assert time.monotonic() - started < 3 * IDLE
         assert await sessions(store, name) == [] and state_of(child.pid) == "T"
-        changed, cursor = await store.load_changed(run_id, cursor)
-        seen.update((t.id, t) for t in changed)
-        assert {t.id: t.status for t in finished} == {
-            i: seen[i].status for i in (t.id for t in finished)}
         state = await store.load(run_id)
-        assert sum(e.event == "completed" for e in state.events) == 40
-        assert sum(e.event == "effect" for e in state.events) == 40
+        assert [t.status for t in state.tasks] == [Status.PENDING] + [Status.COMPLETED] * 10
+        assert sum(e.event == "completed" for e in state.events) == 10
         assert len({e.seq for e in state.events}) == len(state.events)
+        spent = await store.spend(run_id)
+        assert spent is not None and (spent.requests, spent.reserved_tokens) == (5, 0)
 
         # Continued, the child's write is run again on a new connection and lands once.
         child.send_signal(signal.SIGCONT)
         out, _ = await bounded(asyncio.to_thread(child.communicate), "the child", 30.0)
         assert child.returncode == 0 and out.strip() == "applied"
         after = await store.load(run_id)
-        assert [e.worker for e in after.events if e.event == "completed"].count(name) == 1
         assert after.tasks[0].status is Status.COMPLETED
-        changed, _ = await store.load_changed(run_id, cursor)
-        assert "t0" in {t.id for t in changed}
+        assert [(e.seq, e.task) for e in after.events if e.worker == name] == [(11, "t0")]
+        assert len({e.seq for e in after.events}) == len(after.events)
     finally:
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGCONT)
@@ -155,9 +173,9 @@ class HeldOpen(PostgresStore):
 
     hold: Callable[[], Awaitable[None]] | None = None
 
-    async def _tx(self, fn: Callable[[Cursor], Awaitable[Any]], snapshot: bool = False,
-                  writing: str | None = None) -> Any:
-        hold = self.hold if writing is not None else None
+    async def _tx(self, fn: Callable[[Cursor], Awaitable[Any]],
+                  snapshot: bool = False) -> Any:
+        hold = None if snapshot else self.hold
 
         async def held(cur: Cursor) -> Any:
             out = await fn(cur)
@@ -165,10 +183,10 @@ class HeldOpen(PostgresStore):
                 await hold()
             return out
 
-        return await super()._tx(held, snapshot, writing)
+        return await super()._tx(held, snapshot)
 
 
-async def test_load_changed_misses_nothing_when_commits_finish_out_of_seq_order(
+async def test_an_event_numbered_first_may_commit_last_and_nobody_waits_for_it(
     pg_url: str,
 ) -> None:
     slow, fast, reader = HeldOpen(pg_url), PostgresStore(pg_url), PostgresStore(pg_url)
@@ -176,74 +194,32 @@ async def test_load_changed_misses_nothing_when_commits_finish_out_of_seq_order(
         await store.open()
     try:
         run_id = await new_run(fast, 2)
-        _, cursor = await reader.load_changed(run_id, -1)
+        for task_id in ("t0", "t1"):
+            await fast.effect_begin(run_id, task_id, f"key-{task_id}", 2.0)
         gate, holding = asyncio.Event(), asyncio.Event()
 
         async def hold() -> None:
             holding.set()
             await gate.wait()
 
-        slow.hold = hold
-        a = transition(Task("t0", "k"), Status.ASSIGNED, assigned_to="w", token=1)
-        b = transition(Task("t1", "k"), Status.ASSIGNED, assigned_to="w", token=1)
-        first = asyncio.create_task(
-            slow.write_fenced(run_id, a, Event(-1, 2.0, "t0", "assigned", "w", 1), 0))
-        await bounded(holding.wait(), "the slow writer")  # numbered, not committed
-        assert await bounded(fast.write_fenced(run_id, b, Event(-1, 2.0, "t1", "assigned",
-                                                                "w", 1), 0), "the fast writer")
+        def effect(task_id: str) -> Event:
+            return Event(-1, 3.0, task_id, "effect", None, 1, {"key": f"key-{task_id}"})
 
-        changed, cursor = await reader.load_changed(run_id, cursor)
-        assert [(t.id, t.status) for t in changed] == [("t1", Status.ASSIGNED)]
+        slow.hold = hold
+        first = asyncio.create_task(slow.effect_done(run_id, "t0", 1, 3.0, effect("t0")))
+        await bounded(holding.wait(), "the slow writer")  # numbered, not committed
+        assert await bounded(fast.effect_done(run_id, "t1", 2, 3.0, effect("t1")),
+                             "the fast writer")
+        await bounded(fast.append_event(run_id, effect("t1")), "append_event")
+
+        seen = await reader.load(run_id)
+        assert [e.task for e in seen.events if e.event == "effect"] == ["t1", "t1"]
+        assert seen.effects["t0"].state == "started"
         gate.set()
         assert await first
-        changed, cursor = await reader.load_changed(run_id, cursor)
-        assert ("t0", Status.ASSIGNED) in [(t.id, t.status) for t in changed]
-        events = {e.task: e.seq for e in (await reader.load(run_id)).events
-                  if e.event == "assigned"}
-        assert events["t0"] < events["t1"]  # t0 was numbered first and committed last
-        assert (await reader.load_changed(run_id, cursor))[0] == []
+        events = [e for e in (await reader.load(run_id)).events if e.event == "effect"]
+        assert [e.task for e in events] == ["t0", "t1", "t1"]  # numbered first, committed last
+        assert len({e.seq for e in events}) == 3
     finally:
         for store in (slow, fast, reader):
-            await store.close()
-
-
-async def test_a_reader_following_busy_writers_ends_with_every_change(pg_url: str) -> None:
-    rng = random.Random(7)
-
-    async def jitter() -> None:  # commits land in an order unrelated to their seqs
-        await asyncio.sleep(rng.uniform(0.0, 0.03))
-
-    writers = [HeldOpen(pg_url) for _ in range(4)]
-    reader = PostgresStore(pg_url)
-    for store in (*writers, reader):
-        store.hold = jitter if isinstance(store, HeldOpen) else None
-        await store.open()
-    try:
-        run_id = await new_run(reader, 120)
-        mirror = {t.id: t for t in (await reader.load(run_id)).tasks}
-        _, cursor = await reader.load_changed(run_id, -1)
-        stop = asyncio.Event()
-
-        async def work(store: PostgresStore, name: str) -> None:
-            while await finish(store, run_id, name) is not None:
-                pass
-
-        async def follow() -> None:
-            nonlocal cursor
-            while not stop.is_set():
-                changed, cursor = await reader.load_changed(run_id, cursor)
-                mirror.update((t.id, t) for t in changed)
-                await asyncio.sleep(0.005)
-
-        follower = asyncio.create_task(follow())
-        await bounded(asyncio.gather(*(work(w, f"w{i}") for i, w in enumerate(writers))),
-                      "the writers", 60.0)
-        stop.set()
-        await follower
-        changed, cursor = await reader.load_changed(run_id, cursor)
-        mirror.update((t.id, t) for t in changed)
-        assert {t.id: t.status for t in mirror.values()} == {
-            f"t{i}": Status.COMPLETED for i in range(120)}
-    finally:
-        for store in (*writers, reader):
             await store.close()

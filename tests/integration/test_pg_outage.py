@@ -1,7 +1,7 @@
 """A 12-second PostgreSQL outage, for real: every connection goes through a loopback proxy
 that, for 12 s, cuts the open connections and turns new ones away.
 
-The external coordinator (with worker processes) and the in-process supervisor ride it out
+A run on DBOS (with worker processes) and the in-process supervisor ride it out
 with the same ``store_patience`` (default 120 s): the run finishes afterwards, every task
 completed once, every effect recorded once (its target, deduplicating by the effect key,
 may see a key twice when the outage cut the recording of a delivery), the audit clean.
@@ -13,27 +13,24 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import subprocess
-import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from dbos_support import run_on_dbos, spawn_worker, stop_workers
 from dist_app import registry
 from pgtest import PG_URL, fresh_schema
 from tcpproxy import TcpProxy
 
 from planrun import KindSpec, Registry, Supervisor, Task, TaskContext
 from planrun.core._task import Status
-from planrun.runtime._distributed import Coordinator
 from planrun.stores import open_store
 
-HERE = Path(__file__).resolve().parent
 OUTAGE_S = 12.0
+LEASE = 30.0  # the workers' lease and the run's stale_after: longer than the outage
 
 
 @pytest.fixture
@@ -91,48 +88,40 @@ def no_lost_exceptions(caplog: pytest.LogCaptureFixture) -> None:
     assert lost == [], lost[0].getMessage()
 
 
-def test_the_coordinator_and_its_workers_ride_out_a_12_s_outage(
+def test_a_run_on_dbos_and_its_worker_processes_ride_out_a_12_s_outage(
     pg_url: str, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The process running the plan, its DBOS client and two worker processes all reach
+    the database through the proxy: the outage cuts them all."""
     caplog.set_level(logging.ERROR, logger="asyncio")
     url = proxy.url_for(pg_url)
     sent: Counter[str] = Counter()
     marks: dict[str, float] = {}
-    workers = [subprocess.Popen(
-        [sys.executable, "-m", "planrun.cli", "worker", "--db", url, "--app", "dist_app:app",
-         "--name", f"w{i}", "--concurrency", "4", "--idle-exit", "120"],
-        env={**os.environ, "PYTHONPATH": str(HERE), "DIST_APP_WORK_S": "0.05"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    run_id = f"outage-{uuid.uuid4().hex[:8]}"
+    workers = [spawn_worker(url, f"w{i}", lease=LEASE, env={"DIST_APP_WORK_S": "0.05"})
+               for i in range(2)]
 
     async def go() -> Any:
-        store = open_store(url)
-        await store.open()
         direct = open_store(pg_url)
         await direct.open()
         try:
-            coordinator = Coordinator(registry, store, poll=0.1,
-                                      effects={"triage": lambda t, key: sent.update([key])})
-            assert coordinator.store_patience == 120.0  # the supervisor's default too
-            run = asyncio.ensure_future(coordinator.arun(
-                Task(id=f"T-{i:04d}", kind="triage", payload={"ticket": f"T-{i:04d}"})
-                for i in range(300)))
-            await outage_after(direct, coordinator.run_id, proxy, 50, run, marks)
-            return await asyncio.wait_for(run, 120)
+            run = asyncio.ensure_future(run_on_dbos(
+                registry, (Task(id=f"T-{i:04d}", kind="triage", payload={"ticket": f"T-{i:04d}"})
+                           for i in range(300)),
+                url, lease=LEASE, run_id=run_id,
+                effects={"triage": lambda t, key: sent.update([key])}))
+            await outage_after(direct, run_id, proxy, 50, run, marks)
+            return await asyncio.wait_for(run, 180)
         finally:
             await direct.close()
-            await store.close()
 
     try:
         result = asyncio.run(go())
     finally:
-        for w in workers:
-            w.terminate()
-        outputs = [w.communicate(timeout=60) for w in workers]
-    assert all(w.returncode == 0 for w in workers), [o[1][-1500:] for o in outputs]
-    assert not any("never retrieved" in err or "Traceback" in err for _, err in outputs)
+        stop_workers(workers)
     check_run(result, 300, sent, marks, proxy)
     no_lost_exceptions(caplog)
-    print(f"\ncoordinator: outage {marks['up'] - marks['down']:.1f} s, {proxy.cut} "
+    print(f"\non DBOS: outage {marks['up'] - marks['down']:.1f} s, {proxy.cut} "
           f"connections cut, {proxy.refused} refused; 300 completed once each")
 
 

@@ -1,11 +1,15 @@
-"""A coordinator and four worker processes against a stand-in that answers 429 beyond N
-requests per minute (counted over every client): one rate limit and one budget for all."""
+"""``planrun run --workers external`` and four ``planrun worker`` processes, on DBOS, against a
+stand-in that answers 429 beyond N requests per minute (counted over every client): one rate
+limit and one budget for all. The limits are the run's (recorded in its meta in the store);
+every worker process limits its model by the run's shared limiter and meters the run's
+shared budget, both kept in the store."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,8 +62,8 @@ def _run(url: str, server: StandIn, plan: Path, *flags: str, workers: int = 4,
              for i in range(workers)]
     coordinator = None
     try:
-        # Every worker is up (it prints its banner once its store is open) before the run
-        # exists, so the run's rate is measured with all four serving it.
+        # Every worker has loaded its app and opened the store (it prints its banner)
+        # before the run exists; each serves its DBOS queue a moment later.
         for p in procs:
             assert p.stderr is not None
             banner = p.stderr.readline()
@@ -78,6 +82,17 @@ def _run(url: str, server: StandIn, plan: Path, *flags: str, workers: int = 4,
     return json.loads(out.strip().splitlines()[-1]), logs
 
 
+def _served(logs: list[str]) -> list[tuple[int, int]]:
+    """(completed, failed) attempts of each worker process, from its last line."""
+    served = []
+    for log in logs:
+        found = re.search(r"worker w\d+: (\d+) completed, (\d+) failed\s*$", log)
+        assert found, log[-1000:]
+        served.append((int(found[1]), int(found[2])))
+    print(f"attempts per worker process (completed, failed): {served}")
+    return served
+
+
 def test_four_worker_processes_share_one_rate_limit_and_get_no_429(
         db_url: str, tmp_path: Path) -> None:
     # 300 requests a minute, 100 requests: 20 s at the rate. The stand-in, like the API,
@@ -89,10 +104,14 @@ def test_four_worker_processes_share_one_rate_limit_and_get_no_429(
     plan.write_text(json.dumps(plan_document(n)))
     with StandIn(FakeOpenAI(answers()), rpm_limit=rpm, rpm_burst=rpm / 20) as server:
         started = time.monotonic()
-        summary, _ = _run(db_url, server, plan, "--rpm", str(rpm))
+        summary, logs = _run(db_url, server, plan, "--rpm", str(rpm))
         admitted = list(server.admitted)
         rate_limited = server.rate_limited
     assert summary["counts"]["completed"] == n, summary
+    # All four processes sent requests (none failed): the limit below held across them.
+    served = _served(logs)
+    assert sum(c for c, _ in served) == n and all(c > 0 for c, _ in served), served
+    assert all(f == 0 for _, f in served), served
     assert rate_limited == 0
     assert len(admitted) == n
     # The rate over the run: from the first request to the last, n - 1 intervals.
@@ -115,9 +134,11 @@ def test_four_worker_processes_learn_a_token_limit_set_twice_too_high(
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_document(n)))
     with StandIn(FakeOpenAI(answers()), tpm_limit=tpm) as server:
-        summary, _ = _run(db_url, server, plan, "--tpm", str(2 * tpm))
+        summary, logs = _run(db_url, server, plan, "--tpm", str(2 * tpm))
         admitted, limited = list(server.admitted), list(server.limited_at)
     assert summary["counts"]["completed"] == n, summary  # nothing lost
+    served = _served(logs)
+    assert sum(c for c, _ in served) == n and sum(c > 0 for c, _ in served) >= 2, served
     assert len(admitted) == n
     # 429s only while the first answers are on their way: none after the tenth admitted.
     assert len(limited) <= 12, len(limited)
@@ -151,7 +172,7 @@ def test_four_worker_processes_share_one_budget_and_a_resume_spends_no_more(
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_document(n)))
     with StandIn(FakeOpenAI(answers())) as server:
-        summary, _ = _run(db_url, server, plan, "--budget-tokens", str(budget))
+        summary, logs = _run(db_url, server, plan, "--budget-tokens", str(budget))
         sent = server.requests
         spend, state = _spend(db_url, summary["run_id"])
         # What one request reserves: its prompt estimate plus the completion allowance.
@@ -173,6 +194,10 @@ def test_four_worker_processes_share_one_budget_and_a_resume_spends_no_more(
     print(f"{spend.total_tokens} tokens spent of {budget} in {spend.requests} requests "
           f"(one reservation: {reservation}); {counts}")
     assert 0 < counts["completed"] < n
+    # Several processes spent from the one budget: every completion is a worker's.
+    served = _served(logs)
+    assert sum(c for c, _ in served) == counts["completed"], (served, counts)
+    assert sum(c > 0 for c, _ in served) >= 2, served
     again, _ = _spend(db_url, summary["run_id"])
     assert again == spend
     status = _status(db_url, summary["run_id"])

@@ -15,7 +15,6 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
-import random
 import sqlite3
 import time
 import uuid
@@ -316,7 +315,8 @@ async def test_an_unknown_run_is_named(store: Store) -> None:
         await store.write("nope", [(Task("a", "k"), Event(0, 1.0, "a", "created"))])
     with pytest.raises(StoreError, match="unknown run 'nope'"):
         await store.set_run_status("nope", "completed")
-    assert await store.claim("nope", "w", ["k"], 1.0, 10.0) == []
+    with pytest.raises(StoreError, match="unknown run 'nope'"):
+        await store.register_worker("nope", "w", ["k"], 1, 1.0)
 
 
 async def test_a_run_id_is_created_once(store: Store) -> None:
@@ -324,6 +324,18 @@ async def test_a_run_id_is_created_once(store: Store) -> None:
     await store.create_run(run)
     with pytest.raises(StoreError):
         await store.create_run(run)
+
+
+async def test_store_made_events_follow_the_callers_seqs(store: Store) -> None:
+    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
+    await store.write(run_id, [(Task("c", "k"), Event(41, 1.0, "c", "created"))])
+
+    for task_id in "abc":
+        await store.append_event(run_id, Event(-1, 2.0, task_id, "effect", None, 0,
+                                               {"key": task_id}))
+
+    seqs = [e.seq for e in (await store.load(run_id)).events]
+    assert seqs[:3] == [0, 1, 41] and len(seqs) == 6 and increasing(seqs)
 
 
 async def test_list_runs_counts_tasks_by_status(store: Store) -> None:
@@ -340,165 +352,6 @@ async def test_list_runs_counts_tasks_by_status(store: Store) -> None:
     assert summaries[first].counts["dead"] == 0
     assert summaries[second].status == "completed"
     assert sum(summaries[second].counts.values()) == 1
-
-
-# --- fencing, leases, claims ----------------------------------------------------------------
-
-
-async def test_fenced_write_applies_over_the_current_token_only(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k")])
-    [claimed] = await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0)
-    assert claimed.token == 1
-    done = transition(claimed, Status.COMPLETED, result=42, attempts=1, finished_at=3.0)
-    event = Event(-1, 3.0, "a", "completed", "w", 1)
-
-    assert not await store.write_fenced(run_id, done, event, expect_token=0)
-    assert (await store.load(run_id)).tasks[0] == claimed
-
-    assert await store.write_fenced(run_id, done, event, expect_token=1)
-    state = await store.load(run_id)
-    assert state.tasks[0] == done
-    assert [e.event for e in state.events] == ["created", "started", "completed"]
-    assert increasing([e.seq for e in state.events])
-
-    # A finished row takes nothing more, even with the right token.
-    assert not await store.write_fenced(run_id, done, event, expect_token=1)
-    assert len((await store.load(run_id)).events) == 3
-    assert not await store.write_fenced(run_id, Task("ghost", "k"), event, expect_token=0)
-
-
-async def test_claim_waits_for_every_dependency(store: Store) -> None:
-    tasks = [Task("a", "k"), Task("b", "k"), Task("c", "k", depends_on=("a", "b"))]
-    run_id = await make_run(store, tasks)
-
-    first = await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0, limit=10)
-    assert [t.id for t in first] == ["a", "b"]
-    await complete(store, run_id, tasks[0], seq=10)
-    assert await store.claim(run_id, "w", ["k"], now=3.0, lease_s=30.0) == []
-    await complete(store, run_id, tasks[1], seq=11)
-    [c] = await store.claim(run_id, "w", ["k"], now=4.0, lease_s=30.0)
-    assert c.id == "c"
-
-
-async def test_a_missing_dependency_is_never_ready(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k", depends_on=("ghost",))])
-    assert await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0) == []
-
-
-async def test_claim_respects_kinds_not_before_and_limit(store: Store) -> None:
-    tasks = [
-        Task("late", "k", not_before=100.0),
-        Task("other", "other"),
-        Task("k1", "k"),
-        Task("k2", "k"),
-        Task("k3", "k"),
-    ]
-    run_id = await make_run(store, tasks)
-
-    got = await store.claim(run_id, "w", ["k"], now=50.0, lease_s=30.0, limit=2)
-    assert [t.id for t in got] == ["k1", "k2"]
-    got = await store.claim(run_id, "w", ["k"], now=50.0, lease_s=30.0, limit=5)
-    assert [t.id for t in got] == ["k3"]
-    got = await store.claim(run_id, "w", ["k", "other"], now=100.0, lease_s=30.0, limit=5)
-    assert [t.id for t in got] == ["late", "other"]
-    assert await store.claim(run_id, "w", ["k", "other"], now=100.0, lease_s=30.0) == []
-
-
-async def test_claim_starts_tasks_with_a_new_token_lease_and_event(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k", token=4)])
-
-    [task] = await store.claim(run_id, "w9", ["k"], now=10.0, lease_s=30.0)
-
-    assert task.status is Status.RUNNING
-    assert (task.assigned_to, task.token, task.lease, task.started_at) == ("w9", 5, 40.0, 10.0)
-    state = await store.load(run_id)
-    assert state.tasks == [task]
-    last = state.events[-1]
-    assert last == Event(last.seq, 10.0, "a", "started", "w9", 5) and last.seq > 0
-
-
-async def test_store_made_events_follow_the_callers_seqs(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
-    await store.write(run_id, [(Task("c", "k"), Event(41, 1.0, "c", "created"))])
-
-    got = await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0, limit=3)
-
-    assert len(got) == 3
-    seqs = [e.seq for e in (await store.load(run_id)).events]
-    assert seqs[:3] == [0, 1, 41] and len(seqs) == 6 and increasing(seqs)
-
-
-async def test_take_assigned_starts_only_this_workers_tasks(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
-    mine = transition(Task("a", "k"), Status.ASSIGNED, assigned_to="w1", token=1)
-    theirs = transition(Task("b", "k"), Status.ASSIGNED, assigned_to="w2", token=1)
-    await store.write(
-        run_id,
-        [(mine, Event(3, 2.0, "a", "assigned", "w1", 1)),
-         (theirs, Event(4, 2.0, "b", "assigned", "w2", 1))],
-    )
-
-    [task] = await store.take_assigned(run_id, "w1", now=5.0, lease_s=10.0, limit=5)
-
-    assert task.id == "a"
-    assert (task.status, task.token, task.lease, task.started_at) == (Status.RUNNING, 1, 15.0, 5.0)
-    assert await store.take_assigned(run_id, "w1", now=6.0, lease_s=10.0) == []
-    last = (await store.load(run_id)).events[-1]
-    assert last == Event(last.seq, 5.0, "a", "started", "w1", 1) and last.seq > 4
-
-
-async def test_without_now_the_store_stamps_a_start_after_what_it_saw(connect: Connect) -> None:
-    # A claim that sees a dependency completed (written through another connection) must
-    # not stamp the start before that completion, whatever the claimer's own clock said.
-    store, other = await connect(), await connect()
-    run_id = await make_run(store, chain(2))
-    [first] = await other.claim(run_id, "w1", ["k"], None, 30.0)
-    done_at = time.time()
-    finished = transition(first, Status.COMPLETED, result={}, finished_at=done_at,
-                          attempts=1, lease=None)
-    completed = Event(-1, done_at, "t0", "completed", "w1", first.token)
-    assert await other.write_fenced(run_id, finished, completed, first.token)
-
-    before = time.time()
-    [second] = await store.claim(run_id, "w2", ["k"], None, 30.0)
-    assigned = transition(Task("t2", "k"), Status.ASSIGNED, assigned_to="w3", token=1)
-    await store.add_tasks(run_id, [assigned], [Event(-1, before, "t2", "assigned", "w3", 1)])
-    [pushed] = await other.take_assigned(run_id, "w3", None, 10.0)
-    after = time.time()
-
-    assert second.id == "t1" and pushed.id == "t2"
-    assert second.started_at is not None and pushed.started_at is not None
-    assert done_at <= before <= second.started_at <= pushed.started_at <= after
-    assert (second.lease, pushed.lease) == (second.started_at + 30.0, pushed.started_at + 10.0)
-    events = {(e.task, e.event): e for e in (await store.load(run_id)).events}
-    assert events["t1", "started"].at == second.started_at
-    assert events["t2", "started"].at == pushed.started_at
-    assert events["t1", "started"].seq > events["t0", "completed"].seq
-
-
-async def test_renew_needs_the_current_token(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k")])
-    [task] = await store.claim(run_id, "w", ["k"], now=0.0, lease_s=10.0)
-
-    assert await store.renew(run_id, "a", task.token, lease=50.0)
-    assert not await store.renew(run_id, "a", task.token - 1, lease=99.0)
-    assert (await store.load(run_id)).tasks[0].lease == 50.0
-    done = transition(task, Status.COMPLETED, finished_at=1.0)
-    await store.write(run_id, [(done, Event(5, 1.0, "a", "completed"))])
-    assert not await store.renew(run_id, "a", task.token, lease=99.0)
-    assert not await store.renew(run_id, "ghost", 1, lease=99.0)
-
-
-async def test_expired_lists_in_flight_tasks_past_their_lease(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
-    _, b, c = await store.claim(run_id, "w", ["k"], now=0.0, lease_s=10.0, limit=3)
-    await store.renew(run_id, "b", b.token, lease=100.0)
-    done = transition(c, Status.COMPLETED)
-    await store.write(run_id, [(done, Event(9, 1.0, "c", "completed"))])
-
-    assert [t.id for t in await store.expired(run_id, now=20.0)] == ["a"]
-    assert await store.expired(run_id, now=5.0) == []
-    assert [t.id for t in await store.expired(run_id, now=200.0)] == ["a", "b"]
 
 
 # --- effects and workers --------------------------------------------------------------------
@@ -522,28 +375,6 @@ async def test_effects_begin_once_and_finish_once(store: Store) -> None:
 
     with pytest.raises(StoreError, match="no effect begun"):
         await store.effect_done(run_id, "zzz", None, at=6.0)
-
-
-async def test_load_changed_reads_the_tasks_changed_since_a_seq(connect: Connect) -> None:
-    store, other = await connect(), await connect()
-    run_id = await make_run(store, [Task("a", "k"), Task("b", "k"), Task("c", "k")])
-
-    everything, cursor = await store.load_changed(run_id, -1)
-    assert [t.id for t in everything] == ["a", "b", "c"] and cursor >= 0
-    nothing, same = await store.load_changed(run_id, cursor)
-    assert nothing == [] and same >= cursor
-
-    c = transition(Task("c", "k"), Status.ASSIGNED, assigned_to="w", token=1)
-    assert await other.write_fenced(run_id, c, Event(-1, 2.0, "c", "assigned", "w", 1), 0)
-    await other.claim(run_id, "w", ["k"], None, 30.0, limit=1)  # "a", by another connection
-    changed, after = await store.load_changed(run_id, same)
-    assert [(t.id, t.status) for t in changed] == [("a", Status.RUNNING),
-                                                   ("c", Status.ASSIGNED)]
-    assert after > same
-    nothing, last = await store.load_changed(run_id, after)
-    assert nothing == [] and last >= after
-    with pytest.raises(StoreError, match="unknown run"):
-        await store.load_changed("nope", -1)
 
 
 async def test_load_some_reads_only_the_tasks_asked_for(store: Store) -> None:
@@ -682,111 +513,49 @@ async def test_an_effect_and_its_event_are_recorded_once_together(connect: Conne
     assert len((await store.load(run_id)).events) == len(state.events)
 
 
-async def test_workers_register_heartbeat_and_count_active_tasks(store: Store) -> None:
+async def test_workers_register_and_heartbeat(store: Store) -> None:
     run_id = await make_run(store, [Task("a", "k"), Task("b", "k")])
     await store.register_worker(run_id, "w1", ["k", "j"], capacity=2, at=1.0)
     await store.register_worker(run_id, "w0", ["j"], capacity=1, at=1.0)
-    await store.claim(run_id, "w1", ["k"], now=2.0, lease_s=10.0, limit=2)
     await store.heartbeat_worker(run_id, "w1", at=5.0)
+    await store.heartbeat_worker(run_id, "w1", at=4.0)  # a late beat keeps the newer one
 
     workers = await store.list_workers(run_id)
 
     assert workers == [
-        {"name": "w0", "kinds": ["j"], "capacity": 1, "last_heartbeat": 1.0, "active": 0},
-        {"name": "w1", "kinds": ["k", "j"], "capacity": 2, "last_heartbeat": 5.0, "active": 2},
+        {"name": "w0", "kinds": ["j"], "capacity": 1, "last_heartbeat": 1.0},
+        {"name": "w1", "kinds": ["k", "j"], "capacity": 2, "last_heartbeat": 5.0},
     ]
     with pytest.raises(StoreError, match="unknown worker"):
         await store.heartbeat_worker(run_id, "ghost", at=6.0)
     await store.register_worker(run_id, "w0", ["k"], capacity=4, at=7.0)
     assert (await store.list_workers(run_id))[0]["capacity"] == 4
-
-
-async def test_wait_for_change_times_out_when_nothing_changes(store: Store) -> None:
-    run_id = await make_run(store, [Task("a", "k")])
-    started = time.monotonic()
-    await store.wait_for_change(run_id, timeout=0.2)
-    assert 0.15 <= time.monotonic() - started < 2.0
-
-
-async def test_wait_for_change_wakes_on_a_write(backend: str, connect: Connect) -> None:
-    waiter = await connect()
-    # PostgreSQL wakes waiters in every process (NOTIFY); the others wake their own.
-    writer = await connect() if backend == "postgres" else waiter
-    run_id = await make_run(writer, [Task("a", "k")])
-    await waiter.wait_for_change(run_id, timeout=0.01)  # let a listener start
-
-    async def write_soon() -> None:
-        await asyncio.sleep(0.2)
-        await writer.claim(run_id, "w", ["k"], now=1.0, lease_s=10.0)
-
-    started = time.monotonic()
-    await asyncio.gather(waiter.wait_for_change(run_id, timeout=10.0), write_soon())
-    assert time.monotonic() - started < 5.0
+    assert await store.list_workers("nope") == []
 
 
 # --- concurrency ----------------------------------------------------------------------------
 
 
-async def claim_everything(store: Store, run_id: str, worker: str, seed: int) -> list[str]:
-    """Claim in small random batches until nothing is left; return the ids claimed."""
-    rng = random.Random(seed)
-    got: list[str] = []
-    while True:
-        batch = await store.claim(run_id, worker, ["k"], time.time(), 60.0, rng.randint(1, 5))
-        if not batch:
-            return got
-        got += [t.id for t in batch]
-
-
-def claim_in_process(url: str, run_id: str, worker: str) -> list[str]:
-    """Entry point of a claiming process."""
-
-    async def go() -> list[str]:
-        store = open_store(url)
-        await store.open()
-        try:
-            return await claim_everything(store, run_id, worker, hash(worker))
-        finally:
-            await store.close()
-
-    return asyncio.run(go())
-
-
-async def assert_claimed_once(store: Store, run_id: str, claims: list[list[str]]) -> None:
-    every = [task_id for batch in claims for task_id in batch]
-    assert len(every) == 200, Counter(every).most_common(3)
-    assert set(every) == {f"t{i}" for i in range(200)}
-    state = await store.load(run_id)
-    assert all(t.status is Status.RUNNING and t.token == 1 for t in state.tasks)
-    started = [e for e in state.events if e.event == "started"]
-    assert len(started) == 200
-    assert len({e.seq for e in state.events}) == len(state.events) == 400
-
-
-async def test_concurrent_claimers_take_each_task_exactly_once(connect: Connect) -> None:
+async def test_concurrent_connections_number_their_events_apart(connect: Connect) -> None:
+    # Store-made seqs (an effect's event) come from the run's counter, or in PostgreSQL a
+    # sequence that never waits for a commit: writers on eight connections at once get
+    # distinct ones, and an event stored under a seq already taken would be lost.
     first = await connect()
-    run_id = await make_run(first, [Task(f"t{i}", "k") for i in range(200)])
+    run_id = await make_run(first, [Task(f"t{i}", "k") for i in range(8)])
     stores = [first] + [await connect() for _ in range(7)]
 
-    claims = await asyncio.gather(
-        *(claim_everything(s, run_id, f"w{i}", i) for i, s in enumerate(stores))
-    )
+    async def append(store: Store, task_id: str) -> None:
+        for n in range(25):
+            await store.append_event(run_id, Event(-1, 2.0, task_id, "effect", None, n))
 
-    await assert_claimed_once(first, run_id, list(claims))
+    await asyncio.gather(*(append(s, f"t{i}") for i, s in enumerate(stores)))
 
-
-@pytest.mark.parametrize("backend", PERSISTENT)
-async def test_claimers_in_separate_processes_take_each_task_exactly_once(
-    store_url: str, connect: Connect
-) -> None:
-    store = await connect()
-    run_id = await make_run(store, [Task(f"t{i}", "k") for i in range(200)])
-    ctx = multiprocessing.get_context("spawn")
-
-    with ctx.Pool(4) as pool:
-        claims = pool.starmap(claim_in_process, [(store_url, run_id, f"p{i}") for i in range(4)])
-
-    await assert_claimed_once(store, run_id, claims)
+    events = (await first.load(run_id)).events
+    assert len(events) == 8 + 200 and len({e.seq for e in events}) == len(events)
+    effects = [e for e in events if e.event == "effect"]
+    assert Counter(e.task for e in effects) == {f"t{i}": 25 for i in range(8)}
+    for i in range(8):  # each connection's events in the order it appended them
+        assert [e.attempt for e in effects if e.task == f"t{i}"] == list(range(25))
 
 
 # --- schema, URLs and failures --------------------------------------------------------------
@@ -921,7 +690,9 @@ async def test_schema_2_is_migrated_to_owner_leases_and_lock_free_numbering(
     store = open_store(store_url)
     await store.open()
     run_id = await make_run(store, chain(3))
-    await store.claim(run_id, "w", ["k"], now=2.0, lease_s=30.0)
+    started = transition(transition(chain(3)[0], Status.ASSIGNED, assigned_to="w", token=1),
+                         Status.RUNNING, started_at=2.0)
+    await store.write(run_id, [(started, Event(3, 2.0, "t0", "started", "w", 1))])
     await store.close()
     as_version_2(store_url)
     assert schema_version(store_url) == 2
@@ -936,12 +707,11 @@ async def test_schema_2_is_migrated_to_owner_leases_and_lock_free_numbering(
         await again.acquire_run(run_id, "me", ttl=30.0, now=10.0)
         assert await again.run_owner(run_id) == RunOwner("me", 40.0)
         await complete(again, run_id, chain(3)[0], seq=before.events[-1].seq + 1)
-        await again.claim(run_id, "w", ["k"], now=12.0, lease_s=30.0)  # t1, store-numbered
+        await again.append_event(run_id, Event(-1, 12.0, "t0", "effect", None, 1,
+                                               {"key": "k"}))  # store-numbered
         after = await again.load(run_id)
         seqs = [e.seq for e in after.events]
-        assert increasing(seqs) and len(seqs) == 6
-        changed, _ = await again.load_changed(run_id, -1)
-        assert [t.id for t in changed] == ["t0", "t1", "t2"]
+        assert increasing(seqs) and len(seqs) == 6 and after.events[-1].event == "effect"
     finally:
         await again.close()
 
@@ -1030,7 +800,8 @@ async def test_sqlite_inline_mode_runs_on_the_loop_thread(tmp_path: Path) -> Non
     await store.open()
     try:
         run_id = await make_run(store, chain(2))
-        assert [t.id for t in await store.claim(run_id, "w", ["k"], 1.0, 5.0)] == ["t0"]
+        await complete(store, run_id, chain(2)[0], seq=2)
+        assert [t.status for t in await store.load_some(run_id, ["t0"])] == [Status.COMPLETED]
     finally:
         await store.close()
 
@@ -1087,8 +858,7 @@ async def test_postgres_accepts_the_postgres_scheme(pg_url: str) -> None:
         await store.close()
 
 
-
-# --- coordinator helpers ----------------------------------------------------------------------
+# --- light reads and store-numbered events ---------------------------------------------------
 
 
 async def test_load_tasks_is_load_without_the_ledger(store: Store) -> None:
@@ -1203,8 +973,8 @@ async def test_a_result_that_is_not_json_fails_at_once_naming_type_and_path(
     assert not isinstance(info.value, StoreError)  # permanent: no driver retries it
     assert (info.value.path, info.value.type_name) == ("$.rows[1].when", "datetime.date")
     with pytest.raises(UnstorableValue, match=r"\$ has type set"):
-        await store.write_fenced(run_id, bad.evolve(result={1, 2}),
-                                 Event(-1, 2.0, "a", "completed"), 0)
+        await store.write_batch(run_id, [bad.evolve(result={1, 2})],
+                                [(1, 2.0, "a", "completed", None, 0, None)])
     await store.effect_begin(run_id, "a", "key-a", at=2.0)
     with pytest.raises(UnstorableValue, match=r"effect result of task 'a' cannot be stored "
                        r"as JSON: \$\.n is the float nan"):

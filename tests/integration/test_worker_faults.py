@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dbos_support import run_on_dbos, spawn_worker
+from dbos_support import holders, run_on_dbos, spawn_worker
 from dist_app import registry
 from pgtest import fresh_schema
 
@@ -39,30 +39,17 @@ def pg_url() -> Iterator[str]:
     yield from fresh_schema("planrun_wfault")
 
 
-def holding(url: str, names: list[str]) -> set[str]:
-    """Which of ``names`` hold an attempt now."""
-    from dbos import DBOSClient
-
-    client = DBOSClient(system_database_url=dbos_url(url), dbos_system_schema=dbos_schema(url))
-    try:
-        return {s.executor_id for s in client.list_workflows(
-            status="PENDING", executor_id=names, load_input=False, load_output=False)}
-    finally:
-        client.destroy()
-
-
-def holders(url: str, run_id: str) -> dict[tuple[str, int], str]:
-    """(task, attempt) -> the worker process DBOS gave that attempt to."""
+def holding(url: str, names: list[str]) -> dict[tuple[str, int], str]:
+    """The attempts ``names`` hold now: (task, token) -> the process."""
     from dbos import DBOSClient
 
     client = DBOSClient(system_database_url=dbos_url(url), dbos_system_schema=dbos_schema(url))
     try:
         held = {}
-        for status in client.list_workflows(workflow_id_prefix=f"{run_id}:",
-                                            load_input=False, load_output=False):
-            _, task, token = status.workflow_id.rsplit(":", 2)
-            if status.executor_id:
-                held[task, int(token)] = status.executor_id
+        for s in client.list_workflows(status="PENDING", executor_id=names,
+                                       load_input=False, load_output=False):
+            _, task, token = s.workflow_id.rsplit(":", 2)
+            held[task, int(token)] = str(s.executor_id)
         return held
     finally:
         client.destroy()
@@ -74,6 +61,7 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
     killed, frozen = ["w0", "w1"], "w2"
     marks: dict[str, float] = {}
     done_at: list[float] = []
+    in_hand: dict[tuple[str, int], str] = {}
     workers = {n: spawn_worker(pg_url, n, lease=LEASE, env={"DIST_APP_WORK_S": WORK_S})
                for n in names}
 
@@ -84,8 +72,8 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
     async def faults(run: asyncio.Future[Any]) -> None:
         async def until(count: int, hold: list[str]) -> None:
             """Until ``count`` completions, and each of ``hold`` holds an attempt."""
-            while len(done_at) < count or len(
-                    await asyncio.to_thread(holding, pg_url, hold)) < len(hold):
+            while len(done_at) < count or len(set((
+                    await asyncio.to_thread(holding, pg_url, hold)).values())) < len(hold):
                 if run.done():
                     raise AssertionError(f"the run ended before {count} completions")
                 await asyncio.sleep(0.05)
@@ -94,10 +82,15 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
         marks["killed"] = time.time()
         for n in killed:
             workers[n].send_signal(signal.SIGKILL)
+        # What the killed processes held when they died (nothing of theirs changes now).
+        in_hand.update(await asyncio.to_thread(holding, pg_url, killed))
         await asyncio.sleep(LEASE + 1.0)  # the kills' leases ran out; theirs went elsewhere
+        marks["steady"] = time.time()
+        await asyncio.sleep(2.0)  # the pace of the six left, measured before the freeze
         await until(TASKS * 30 // 100, [frozen])
         marks["frozen"] = time.time()
         workers[frozen].send_signal(signal.SIGSTOP)
+        in_hand.update(await asyncio.to_thread(holding, pg_url, [frozen]))
         await asyncio.sleep(FROZEN_FOR)
         marks["thawed"] = time.time()
         workers[frozen].send_signal(signal.SIGCONT)
@@ -137,12 +130,13 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
     assert all(workers[n].returncode == -signal.SIGKILL for n in killed)
 
     # The attempts the killed and the frozen processes held were reclaimed after their lease.
-    held = holders(pg_url, result.run_id)
+    held = holders(pg_url, result.run_id, taken=True)
     reclaimed = [e for e in result.events if e.event == "reclaimed"]
     assert all(e.detail.get("reason") == "lease expired" for e in reclaimed)
     taken_back = {(e.task, e.attempt - 1) for e in reclaimed}  # logged under the new token
     by_holder = Counter(held.get(attempt) for attempt in taken_back)
-    assert all(by_holder[n] >= 1 for n in [*killed, frozen]), by_holder
+    assert set(in_hand.values()) == {*killed, frozen}, in_hand
+    assert set(in_hand) <= taken_back, (in_hand, by_holder)  # every one of them
     # ... and done by others under a newer token: no completion is a reclaimed attempt's.
     assert not any((e.task, e.attempt) in taken_back for e in completed)
 
@@ -157,7 +151,7 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
     def rate(start: float, end: float) -> float:
         return sum(1 for t in done_at if start <= t < end) / (end - start)
 
-    before = rate(marks["killed"] + LEASE + 1.0, marks["frozen"])
+    before = rate(marks["steady"], marks["frozen"])
     during = rate(marks["frozen"], marks["thawed"])
     print(f"\n{TASKS} tasks in {took:.1f} s; rate before the freeze {before:.1f}/s, during "
           f"{during:.1f}/s; {len(refused)} late results refused; reclaimed per holder "

@@ -3,7 +3,6 @@ metered, and refused when it stays invalid."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from conftest import fake_model
@@ -99,41 +98,3 @@ def test_a_fragment_repaired_once_runs(fake_openai: FakeOpenAI) -> None:
     assert len(fake_openai.requests) == 2
     assert result.tasks["dig/1"].status is Status.COMPLETED
     assert [e.event for e in result.events if e.task == "dig"][-1] == "replanned"
-
-
-def test_a_coordinated_replan_is_charged_to_the_budget_in_the_runs_store(
-        fake_openai: FakeOpenAI) -> None:
-    from planrun.cli._main import _replanner
-    from planrun.core._errors import BudgetExceeded
-    from planrun.core.scheduling import ReplanRequest
-    from planrun.model._limits import SharedBudget
-    from planrun.model._usage import Budget
-    from planrun.stores import InMemoryStore
-
-    class AppLike:
-        registry = REGISTRY
-
-    fake_openai.answers["plan"] = FRAGMENT
-    request = ReplanRequest(dead=Task("dig", "research", {"source": "archive"}),
-                            cancelled=(), results={}, number=1)
-
-    async def go(budget: Budget) -> tuple[Any, Any]:
-        store = InMemoryStore()
-        await store.open()
-        await SharedBudget(store, "r1").open(budget)  # as the coordinator's CLI does
-        replan = _replanner("replan", "a brief", AppLike(), fake_model(), repair_attempts=1)
-        assert replan is not None
-        await replan.bind(store, "r1", budgeted=True)
-        try:
-            outcome: Any = await replan(request)
-        except BudgetExceeded as exc:
-            outcome = exc
-        return outcome, await store.spend("r1")
-
-    fragment, spent = asyncio.run(go(Budget(max_tokens=100_000)))
-    assert [t.kind for t in fragment] == ["research", "report"]
-    assert spent.requests == 1 and spent.total_tokens > 0  # charged to the stored budget
-    refused, spent = asyncio.run(go(Budget(max_tokens=1)))
-    assert isinstance(refused, BudgetExceeded)  # the run's stored budget holds for replans
-    assert spent.requests == 0
-    assert _replanner("cancel_dependents", "a brief", AppLike(), fake_model()) is None

@@ -13,7 +13,7 @@ import pytest
 
 from planrun.core._errors import ConfigError, UnstorableValue, UsageError
 from planrun.core._ledger import Event
-from planrun.core._task import Status, Task, transition
+from planrun.core._task import Task
 from planrun.stores import (
     InMemoryStore,
     PostgresStore,
@@ -32,12 +32,12 @@ async def test_every_call_is_recorded() -> None:
     await store.open()
     await store.create_run(RunInfo("r", 1.0))
     await store.add_tasks("r", [Task("a", "k")], [Event(0, 1.0, "a", "created")])
-    await store.claim("r", "w", ["k"], now=2.0, lease_s=5.0)
+    await store.acquire_run("r", "p", ttl=5.0, now=2.0)
 
-    assert [name for name, _ in store.calls] == ["open", "create_run", "add_tasks", "claim"]
-    assert store.calls_to("claim") == [
-        {"run_id": "r", "worker": "w", "kinds": ["k"], "now": 2.0, "lease_s": 5.0, "limit": 1}
-    ]
+    assert [name for name, _ in store.calls] == ["open", "create_run", "add_tasks",
+                                                 "acquire_run"]
+    assert store.calls_to("acquire_run") == [{"run_id": "r", "owner": "p", "ttl": 5.0,
+                                              "now": 2.0}]
 
 
 async def test_records_read_back_are_copies() -> None:
@@ -60,25 +60,14 @@ async def test_a_nan_is_refused_like_a_database_would() -> None:
         await store.add_tasks("r", [Task("a", "k", {"x": float("nan")})], [])
 
 
-async def test_wait_for_change_returns_when_the_run_changes() -> None:
-    import asyncio
-
-    store = InMemoryStore()
-    await store.create_run(RunInfo("r", 1.0))
-    waiting = asyncio.create_task(store.wait_for_change("r", timeout=30.0))
-    await asyncio.sleep(0)
-    await store.add_tasks("r", [Task("a", "k")], [])
-    await asyncio.wait_for(waiting, timeout=1.0)
-
-
 def test_every_backend_has_the_protocols_methods_with_the_same_signatures() -> None:
     wanted = {
         name: inspect.signature(member)
         for name, member in vars(Store).items()
         if inspect.iscoroutinefunction(member)
     }
-    assert len(wanted) == 41  # the owner lease (4), the limiter_* and spend* methods (11),
-    # record_decision (1), write_added (1), write_batch (1)
+    assert len(wanted) == 33  # runs, the owner lease, tasks, events, effects and workers
+    # (22), the limiter_* and spend* methods (11)
     for cls in (InMemoryStore, SQLiteStore, PostgresStore):
         for name, signature in wanted.items():
             assert inspect.signature(getattr(cls, name)) == signature, (cls, name)
@@ -91,8 +80,8 @@ def test_the_row_mapping_covers_every_task_field() -> None:
 @pytest.mark.parametrize(
     ("backend", "writes"),
     [
-        ("sqlite", ("insert_tasks_rows", "upsert_tasks_rows", "fenced_update")),
-        ("postgres", ("insert_tasks", "upsert_tasks", "fenced_update")),
+        ("sqlite", ("insert_tasks_rows", "upsert_tasks_rows")),
+        ("postgres", ("insert_tasks", "upsert_tasks")),
     ],
 )
 def test_the_sql_files_write_every_task_column(backend: str, writes: tuple[str, ...]) -> None:
@@ -115,8 +104,8 @@ def test_both_sql_files_share_their_core_queries() -> None:
     core = {
         "schema_table", "schema_version", "clear_version", "stamp_version", "migrate_1",
         "create_run", "set_run_status", "get_run", "list_runs", "count_tasks",
-        "fenced_update", "get_tasks", "get_events",
-        "raise_next_seq", "take_seqs", "renew", "expired", "effect_begin", "effect_done",
+        "get_tasks", "get_tasks_by_ids", "get_events", "record_decision",
+        "raise_next_seq", "take_seqs", "effect_begin", "effect_done",
         "get_effect", "get_effects", "register_worker", "heartbeat_worker", "list_workers",
     }
     assert core <= set(load_queries("sqlite"))
@@ -182,12 +171,3 @@ def test_a_missing_psycopg_is_a_config_error(monkeypatch: pytest.MonkeyPatch) ->
     finally:
         postgres_module._drivers.cache_clear()
 
-
-async def test_claim_bypasses_assigned_and_keeps_the_transition_rules_elsewhere() -> None:
-    store = InMemoryStore()
-    await store.create_run(RunInfo("r", 1.0))
-    await store.add_tasks("r", [Task("a", "k")], [])
-    [task] = await store.claim("r", "w", ["k"], now=1.0, lease_s=1.0)
-    assert task.status is Status.RUNNING
-    # The record it returns continues through the state machine as usual.
-    assert transition(task, Status.COMPLETED).finished

@@ -87,15 +87,6 @@ def test_round_trip_through_dict() -> None:
     assert Task.from_dict(data) == task
 
 
-def test_the_stores_start_statements_use_transitions_of_the_table() -> None:
-    from planrun.core._task import CLAIMED_START, PUSHED_START, allowed
-    from planrun.stores.base import start_statuses
-
-    assert allowed(*CLAIMED_START) and allowed(*PUSHED_START)
-    assert start_statuses(claimed=True) == {"from_status": "pending", "to_status": "running"}
-    assert start_statuses(claimed=False) == {"from_status": "assigned", "to_status": "running"}
-
-
 def test_a_status_is_the_same_key_as_its_value() -> None:
     assert hash(Status.PENDING) == hash("pending")
     assert "dead" in FINAL and Status.DEAD in {"dead"}

@@ -663,6 +663,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if external:
         if not args.db:
             raise _CliError("--workers external needs --db (the database the workers use)")
+        from planrun.runtime import import_dbos
+
+        import_dbos()  # the [dbos] extra, before the database is touched
         lease = args.stale_after or LEASE_S
         app = _on_dbos(app, args, lease)
         meta.update({"workers": "external", "stale_after": lease})
@@ -707,13 +710,9 @@ def _check_run_flags(args: argparse.Namespace) -> None:
         _check_db(args.db)
     if args.mode == "peer":
         raise _CliError(PEER_REFUSED)
-    if args.workers != "external":
-        if args.mode == "peer":
-            raise _CliError("--mode peer needs --workers external (local runs are supervised "
-                            "in this process)")
-        if args.stale_after is not None:
-            raise _CliError("--stale-after applies to --workers external; local runs notice "
-                            "a stuck attempt by its timeout")
+    if args.workers != "external" and args.stale_after is not None:
+        raise _CliError("--stale-after applies to --workers external; local runs notice "
+                        "a stuck attempt by its timeout")
 
 
 def _check_db(url: str, *, must_exist: bool = False) -> None:
@@ -1149,11 +1148,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import signal
 
     from planrun._facade import load_app
-    from planrun.runtime import DBOSWorker
+    from planrun.runtime import DBOSWorker, import_dbos
 
     _check_db(args.db)
     if args.mode == "peer":
         raise _CliError(PEER_REFUSED)
+    import_dbos()  # the [dbos] extra, before anything else is looked at
     app = load_app(args.app)
     model = _model(args) if app.needs_model() else None
 

@@ -72,9 +72,7 @@ from planrun.core._registry import (
 from planrun.core._result import RunResult
 from planrun.core._routing import STRATEGIES, Router, WorkerState, get_router
 from planrun.core._task import (
-    CLAIMED_START,
     FINAL,
-    PUSHED_START,
     Status,
     Task,
     allowed,
@@ -82,12 +80,10 @@ from planrun.core._task import (
 )
 
 __all__ = [
-    "CLAIMED_START",
     "CONTRACT_CODES",
     "FINAL",
     "NOT_JSON",
     "PROBLEM_CODES",
-    "PUSHED_START",
     "SCHEMA",
     "STRATEGIES",
     "TRUNCATED",

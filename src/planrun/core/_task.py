@@ -30,7 +30,7 @@ from typing import Any
 from planrun.core._errors import IllegalTransition
 from planrun.core._records import fast_init
 
-__all__ = ["CLAIMED_START", "FINAL", "PUSHED_START", "Status", "Task", "allowed", "transition"]
+__all__ = ["FINAL", "Status", "Task", "allowed", "transition"]
 
 
 class Status(str, enum.Enum):
@@ -89,13 +89,6 @@ _ALLOWED: Mapping[Status, frozenset[Status]] = {
 def allowed(source: Status, target: Status) -> bool:
     """True when the state machine lets a task go from ``source`` to ``target``."""
     return target in _ALLOWED[source]
-
-
-CLAIMED_START: tuple[Status, Status] = (Status.PENDING, Status.RUNNING)
-"""A worker claims a ready task and starts it in one step (peer mode; stores do it in SQL)."""
-PUSHED_START: tuple[Status, Status] = (Status.ASSIGNED, Status.RUNNING)
-"""A worker starts a task it was assigned (push mode; stores do it in SQL)."""
-assert allowed(*CLAIMED_START) and allowed(*PUSHED_START)
 
 
 @fast_init

@@ -26,8 +26,8 @@ by ``instrument(capture_content=True)`` or ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_
 =true``, and are redacted: no API key reaches an attribute.
 
 The run's W3C trace context is stored in the run's meta (``meta["trace"]``), so a worker
-process (:class:`~planrun.WorkerProcess`) opens its attempt spans in the run's trace and a
-resumed run joins the trace of the run it carries on.
+process on DBOS (:class:`~planrun.runtime.DBOSWorker`) opens its attempt spans in the run's
+trace and a resumed run joins the trace of the run it carries on.
 
 Metrics (instrument names): ``planrun.tasks`` (tasks by ``planrun.task.status``),
 ``planrun.worker.active`` (attempts running per ``planrun.worker``),
@@ -229,8 +229,8 @@ def _oldest_unfinished(_options: Any) -> Iterator[Any]:
 def trace_meta(context: Any = None) -> dict[str, Any]:
     """The W3C trace context of the current span (or of ``context``), for a run's meta.
 
-    Empty when tracing is off. A :class:`~planrun.Coordinator` run passes it as
-    ``meta=trace_meta()`` so its worker processes join the trace.
+    Empty when tracing is off. A run started inside a span of the caller's passes it as
+    ``meta=trace_meta()`` so the run and its worker processes join that trace.
     """
     if not enabled():
         return {}

@@ -10,7 +10,8 @@ Nothing here decides what the core decides.
 
 from planrun.runtime._clock import Clock, RealClock, VirtualClock, run_blocking
 from planrun.runtime._dbos_attempts import DBOSAttempts
-from planrun.runtime._dbos_worker import DBOSWorker, register_workflows
+from planrun.runtime._dbos_wire import dbos_settings
+from planrun.runtime._dbos_worker import DBOSWorker, import_dbos, register_workflows
 from planrun.runtime._decisions import approve_task, reject_task
 from planrun.runtime._deprecated import Coordinator, WorkerProcess
 from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
@@ -29,7 +30,9 @@ __all__ = [
     "WaitHook",
     "WorkerProcess",
     "approve_task",
+    "dbos_settings",
     "hold_run",
+    "import_dbos",
     "owner_gone",
     "register_workflows",
     "reject_task",

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 from planrun.core import Registry, StoreError, TaskContext, UsageError, WorkerSpec
+from planrun.core.scheduling import STORE_PATIENCE
 from planrun.runtime._dbos_wire import (
-    APP_VERSION,
     ATTEMPT_WORKFLOW,
+    app_version,
     application_name,
     attempt_id,
     call_of,
@@ -79,10 +80,14 @@ class DBOSAttempts:
         in_flight: attempts out at once, waiting on a queue or being done.
         poll: seconds between two looks for finished attempts while any is out.
         lease_s: how often the holders' heartbeats are passed on (three times a lease).
+        patience: seconds an attempt that cannot be put on its queue (the database is away)
+            is tried again, backing off as :data:`~planrun.core.scheduling.STORE_PATIENCE`
+            says, before it fails as a store error.
     """
 
     def __init__(self, url: str, store: Store | None = None, *, app_name: str = "planrun",
-                 in_flight: int = 32, poll: float = 0.005, lease_s: float = 30.0) -> None:
+                 in_flight: int = 32, poll: float = 0.005, lease_s: float = 30.0,
+                 patience: float = 120.0) -> None:
         if in_flight < 1:
             raise UsageError("in_flight must be >= 1")
         dbos = import_dbos()
@@ -102,6 +107,7 @@ class DBOSAttempts:
         self.in_flight = in_flight
         self.poll = poll
         self.lease_s = lease_s
+        self.patience = patience
         self._flights: dict[str, _InFlight] = {}
         self._pending: list[_Pending] = []
         self._flushing: asyncio.Task[None] | None = None
@@ -164,7 +170,7 @@ class DBOSAttempts:
         batch, self._pending = self._pending, []
         self._flushing = None
         try:
-            await asyncio.to_thread(self._enqueue, batch)
+            await self._patiently(batch)
         except Exception as exc:
             for item in batch:
                 self._flights.pop(item.wid, None)
@@ -176,6 +182,22 @@ class DBOSAttempts:
         if self._collecting is None or self._collecting.done():
             self._collecting = asyncio.ensure_future(self._collect())
 
+    async def _patiently(self, batch: list[_Pending]) -> None:
+        """Enqueue ``batch``, again while the database is away, for ``patience`` s."""
+        loop = asyncio.get_running_loop()
+        deadline, tries = loop.time() + self.patience, 0
+        while True:
+            try:
+                await asyncio.to_thread(self._enqueue, batch)
+                return
+            except Exception as exc:
+                tries += 1
+                if loop.time() >= deadline:
+                    raise
+                log.warning("cannot enqueue %d attempt(s) (%s: %s); retrying",
+                            len(batch), type(exc).__name__, str(exc).splitlines()[0][:200])
+                await asyncio.sleep(STORE_PATIENCE.backoff(tries))
+
     def _enqueue(self, batch: list[_Pending]) -> None:
         import sqlalchemy as sa
 
@@ -184,7 +206,8 @@ class DBOSAttempts:
             for item in batch:
                 self.client.enqueue_in_transaction(conn, {
                     "workflow_name": ATTEMPT_WORKFLOW, "queue_name": queue_name(item.kind),
-                    "workflow_id": item.wid, "app_version": APP_VERSION}, item.call)
+                    "workflow_id": item.wid,
+                    "app_version": app_version(self.app_name)}, item.call)
 
     # ---- outcomes and heartbeats ----------------------------------------------------------
 

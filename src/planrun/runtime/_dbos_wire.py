@@ -17,8 +17,10 @@ from planrun.core.scheduling import Failure, ReportedFailure, failure_of
 __all__ = [
     "APP_VERSION",
     "ATTEMPT_WORKFLOW",
+    "app_version",
     "attempt_id",
     "call_of",
+    "dbos_settings",
     "dbos_url",
     "failed",
     "queue_name",
@@ -30,9 +32,9 @@ ATTEMPT_WORKFLOW = "planrun.attempt"
 """The DBOS workflow every worker process registers: one attempt of one task."""
 
 APP_VERSION = "planrun-1"
-"""The application version planrun's workflows are enqueued and served under, the same in
-every process whatever else the application registers (DBOS serves a queued workflow only
-to processes of its version)."""
+"""The application version planrun's workflows are enqueued and served under (qualified by
+the application: :func:`app_version`), the same in every process whatever else the
+application registers (DBOS serves a queued workflow only to processes of its version)."""
 
 
 def application_name(name: str) -> str:
@@ -40,6 +42,13 @@ def application_name(name: str) -> str:
     letters, digits, dashes and underscores."""
     plain = re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")
     return plain if len(plain) >= 3 else f"planrun-{plain}".rstrip("-")
+
+
+def app_version(app_name: str) -> str:
+    """The version an application's attempts are enqueued and served under: planrun's
+    (:data:`APP_VERSION`) qualified by the application, since DBOS gives a version name to
+    the first application that registers it in a database, and refuses it to any other."""
+    return f"{APP_VERSION}-{application_name(app_name)}"
 
 
 def queue_name(kind: str) -> str:
@@ -76,6 +85,19 @@ def dbos_schema(url: str) -> str:
         if found:
             return f"{found.group(1)}_dbos"
     return "dbos"
+
+
+def dbos_settings(url: str, app_name: str = "planrun") -> dict[str, str]:
+    """The entries of a DBOS configuration that make a process serve planrun's queues for
+    the runs in ``url``: the application's name as DBOS spells it (``app_name`` is the
+    name the process running the plan gives, ``module:attr`` from the CLI), the system
+    database and its schema beside the store, and the application version planrun's
+    attempts are enqueued under. An application that runs its own DBOS instance merges
+    them into its ``DBOSConfig``.
+    """
+    return {"name": application_name(app_name), "system_database_url": dbos_url(url),
+            "dbos_system_schema": dbos_schema(url),
+            "application_version": app_version(app_name)}
 
 
 def call_of(ctx: TaskContext) -> dict[str, Any]:

@@ -23,11 +23,9 @@ from planrun.core.scheduling import check_policies, timed_out
 from planrun.obs import tracing
 from planrun.runtime._attempt import run_attempt
 from planrun.runtime._dbos_wire import (
-    APP_VERSION,
     ATTEMPT_WORKFLOW,
     application_name,
-    dbos_schema,
-    dbos_url,
+    dbos_settings,
     failed,
     queue_name,
     succeeded,
@@ -39,6 +37,34 @@ __all__ = ["DBOSWorker", "import_dbos"]
 log = logging.getLogger("planrun.dbos")
 
 _SERVING: DBOSWorker | None = None
+
+
+class OneLineTracebacks(logging.Filter):
+    """Shortens a traceback in a DBOS log record to its last line: while the database is
+    away, each of DBOS's background threads logs one per retry, and a worker's log should
+    say what failed, once a line."""
+
+    MARK = "Traceback (most recent call last)"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.MARK in message:
+            head = message.split(self.MARK, 1)[0].rstrip(": \n")
+            last = [line.strip() for line in message.splitlines() if line.strip()][-1]
+            record.msg, record.args = f"{head}: {last}", None
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: " + (
+                str(exc).splitlines() or [""])[0]
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+    @classmethod
+    def install(cls) -> None:
+        """On DBOS's logger, once."""
+        logger = logging.getLogger("dbos")
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
 """The worker this process serves attempts for (DBOS runs one application per process)."""
 
 
@@ -162,10 +188,9 @@ class DBOSWorker:
         dbos = import_dbos()
         register_workflows()
         if self.launch:
-            dbos.DBOS(config={
-                "name": self.app_name, "system_database_url": dbos_url(self.url),
-                "executor_id": self.name, "application_version": APP_VERSION,
-                "dbos_system_schema": dbos_schema(self.url), "log_level": "WARNING"})
+            OneLineTracebacks.install()
+            dbos.DBOS(config={"executor_id": self.name, "log_level": "WARNING",
+                              **dbos_settings(self.url, self.app_name)})
             dbos.DBOS.listen_queues([queue_name(k) for k in self.kinds])
         _SERVING = self
         try:
@@ -175,6 +200,21 @@ class DBOSWorker:
                 except Exception as exc:
                     raise StoreError(f"DBOS cannot start on {redact(self.url)}: "
                                      f"{type(exc).__name__}: {exc}") from exc
+                # Another application's queues of the same names: refused before any of
+                # this one's is registered (DBOS keeps a queue to the application that
+                # registered it first, and would refuse them one by one).
+                taken: dict[str, str] = {}
+                for kind in self.kinds:
+                    found = await dbos.DBOS.retrieve_queue_async(queue_name(kind))
+                    owner = getattr(found, "application_name", None)
+                    if owner is not None and owner != self.app_name:
+                        taken[queue_name(kind)] = owner
+                if taken:
+                    raise UsageError(
+                        f"queue(s) {', '.join(taken)} belong to application(s) "
+                        f"{', '.join(sorted(set(taken.values())))} in this database, not to "
+                        f"{self.app_name}: give this app's kinds other names, or give it a "
+                        "database of its own")
             for kind in self.kinds:
                 try:
                     await dbos.DBOS.register_queue_async(

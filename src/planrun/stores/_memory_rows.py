@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planrun.core import (
-    FINAL,
     RunInUse,
-    Status,
     StoreError,
     Task,
 )
@@ -18,7 +16,6 @@ from planrun.stores.base import (
     RunOwner,
     RunState,
     RunSummary,
-    Waiters,
     check_lease,
     effect_from_row,
     event_from_row,
@@ -33,8 +30,6 @@ Row = dict[str, Any]
 Call = tuple[str, dict[str, Any]]
 """A recorded call: the method name and its arguments by name."""
 
-_FINAL = frozenset(s.value for s in FINAL)
-_IN_FLIGHT = frozenset({Status.ASSIGNED.value, Status.RUNNING.value})
 _NOT_NULL_TASK = ("id", "kind", "status", "payload", "depends_on", "resources")
 
 
@@ -55,8 +50,6 @@ def _checked(row: Row) -> Row:
     if missing:
         raise StoreError(f"task {row['id']!r}: NOT NULL violated for {', '.join(missing)}")
     return row
-
-
 
 
 def _ready_at(row: Row, tokens: float) -> float:
@@ -81,7 +74,6 @@ class _MemoryRows:
         self._runs: dict[str, _Run] = {}
         self._limits: dict[str, Row] = {}
         self._spend: dict[str, Row] = {}
-        self._waiters = Waiters()
         self._open = False
 
     def __repr__(self) -> str:
@@ -99,9 +91,6 @@ class _MemoryRows:
             return self._runs[run_id]
         except KeyError:
             raise unknown_run(run_id) from None
-
-    def _changed(self, run_id: str) -> None:
-        self._waiters.notify(run_id)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -124,13 +113,11 @@ class _MemoryRows:
         if run.id in self._runs:
             raise StoreError(f"run {run.id!r} already exists")
         self._runs[run.id] = _Run(row)
-        self._changed(run.id)
 
     async def set_run_status(self, run_id: str, status: str) -> None:
         """Change a run's status."""
         self._record("set_run_status", run_id=run_id, status=status)
         self._run(run_id).row["status"] = status
-        self._changed(run_id)
 
     async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float, *,
                           take_from: str | None = None) -> None:
@@ -160,7 +147,6 @@ class _MemoryRows:
         row = self._run(run_id).row
         if row["owner"] == owner:
             row.update(owner=None, owner_until=None)
-        self._changed(run_id)
 
     async def run_owner(self, run_id: str) -> RunOwner | None:
         """The stored owner and lease end, or None."""
@@ -182,7 +168,7 @@ class _MemoryRows:
         )
 
     async def load_tasks(self, run_id: str) -> RunState:
-        """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+        """The run, its tasks and effects without the ledger (a cheap poll)."""
         state = await self.load(run_id)
         return RunState(state.run, state.tasks, [], state.effects)
 
@@ -191,16 +177,6 @@ class _MemoryRows:
         self._record("load_some", run_id=run_id, ids=list(ids))
         wanted = set(ids)
         return [task_from_row(r) for r in self._run(run_id).tasks.values() if r["id"] in wanted]
-
-    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
-        """Tasks named by events after ``after``, and the last seq read."""
-        self._record("load_changed", run_id=run_id, after=after)
-        run = self._run(run_id)
-        named = {e["task"] for e in run.events if e["seq"] > after}
-        if not named:
-            return [], after
-        last = max(e["seq"] for e in run.events if e["seq"] > after)
-        return [task_from_row(r) for r in run.tasks.values() if r["id"] in named], last
 
     async def list_runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its task counts."""

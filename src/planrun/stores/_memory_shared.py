@@ -1,43 +1,31 @@
-"""The Memory store's rows shared between processes: workers, leases, rate limits, budgets."""
+"""The Memory store's rows shared between processes: workers, rate limits, budgets."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from planrun.core import (
-    Status,
-    StoreError,
-    Task,
-    transition,
-)
+from planrun.core import StoreError
 from planrun.stores._memory_rows import (
-    _IN_FLIGHT,
     Row,
     _ready_at,
-    _Run,
 )
 from planrun.stores._memory_writes import _MemoryWrites
 from planrun.stores.base import (
     LimiterState,
     SpendState,
     dump_json,
-    event_row,
     limiter_from_row,
     spend_from_row,
-    started_event,
-    task_from_row,
-    task_row,
     worker_from_row,
 )
 
 
 class _MemoryShared(_MemoryWrites):
-    """The Memory store's rows shared between processes: workers, leases, rate limits, budgets."""
+    """The Memory store's rows shared between processes: workers, rate limits, budgets."""
 
-    # --- workers and distribution -----------------------------------------------------------
+    # --- workers ----------------------------------------------------------------------------
 
     async def register_worker(
         self, run_id: str, name: str, kinds: Sequence[str], capacity: int, at: float
@@ -54,7 +42,6 @@ class _MemoryShared(_MemoryWrites):
             "capacity": capacity,
             "last_heartbeat": at,
         }
-        self._changed(run_id)
 
     async def heartbeat_worker(self, run_id: str, name: str, at: float) -> None:
         """Record that a registered worker is alive; an unknown worker is a StoreError."""
@@ -66,114 +53,12 @@ class _MemoryShared(_MemoryWrites):
         row["last_heartbeat"] = max(row["last_heartbeat"], at)
 
     async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
-        """Registered workers with their in-flight task counts (``active``)."""
+        """Registered workers, by name."""
         self._record("list_workers", run_id=run_id)
         run = self._runs.get(run_id)
         if run is None:
             return []
-        out = []
-        for name in sorted(run.workers):
-            active = sum(
-                1 for t in run.tasks.values()
-                if t["assigned_to"] == name and t["status"] in _IN_FLIGHT
-            )
-            out.append(worker_from_row(run.workers[name] | {"active": active}))
-        return out
-
-    def _ready(self, run: _Run, row: Row, kinds: Sequence[str], now: float) -> bool:
-        if row["status"] != Status.PENDING.value or row["kind"] not in kinds:
-            return False
-        if row["not_before"] is not None and row["not_before"] > now:
-            return False
-        deps = json.loads(row["depends_on"])
-        return all(
-            d in run.tasks and run.tasks[d]["status"] == Status.COMPLETED.value for d in deps
-        )
-
-    def _start(
-        self, run: _Run, rows: list[Row], now: float, lease: float, claimer: str | None
-    ) -> list[Task]:
-        """Move ``rows`` to running; a claimer (pull mode) takes them with a new token."""
-        tasks = []
-        for row in rows:
-            changes: dict[str, Any] = {"started_at": now, "lease": lease}
-            if claimer is not None:
-                changes.update(assigned_to=claimer, token=row["token"] + 1)
-            task = transition(task_from_row(row), Status.RUNNING, **changes)
-            row.update(task_row(row["run_id"], task))
-            self._append(run, [event_row(row["run_id"], started_event(task, now, run.next_seq))])
-            tasks.append(task)
-        return tasks
-
-    async def claim(
-        self,
-        run_id: str,
-        worker: str,
-        kinds: Sequence[str],
-        now: float | None,
-        lease_s: float,
-        limit: int = 1,
-    ) -> list[Task]:
-        """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
-        now = time.time() if now is None else now
-        self._record(
-            "claim", run_id=run_id, worker=worker, kinds=list(kinds), now=now,
-            lease_s=lease_s, limit=limit,
-        )
-        run = self._runs.get(run_id)
-        if run is None or limit < 1:
-            return []
-        rows = [r for r in run.tasks.values() if self._ready(run, r, kinds, now)][:limit]
-        tasks = self._start(run, rows, now, now + lease_s, worker)
-        if tasks:
-            self._changed(run_id)
-        return tasks
-
-    async def take_assigned(
-        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
-    ) -> list[Task]:
-        """Move tasks assigned to ``worker`` to running (push mode)."""
-        now = time.time() if now is None else now
-        self._record(
-            "take_assigned", run_id=run_id, worker=worker, now=now, lease_s=lease_s, limit=limit
-        )
-        run = self._runs.get(run_id)
-        if run is None or limit < 1:
-            return []
-        rows = [
-            r for r in run.tasks.values()
-            if r["status"] == Status.ASSIGNED.value and r["assigned_to"] == worker
-        ][:limit]
-        tasks = self._start(run, rows, now, now + lease_s, None)
-        if tasks:
-            self._changed(run_id)
-        return tasks
-
-    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
-        """Extend a lease; False when the token is stale or the task is not in flight."""
-        self._record("renew", run_id=run_id, task_id=task_id, token=token, lease=lease)
-        run = self._runs.get(run_id)
-        row = run.tasks.get(task_id) if run is not None else None
-        if row is None or row["token"] != token or row["status"] not in _IN_FLIGHT:
-            return False
-        row["lease"] = lease
-        return True
-
-    async def expired(self, run_id: str, now: float) -> list[Task]:
-        """Assigned or running tasks whose lease is before ``now``."""
-        self._record("expired", run_id=run_id, now=now)
-        run = self._runs.get(run_id)
-        if run is None:
-            return []
-        return [
-            task_from_row(r) for r in run.tasks.values()
-            if r["status"] in _IN_FLIGHT and r["lease"] is not None and r["lease"] < now
-        ]
-
-    async def wait_for_change(self, run_id: str, timeout: float) -> None:
-        """Wait until this store changes the run, or ``timeout`` seconds."""
-        self._record("wait_for_change", run_id=run_id, timeout=timeout)
-        await self._waiters.wait(run_id, timeout)
+        return [worker_from_row(run.workers[name]) for name in sorted(run.workers)]
 
     # --- limits shared by every process (the same rules as the SQL stores) ----------------
 

@@ -13,7 +13,6 @@ from planrun.core import (
     as_event,
 )
 from planrun.stores._memory_rows import (
-    _FINAL,
     Row,
     _checked,
     _MemoryRows,
@@ -22,10 +21,7 @@ from planrun.stores._memory_rows import (
 from planrun.stores.base import (
     EFFECT_APPLIED,
     EFFECT_STARTED,
-    Added,
     EffectRecord,
-    WidenConflict,
-    added_events,
     decision_row,
     dump_json,
     effect_from_row,
@@ -64,7 +60,6 @@ class _MemoryWrites(_MemoryRows):
             raise StoreError(f"task {duplicate!r} already exists in run {run_id!r}")
         run.tasks.update((r["id"], r) for r in rows)
         self._append(run, event_rows)
-        self._changed(run_id)
 
     async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
         """Upsert every task row and append every event, all or nothing."""
@@ -77,65 +72,12 @@ class _MemoryWrites(_MemoryRows):
         for row in rows:
             run.tasks[row["id"]] = row
         self._append(run, event_rows)
-        self._changed(run_id)
 
     async def write_batch(self, run_id: str, tasks: Sequence[Task],
                           events: Sequence[EventRow]) -> None:
         """:meth:`write` of the same changes: each event with its task's record."""
         by_id = {t.id: t for t in tasks}
         await self.write(run_id, [(by_id[r[2]], as_event(r)) for r in events])
-
-    async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
-    ) -> bool:
-        """Apply one change only over ``expect_token`` and an unfinished row (with what it
-        added and widened, all or nothing)."""
-        self._record(
-            "write_fenced", run_id=run_id, task=task, event=event, expect_token=expect_token
-        )
-        row = _checked(task_row(run_id, task))
-        run = self._runs.get(run_id)
-        stored = run.tasks.get(task.id) if run is not None else None
-        if run is None or stored is None:
-            return False
-        if stored["token"] != expect_token or stored["status"] in _FINAL:
-            return False
-        self._grow(run, run_id, event, added, widened, row)
-        return True
-
-    async def write_added(
-        self, run_id: str, event: Event, added: Added,
-        widened: Sequence[tuple[Task, Event]] = (),
-    ) -> None:
-        """Append ``event`` with what it added and widened, all or nothing."""
-        self._record("write_added", run_id=run_id, event=event, added=list(added))
-        self._grow(self._run(run_id), run_id, event, added, widened)
-
-    def _grow(self, run: Any, run_id: str, event: Event, added: Added,
-              widened: Sequence[tuple[Task, Event]], row: Row | None = None) -> None:
-        """Check, then apply all at once: the fenced ``row`` (if any), the widened joiners,
-        the added rows, and ``event`` with theirs, numbered in order."""
-        new_rows = [_checked(task_row(run_id, t)) for t, _ in added]
-        duplicate = next((r["id"] for r in new_rows if r["id"] in run.tasks), None)
-        if duplicate is not None:
-            raise StoreError(f"task {duplicate!r} already exists in run {run_id!r}")
-        events = [event_row(run_id, event, run.next_seq)]
-        wide: list[Row] = []
-        for other, other_event in widened:
-            held = run.tasks.get(other.id)
-            if held is None or held["status"] in _FINAL:
-                continue
-            if held["token"] != other.token - 1:
-                raise WidenConflict(f"task {other.id!r} changed since it was read")
-            wide.append(_checked(task_row(run_id, other)))
-            events.append(event_row(run_id, other_event, run.next_seq + len(events)))
-        for new_row in ([] if row is None else [row]) + wide + new_rows:
-            run.tasks[new_row["id"]] = new_row
-        for new_event in added_events(added):
-            events.append(event_row(run_id, new_event, run.next_seq + len(events)))
-        self._append(run, events)
-        self._changed(run_id)
 
     async def record_decision(self, run_id: str, task_id: str, approve: bool,
                               note: str | None) -> Task:
@@ -155,7 +97,6 @@ class _MemoryWrites(_MemoryRows):
         self._record("append_event", run_id=run_id, event=event)
         run = self._run(run_id)
         self._append(run, [event_row(run_id, event, run.next_seq)])
-        self._changed(run_id)
 
     # --- effects ----------------------------------------------------------------------------
 
@@ -189,5 +130,4 @@ class _MemoryWrites(_MemoryRows):
             if event is not None and event.seq < 0:
                 rows[0]["seq"] = run.next_seq
             self._append(run, rows)
-            self._changed(run_id)
         return True

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +25,6 @@ from planrun.stores.base import (
     RunOwner,
     RunState,
     RunSummary,
-    Waiters,
     check_lease,
     effect_from_row,
     event_from_row,
@@ -57,7 +54,6 @@ log = logging.getLogger("planrun.stores")
 T = TypeVar("T")
 
 Q = load_queries("postgres")
-CHANNEL = "planrun"
 
 LOCK_TIMEOUT = 5.0
 """Default ``lock_timeout`` of every connection, in seconds."""
@@ -117,12 +113,6 @@ def _arrays(
     return {"run_id": run_id, **arrays}
 
 
-def _by_pos(rows: list[DictRow]) -> list[Task]:
-    return [task_from_row(r, keep_json) for r in sorted(rows, key=lambda r: r["pos"])]
-
-
-
-
 def _run_exists(run_id: str) -> StoreError:
     return StoreError(f"run {run_id!r} already exists; choose another run id, or resume it")
 
@@ -161,9 +151,6 @@ class _PostgresRows:
         self.lock_timeout = lock_timeout
         self.idle_in_transaction_timeout = idle_in_transaction_timeout
         self._pool: AsyncConnectionPool[Any] | None = None
-        self._waiters = Waiters()
-        self._listener: asyncio.Task[None] | None = None
-        self._listen_lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r})"
@@ -211,16 +198,10 @@ class _PostgresRows:
                 value = f"{max(1, round(seconds * 1000))}ms"
                 await conn.execute(Q["set_session"], {"name": name, "value": value})
 
-    async def _tx(
-        self,
-        fn: Callable[[Cursor], Awaitable[T]],
-        snapshot: bool = False,
-        writing: str | None = None,
-    ) -> T:
+    async def _tx(self, fn: Callable[[Cursor], Awaitable[T]], snapshot: bool = False) -> T:
         """Run ``fn`` in one transaction, again on a connection error; translate errors.
 
-        ``writing`` names the run when ``fn`` may add events to it: the transaction takes the
-        run's writing lock first (see :meth:`load_changed`).
+        ``snapshot``: a read-only transaction whose statements see one snapshot.
         """
         pool = self._pool
         if pool is None:
@@ -233,8 +214,6 @@ class _PostgresRows:
                 async with conn.cursor(row_factory=d.dict_row) as cur:
                     if snapshot:
                         await cur.execute(Q["snapshot"])
-                    if writing is not None:
-                        await cur.execute(Q["writing"], {"run_id": writing})
                     return await fn(cur)
 
         return await self._retried(once)
@@ -315,12 +294,7 @@ class _PostgresRows:
                 await cur.execute(Q["stamp_version"], {"version": SCHEMA_VERSION})
 
     async def close(self) -> None:
-        """Stop listening and close the pool."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+        """Close the pool; calling it twice is harmless."""
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -336,7 +310,6 @@ class _PostgresRows:
                 await cur.execute(Q["create_run"], row)
             except self._drivers.psycopg.errors.UniqueViolation:
                 raise _run_exists(run.id) from None
-            await cur.execute(Q["notify"], {"run_id": run.id})
 
         await self._tx(go)
 
@@ -347,7 +320,6 @@ class _PostgresRows:
             await cur.execute(Q["set_run_status"], {"run_id": run_id, "status": status})
             if cur.rowcount == 0:
                 raise unknown_run(run_id)
-            await cur.execute(Q["notify"], {"run_id": run_id})
 
         await self._tx(go)
 
@@ -361,7 +333,6 @@ class _PostgresRows:
         async def go(cur: Cursor) -> RunOwner | None:
             await cur.execute(Q["acquire_run"], args)
             if await cur.fetchone() is not None:
-                await cur.execute(Q["notify"], {"run_id": run_id})
                 return None
             await cur.execute(Q["get_owner"], args)
             row = await cur.fetchone()
@@ -392,7 +363,7 @@ class _PostgresRows:
         args = {"run_id": run_id, "owner": owner}
 
         async def go(cur: Cursor) -> None:
-            await self._touch(cur, run_id)
+            await self._require_run(cur, run_id)
             await cur.execute(Q["release_run"], args)
 
         await self._tx(go)
@@ -414,7 +385,7 @@ class _PostgresRows:
         return await self._read(run_id, events=True)
 
     async def load_tasks(self, run_id: str) -> RunState:
-        """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+        """The run, its tasks and effects without the ledger (a cheap poll)."""
         return await self._read(run_id, events=False)
 
     async def load_some(self, run_id: str, ids: Sequence[str]) -> list[Task]:
@@ -427,25 +398,6 @@ class _PostgresRows:
             return [task_from_row(r, keep_json) for r in await cur.fetchall()]
 
         return await self._tx(go, snapshot=True)
-
-    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
-        """Tasks named by events of transactions from cursor ``after`` on, and the next
-        cursor: a transaction horizon, so that no change is missed whatever order
-        concurrent writers commit in (see the module docstring). READ COMMITTED on
-        purpose: the tasks are read by a statement that starts after the horizon's.
-        """
-        args = {"run_id": run_id, "after": after}
-
-        async def go(cur: Cursor) -> tuple[list[Task], int]:
-            await self._require_run(cur, run_id)
-            await cur.execute(Q["horizon"], args)
-            row = await cur.fetchone()
-            horizon = int(row["horizon"]) if row is not None else after
-            await cur.execute(Q["changed_tasks"], args)
-            tasks = [task_from_row(r, keep_json) for r in await cur.fetchall()]
-            return tasks, max(after, horizon)
-
-        return await self._tx(go)
 
     async def _read(self, run_id: str, events: bool) -> RunState:
         args = {"run_id": run_id}
@@ -483,12 +435,6 @@ class _PostgresRows:
     @staticmethod
     async def _require_run(cur: Cursor, run_id: str) -> None:
         await cur.execute(Q["get_run"], {"run_id": run_id})
-        if await cur.fetchone() is None:
-            raise unknown_run(run_id)
-
-    @staticmethod
-    async def _touch(cur: Cursor, run_id: str) -> None:
-        await cur.execute(Q["touch_run"], {"run_id": run_id})
         if await cur.fetchone() is None:
             raise unknown_run(run_id)
 

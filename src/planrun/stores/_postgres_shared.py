@@ -1,22 +1,15 @@
-"""The Postgres store's rows shared between processes: workers, leases, rate limits, budgets."""
+"""The Postgres store's rows shared between processes: workers, rate limits, budgets."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from planrun.core import StoreError, Task
-from planrun.stores._postgres_rows import (
-    CHANNEL,
-    Q,
-    _by_pos,
-    log,
-)
+from planrun.core import StoreError
+from planrun.stores._postgres_rows import Q
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection, AsyncCursor
+    from psycopg import AsyncCursor
     from psycopg.rows import DictRow
 
     Cursor = AsyncCursor[DictRow]
@@ -27,18 +20,15 @@ from planrun.stores.base import (
     dump_json,
     keep_json,
     limiter_from_row,
-    one_line,
     spend_from_row,
-    start_statuses,
-    task_from_row,
     worker_from_row,
 )
 
 
 class _PostgresShared(_PostgresWrites):
-    """The Postgres store's rows shared between processes: workers, leases, rate limits, budgets."""
+    """The Postgres store's rows shared between processes: workers, rate limits, budgets."""
 
-    # --- workers and distribution -----------------------------------------------------------
+    # --- workers ----------------------------------------------------------------------------
 
     async def register_worker(
         self, run_id: str, name: str, kinds: Sequence[str], capacity: int, at: float
@@ -53,7 +43,7 @@ class _PostgresShared(_PostgresWrites):
         }
 
         async def go(cur: Cursor) -> None:
-            await self._touch(cur, run_id)
+            await self._require_run(cur, run_id)
             await cur.execute(Q["register_worker"], args)
 
         await self._tx(go)
@@ -69,79 +59,13 @@ class _PostgresShared(_PostgresWrites):
         await self._tx(go)
 
     async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
-        """Registered workers with their in-flight task counts (``active``)."""
+        """Registered workers, by name."""
 
         async def go(cur: Cursor) -> list[dict[str, Any]]:
             await cur.execute(Q["list_workers"], {"run_id": run_id})
             return [worker_from_row(r, keep_json) for r in await cur.fetchall()]
 
         return await self._tx(go)
-
-    async def claim(
-        self,
-        run_id: str,
-        worker: str,
-        kinds: Sequence[str],
-        now: float | None,
-        lease_s: float,
-        limit: int = 1,
-    ) -> list[Task]:
-        """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
-        if limit < 1 or not kinds:
-            return []
-        args = {"run_id": run_id, "worker": worker, "kinds": list(kinds), "limit": limit}
-        return await self._start("claim", args, now, lease_s)
-
-    async def take_assigned(
-        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
-    ) -> list[Task]:
-        """Move tasks assigned to ``worker`` to running (push mode)."""
-        if limit < 1:
-            return []
-        args = {"run_id": run_id, "worker": worker, "limit": limit}
-        return await self._start("take_assigned", args, now, lease_s)
-
-    async def _start(
-        self, query: str, args: dict[str, Any], now: float | None, lease_s: float
-    ) -> list[Task]:
-        """Move the tasks ``query`` picks to running, with a ``started`` event each.
-
-        Without ``now`` the stamp is read inside the transaction, just before the statement
-        whose snapshot sees the dependencies completed: their writers stamped them earlier.
-        """
-
-        async def go(cur: Cursor) -> list[Task]:
-            stamp = time.time() if now is None else now
-            statuses = start_statuses(claimed=query == "claim")
-            await cur.execute(Q[query], {**args, **statuses, "now": stamp,
-                                         "lease": stamp + lease_s})
-            tasks = _by_pos(await cur.fetchall())
-            if tasks:
-                await self._append_started(cur, run_id=args["run_id"], tasks=tasks, now=stamp)
-            return tasks
-
-        return await self._tx(go, writing=args["run_id"])
-
-    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
-        """Extend a lease; False when the token is stale or the task is not in flight."""
-        args = {"run_id": run_id, "task_id": task_id, "token": token, "lease": lease}
-
-        async def go(cur: Cursor) -> bool:
-            await cur.execute(Q["renew"], args)
-            return cur.rowcount == 1
-
-        return await self._tx(go)
-
-    async def expired(self, run_id: str, now: float) -> list[Task]:
-        """Assigned or running tasks whose lease is before ``now``."""
-
-        async def go(cur: Cursor) -> list[Task]:
-            await cur.execute(Q["expired"], {"run_id": run_id, "now": now})
-            return [task_from_row(r, keep_json) for r in await cur.fetchall()]
-
-        return await self._tx(go)
-
-    # --- notifications ----------------------------------------------------------------------
 
     # --- limits shared by every process -----------------------------------------------------
     # Time is the server's clock (clock_timestamp()), which every machine shares.
@@ -252,37 +176,3 @@ class _PostgresShared(_PostgresWrites):
             return None if row is None else spend_from_row(row)
 
         return await self._tx(go)
-
-    async def wait_for_change(self, run_id: str, timeout: float) -> None:
-        """Wait for a ``NOTIFY`` about the run, or ``timeout`` seconds.
-
-        Without a listening connection (it could not connect) this is a plain sleep: the
-        caller polls, as it would with SQLite.
-        """
-        if await self._listening():
-            await self._waiters.wait(run_id, timeout)
-        else:
-            await asyncio.sleep(timeout)
-
-    async def _listening(self) -> bool:
-        async with self._listen_lock:
-            if self._listener is not None and not self._listener.done():
-                return True
-            if self._pool is None:
-                return False
-            try:
-                conn = await self._connect(autocommit=True)
-                await conn.execute(f"LISTEN {CHANNEL}")
-            except self._drivers.psycopg.Error as exc:
-                log.warning("%s: cannot LISTEN, polling instead: %s", self.url, one_line(exc))
-                return False
-            self._listener = asyncio.create_task(self._listen(conn), name="planrun-listen")
-            return True
-
-    async def _listen(self, conn: AsyncConnection[Any]) -> None:
-        try:
-            async with conn:
-                async for note in conn.notifies():
-                    self._waiters.notify(note.payload)
-        except self._drivers.psycopg.Error as exc:
-            log.warning("%s: listening connection lost: %s", self.url, one_line(exc))

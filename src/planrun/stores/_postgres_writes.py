@@ -21,10 +21,7 @@ if TYPE_CHECKING:
 from planrun.stores.base import (
     EVENT_ROW_KEYS,
     TASK_COLUMNS,
-    Added,
     EffectRecord,
-    WidenConflict,
-    added_events,
     decision_lost,
     decision_row,
     dump_json,
@@ -33,11 +30,9 @@ from planrun.stores.base import (
     keep_json,
     last_per_task,
     row_values,
-    started_event,
     task_from_row,
     task_row,
     unknown_run,
-    widened_rows,
 )
 
 
@@ -67,8 +62,6 @@ class _PostgresWrites(_PostgresRows):
 
     # --- tasks and events -------------------------------------------------------------------
 
-
-
     @staticmethod
     async def _raise_next_seq(cur: Cursor, run_id: str, events: Sequence[dict[str, Any]]) -> None:
         if events:
@@ -83,15 +76,6 @@ class _PostgresWrites(_PostgresRows):
         if len(seqs) != n:
             raise unknown_run(run_id)
         return seqs
-
-    async def _append_started(
-        self, cur: Cursor, run_id: str, tasks: Sequence[Task], now: float
-    ) -> None:
-        seqs = await self._take_seqs(cur, run_id, len(tasks))
-        rows = [event_row(run_id, started_event(t, now, seq)) for t, seq in zip(tasks, seqs,
-                                                                                 strict=True)]
-        await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
-        await cur.execute(Q["notify"], {"run_id": run_id})
 
     async def add_tasks(self, run_id: str, tasks: Sequence[Task], events: Sequence[Event]) -> None:
         """Insert new task rows and their events in one transaction."""
@@ -123,80 +107,24 @@ class _PostgresWrites(_PostgresRows):
         events_in = _arrays(run_id, event_rows, EVENT_COLUMNS)
 
         async def go(cur: Cursor) -> None:
-            await self._touch(cur, run_id)
+            await self._require_run(cur, run_id)
             if task_rows:
                 await cur.execute(Q[tasks_query], tasks_in)
             if event_rows:
                 await cur.execute(Q["insert_events"], events_in)
             await self._raise_next_seq(cur, run_id, event_rows)
 
-        await self._tx(go, writing=run_id)
-
-    async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
-    ) -> bool:
-        """Apply one change only over ``expect_token`` and an unfinished row (with what it
-        added and widened, all or nothing)."""
-        row = task_row(run_id, task) | {"expect_token": expect_token}
-
-        async def go(cur: Cursor) -> bool:
-            await cur.execute(Q["fenced_update"], row)
-            if await cur.fetchone() is None:
-                return False
-            await self._grow(cur, run_id, event, added, widened)
-            return True
-
-        return await self._tx(go, writing=run_id)
-
-    async def _grow(self, cur: Cursor, run_id: str, event: Event, added: Added,
-                    widened: Sequence[tuple[Task, Event]]) -> None:
-        """Inside a write's transaction: widen the joiners, insert the added rows, and
-        append ``event`` with theirs, numbered in order (a joiner changed: WidenConflict)."""
-        events = [event]
-        for wide_row, (_, wide_event) in zip(widened_rows(run_id, widened), widened,
-                                             strict=True):
-            await cur.execute(Q["fenced_update"], wide_row)
-            if await cur.fetchone() is not None:
-                events.append(wide_event)
-                continue
-            await cur.execute(Q["get_tasks_by_ids"], {"run_id": run_id,
-                                                      "ids": [wide_row["id"]]})
-            held = await cur.fetchall()
-            if held and held[0]["status"] not in ("completed", "dead", "cancelled"):
-                raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
-        if added:
-            await cur.execute(Q["insert_tasks"], _arrays(
-                run_id, [task_row(run_id, t) for t, _ in added], TASK_COLUMNS))
-            events.extend(added_events(added))
-        seqs = await self._take_seqs(cur, run_id, len(events))
-        rows = [event_row(run_id, e, seq) for e, seq in zip(events, seqs, strict=True)]
-        await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
-        await cur.execute(Q["notify"], {"run_id": run_id})
-
-    async def write_added(
-        self, run_id: str, event: Event, added: Added,
-        widened: Sequence[tuple[Task, Event]] = (),
-    ) -> None:
-        """Append ``event`` with what it added and widened, in one transaction."""
-
-        async def go(cur: Cursor) -> None:
-            await self._touch(cur, run_id)
-            await self._grow(cur, run_id, event, added, widened)
-
-        await self._tx(go, writing=run_id)
+        await self._tx(go)
 
     async def append_event(self, run_id: str, event: Event) -> None:
         """Append one event that changes no row, numbered by the store."""
 
         async def go(cur: Cursor) -> None:
-            await self._touch(cur, run_id)
-            [seq] = await self._take_seqs(cur, run_id, 1)
+            [seq] = await self._take_seqs(cur, run_id, 1)  # no run row: an unknown run
             rows = [event_row(run_id, event, seq)]
             await cur.execute(Q["insert_events"], _arrays(run_id, rows, EVENT_COLUMNS))
-            await cur.execute(Q["notify"], {"run_id": run_id})
 
-        await self._tx(go, writing=run_id)
+        await self._tx(go)
 
     # --- effects ----------------------------------------------------------------------------
 
@@ -246,7 +174,6 @@ class _PostgresWrites(_PostgresRows):
                     await self._raise_next_seq(cur, run_id, [numbered])
                 await cur.execute(Q["insert_events"],
                                   _arrays(run_id, [numbered], EVENT_COLUMNS))
-                await cur.execute(Q["notify"], {"run_id": run_id})
             return True
 
-        return await self._tx(go, writing=run_id)
+        return await self._tx(go)

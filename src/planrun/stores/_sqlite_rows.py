@@ -25,14 +25,10 @@ from planrun.stores.base import (
     EVENT_ROW_KEYS,
     SCHEMA_VERSION,
     TASK_ROW_KEYS,
-    Added,
     RunInfo,
     RunOwner,
     RunState,
     RunSummary,
-    Waiters,
-    WidenConflict,
-    added_events,
     check_lease,
     effect_from_row,
     event_from_row,
@@ -43,12 +39,10 @@ from planrun.stores.base import (
     owner_from_row,
     run_from_row,
     run_row,
-    started_event,
     summarize,
     task_from_row,
     task_values,
     unknown_run,
-    widened_rows,
 )
 
 T = TypeVar("T")
@@ -71,9 +65,6 @@ def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> It
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-
-
-_FINAL_TEXT = frozenset({"completed", "dead", "cancelled"})
 
 
 def _locked(exc: BaseException) -> bool:
@@ -198,39 +189,9 @@ def _take_seqs(conn: sqlite3.Connection, run_id: str, n: int) -> int:
     return int(row["next_seq"]) - n
 
 
-def _append_started(
-    conn: sqlite3.Connection, run_id: str, tasks: Sequence[Task], now: float
-) -> None:
-    first = _take_seqs(conn, run_id, len(tasks))
-    started = [started_event(t, now, first + i) for i, t in enumerate(tasks)]
-    _rows(conn, "insert_events_rows", _event_params(run_id, started))
-
-
 def _tasks_by_ids(conn: sqlite3.Connection, run_id: str, ids: str) -> list[Task]:
     rows = conn.execute(Q["get_tasks_by_ids"], {"run_id": run_id, "ids": ids})
     return [task_from_row(r) for r in rows]
-
-
-
-
-def _grow(conn: sqlite3.Connection, run_id: str, event: Event, added: Added,
-          widened: Sequence[tuple[Task, Event]]) -> None:
-    """Inside a write's transaction: widen the joiners, insert the added rows, and append
-    ``event`` with theirs, numbered in order (a joiner changed meanwhile: WidenConflict)."""
-    events = [event]
-    for wide_row, (_, wide_event) in zip(widened_rows(run_id, widened), widened, strict=True):
-        if conn.execute(Q["fenced_update"], wide_row).rowcount:
-            events.append(wide_event)
-            continue
-        held = conn.execute(Q["get_tasks_by_ids"], {
-            "run_id": run_id, "ids": json.dumps([wide_row["id"]])}).fetchall()
-        if held and held[0]["status"] not in _FINAL_TEXT:
-            raise WidenConflict(f"task {wide_row['id']!r} changed since it was read")
-    if added:
-        _rows(conn, "insert_tasks_rows", _task_params(run_id, [t for t, _ in added]))
-        events.extend(added_events(added))
-    seq = _take_seqs(conn, run_id, len(events))
-    _rows(conn, "insert_events_rows", _event_params(run_id, events, seq))
 
 
 class _SQLiteRows:
@@ -245,7 +206,6 @@ class _SQLiteRows:
         self._executor: ThreadPoolExecutor | None = None
         self._closing: Future[None] | None = None
         """The last :meth:`close`, still checkpointing on the store's thread."""
-        self._waiters = Waiters()
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.url!r})"
@@ -357,7 +317,6 @@ class _SQLiteRows:
                     ) from None
 
         await self._with_conn(go)
-        self._waiters.notify(run.id)
 
     async def set_run_status(self, run_id: str, status: str) -> None:
         """Change a run's status."""
@@ -369,7 +328,6 @@ class _SQLiteRows:
                     raise unknown_run(run_id)
 
         await self._with_conn(go)
-        self._waiters.notify(run_id)
 
     async def acquire_run(self, run_id: str, owner: str, ttl: float, now: float, *,
                           take_from: str | None = None) -> None:
@@ -415,7 +373,6 @@ class _SQLiteRows:
                 conn.execute(Q["release_run"], args)
 
         await self._with_conn(go)
-        self._waiters.notify(run_id)
 
     async def run_owner(self, run_id: str) -> RunOwner | None:
         """The stored owner and lease end, or None."""
@@ -433,7 +390,7 @@ class _SQLiteRows:
         return await self._read(run_id, events=True)
 
     async def load_tasks(self, run_id: str) -> RunState:
-        """The run, its tasks and effects without the ledger (a coordinator's poll)."""
+        """The run, its tasks and effects without the ledger (a cheap poll)."""
         return await self._read(run_id, events=False)
 
     async def load_some(self, run_id: str, ids: Sequence[str]) -> list[Task]:
@@ -444,21 +401,6 @@ class _SQLiteRows:
             with _transaction(conn, "BEGIN"):
                 _require_run(conn, run_id)
                 return _tasks_by_ids(conn, run_id, encoded)
-
-        return await self._with_conn(go)
-
-    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
-        """Tasks named by events after ``after``, and the last seq read (one snapshot)."""
-        args = {"run_id": run_id, "after": after}
-
-        def go(conn: sqlite3.Connection) -> tuple[list[Task], int]:
-            with _transaction(conn, "BEGIN"):
-                _require_run(conn, run_id)
-                last = conn.execute(Q["last_seq"], args).fetchone()["seq"]
-                if last is None:
-                    return [], after
-                tasks = [task_from_row(r) for r in conn.execute(Q["changed_tasks"], args)]
-            return tasks, int(last)
 
         return await self._with_conn(go)
 

@@ -1,19 +1,16 @@
-"""The SQLite store's rows shared between processes: workers, leases, rate limits, budgets."""
+"""The SQLite store's rows shared between processes: workers, rate limits, budgets."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from planrun.core import StoreError, Task
+from planrun.core import StoreError
 from planrun.stores._sqlite_rows import (
     Q,
-    _append_started,
     _require_run,
-    _tasks_by_ids,
     _transaction,
 )
 from planrun.stores._sqlite_writes import _SQLiteWrites
@@ -23,16 +20,14 @@ from planrun.stores.base import (
     dump_json,
     limiter_from_row,
     spend_from_row,
-    start_statuses,
-    task_from_row,
     worker_from_row,
 )
 
 
 class _SQLiteShared(_SQLiteWrites):
-    """The SQLite store's rows shared between processes: workers, leases, rate limits, budgets."""
+    """The SQLite store's rows shared between processes: workers, rate limits, budgets."""
 
-    # --- workers and distribution -----------------------------------------------------------
+    # --- workers ----------------------------------------------------------------------------
 
     async def register_worker(
         self, run_id: str, name: str, kinds: Sequence[str], capacity: int, at: float
@@ -52,7 +47,6 @@ class _SQLiteShared(_SQLiteWrites):
                 conn.execute(Q["register_worker"], args)
 
         await self._with_conn(go)
-        self._waiters.notify(run_id)
 
     async def heartbeat_worker(self, run_id: str, name: str, at: float) -> None:
         """Record that a registered worker is alive; an unknown worker is a StoreError."""
@@ -66,100 +60,13 @@ class _SQLiteShared(_SQLiteWrites):
         await self._with_conn(go)
 
     async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
-        """Registered workers with their in-flight task counts (``active``)."""
+        """Registered workers, by name."""
 
         def go(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             rows = conn.execute(Q["list_workers"], {"run_id": run_id})
             return [worker_from_row(r) for r in rows]
 
         return await self._with_conn(go)
-
-    async def claim(
-        self,
-        run_id: str,
-        worker: str,
-        kinds: Sequence[str],
-        now: float | None,
-        lease_s: float,
-        limit: int = 1,
-    ) -> list[Task]:
-        """Move up to ``limit`` ready tasks to running on ``worker`` (pull mode)."""
-        if limit < 1 or not kinds:
-            return []
-        args: dict[str, Any] = {
-            "run_id": run_id,
-            "worker": worker,
-            "kinds": json.dumps(list(kinds)),
-            "limit": limit,
-        }
-        return await self._start(run_id, "claim_candidates", "start_tasks", args, now, lease_s)
-
-    async def take_assigned(
-        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
-    ) -> list[Task]:
-        """Move tasks assigned to ``worker`` to running (push mode)."""
-        if limit < 1:
-            return []
-        args: dict[str, Any] = {"run_id": run_id, "worker": worker, "limit": limit}
-        return await self._start(run_id, "assigned_candidates", "start_assigned", args, now,
-                                 lease_s)
-
-    async def _start(
-        self,
-        run_id: str,
-        candidates: str,
-        start: str,
-        args: dict[str, Any],
-        now: float | None,
-        lease_s: float,
-    ) -> list[Task]:
-        """Pick candidates and move them to running, with a ``started`` event each, at once.
-
-        Without ``now`` the stamp is read after ``BEGIN IMMEDIATE`` holds the write lock:
-        every write committed before it, a dependency's completion included, is older.
-        """
-
-        def go(conn: sqlite3.Connection) -> list[Task]:
-            with _transaction(conn):
-                stamp = time.time() if now is None else now
-                args.update(now=stamp, lease=stamp + lease_s,
-                            **start_statuses(claimed=start == "start_tasks"))
-                ids = [r["id"] for r in conn.execute(Q[candidates], args)]
-                if not ids:
-                    return []
-                args["ids"] = json.dumps(ids)
-                conn.execute(Q[start], args)
-                tasks = _tasks_by_ids(conn, run_id, args["ids"])
-                _append_started(conn, run_id, tasks, stamp)
-                return tasks
-
-        tasks = await self._with_conn(go)
-        if tasks:
-            self._waiters.notify(run_id)
-        return tasks
-
-    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
-        """Extend a lease; False when the token is stale or the task is not in flight."""
-        args = {"run_id": run_id, "task_id": task_id, "token": token, "lease": lease}
-
-        def go(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
-                return conn.execute(Q["renew"], args).rowcount == 1
-
-        return await self._with_conn(go)
-
-    async def expired(self, run_id: str, now: float) -> list[Task]:
-        """Assigned or running tasks whose lease is before ``now``."""
-
-        def go(conn: sqlite3.Connection) -> list[Task]:
-            rows = conn.execute(Q["expired"], {"run_id": run_id, "now": now})
-            return [task_from_row(r) for r in rows]
-
-        return await self._with_conn(go)
-
-    async def wait_for_change(self, run_id: str, timeout: float) -> None:
-        """Poll: wait ``timeout`` seconds, or less when this store itself writes the run."""
-        await self._waiters.wait(run_id, timeout)
 
     # --- limits shared by every process -----------------------------------------------------
     # Processes of one machine share one clock, so time is this process's time.time().

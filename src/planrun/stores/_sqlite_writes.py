@@ -12,7 +12,6 @@ from planrun.stores._sqlite_rows import (
     _NULL_TEXT,
     Q,
     _event_params,
-    _grow,
     _last_seq,
     _raise_next_seq,
     _require_run,
@@ -24,7 +23,6 @@ from planrun.stores._sqlite_rows import (
     _transaction,
 )
 from planrun.stores.base import (
-    Added,
     EffectRecord,
     decision_lost,
     decision_row,
@@ -33,7 +31,6 @@ from planrun.stores.base import (
     event_row,
     last_per_task,
     row_values,
-    task_row,
 )
 
 
@@ -55,7 +52,6 @@ class _SQLiteWrites(_SQLiteRows):
                 _raise_next_seq(conn, run_id, _last_seq(event_rows))
 
         await self._with_conn(go)
-        self._waiters.notify(run_id)
 
     async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
         """Upsert every task row and append every event, all or nothing."""
@@ -73,7 +69,6 @@ class _SQLiteWrites(_SQLiteRows):
                 _raise_next_seq(conn, run_id, _last_seq(event_rows))
 
         await self._with_conn(go)
-        self._waiters.notify(run_id)
 
     async def write_batch(self, run_id: str, tasks: Sequence[Task],
                           events: Sequence[EventRow]) -> None:
@@ -93,41 +88,6 @@ class _SQLiteWrites(_SQLiteRows):
                 _raise_next_seq(conn, run_id, _last_seq(event_rows))
 
         await self._with_conn(go)
-        self._waiters.notify(run_id)
-
-    async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
-    ) -> bool:
-        """Apply one change only over ``expect_token`` and an unfinished row (with what it
-        added and widened, all or nothing)."""
-        row = task_row(run_id, task) | {"expect_token": expect_token}
-
-        def go(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
-                if conn.execute(Q["fenced_update"], row).rowcount == 0:
-                    return False
-                _grow(conn, run_id, event, added, widened)
-                return True
-
-        applied = await self._with_conn(go)
-        if applied:
-            self._waiters.notify(run_id)
-        return applied
-
-    async def write_added(
-        self, run_id: str, event: Event, added: Added,
-        widened: Sequence[tuple[Task, Event]] = (),
-    ) -> None:
-        """Append ``event`` with what it added and widened, in one transaction."""
-
-        def go(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
-                _require_run(conn, run_id)
-                _grow(conn, run_id, event, added, widened)
-
-        await self._with_conn(go)
-        self._waiters.notify(run_id)
 
     async def record_decision(self, run_id: str, task_id: str, approve: bool,
                               note: str | None) -> Task:
@@ -154,7 +114,6 @@ class _SQLiteWrites(_SQLiteRows):
                 _rows(conn, "insert_events_rows", _event_params(run_id, [event], seq))
 
         await self._with_conn(go)
-        self._waiters.notify(run_id)
 
     # --- effects ----------------------------------------------------------------------------
 
@@ -197,7 +156,4 @@ class _SQLiteWrites(_SQLiteRows):
                     _raise_next_seq(conn, run_id, numbered["seq"])
                 return True
 
-        applied = await self._with_conn(go)
-        if applied and row is not None:
-            self._waiters.notify(run_id)
-        return applied
+        return await self._with_conn(go)

@@ -13,7 +13,6 @@ same thing everywhere.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import math
@@ -24,18 +23,14 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from planrun.core import (
-    CLAIMED_START,
-    PUSHED_START,
     Event,
     EventRow,
-    IllegalTransition,
     Status,
     StoreError,
     Task,
     UnknownRun,
     UnstorableValue,
     UsageError,
-    allowed,
     redact,
 )
 
@@ -298,34 +293,6 @@ class Store(Protocol):
         batch cut from its ledger, with the records of the tasks its events name."""
         ...
 
-    async def write_fenced(
-        self, run_id: str, task: Task, event: Event, expect_token: int,
-        added: Added = (), widened: Sequence[tuple[Task, Event]] = (),
-    ) -> bool:
-        """Apply one change only if the stored token is ``expect_token`` and the row is not
-        finished; return whether it was applied. The event gets the run's next ``seq``.
-
-        With it, in the same transaction: ``added`` rows are inserted (tasks spawned by the
-        attempt) and each ``widened`` row (a joiner that waits for them) is written over
-        the token it was read with (one less than its own) unless it is finished; each
-        with its event (or events), numbered after ``event``. A joiner changed meanwhile and not
-        finished rolls everything back with :class:`WidenConflict`.
-        """
-        ...
-
-    async def write_added(
-        self, run_id: str, event: Event, added: Added,
-        widened: Sequence[tuple[Task, Event]] = (),
-    ) -> None:
-        """Append ``event`` (it changes no row: a ``replanned`` on a dead task) with the
-        ``added`` rows inserted and each ``widened`` row written as :meth:`write_fenced`
-        writes them, all in one transaction; the store numbers the events in order.
-
-        Raises:
-            WidenConflict: a joiner changed meanwhile and is not finished (nothing written).
-        """
-        ...
-
     async def append_event(self, run_id: str, event: Event) -> None:
         """Append one event that changes no task row (an ``effect``); the store numbers it."""
         ...
@@ -352,20 +319,6 @@ class Store(Protocol):
         """The tasks of ``ids`` that exist, in task order (a worker reading its inputs)."""
         ...
 
-    async def load_changed(self, run_id: str, after: int) -> tuple[list[Task], int]:
-        """What changed since cursor ``after``: the tasks named by events written since,
-        as they are now (in task order), and the cursor to pass next time.
-
-        Every change of a task comes with an event (a lease renewal does not), and a reader
-        that passes back the cursor it got misses no change, whatever order concurrent
-        writers commit in. A task may come back again in a later call (it is the current
-        row: reading it twice is harmless). ``after=-1`` reads every task that has an
-        event. The cursor is the store's own (SQLite and memory: the last seq read, their
-        writers number events in commit order; PostgreSQL: a transaction horizon, see
-        :mod:`planrun.stores.postgres`): only pass back what a call returned.
-        """
-        ...
-
     async def list_runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its task counts."""
         ...
@@ -382,7 +335,7 @@ class Store(Protocol):
 
         ``event`` (the ``effect`` event) is appended in the same transaction, and only by
         the call that marks the effect applied: one event per effect, however many
-        processes (a coordinator that died with its commit in flight and the one resuming
+        processes (a supervisor that died with its commit in flight and the one resuming
         it) apply it. A negative ``event.seq`` is numbered by the store. Returns True when
         this call marked it applied.
         """
@@ -399,48 +352,8 @@ class Store(Protocol):
         ...
 
     async def list_workers(self, run_id: str) -> list[dict[str, Any]]:
-        """Registered workers: ``name``, ``kinds``, ``capacity``, ``last_heartbeat`` and
-        ``active`` (how many tasks are assigned to or running on it)."""
-        ...
-
-    async def claim(
-        self,
-        run_id: str,
-        worker: str,
-        kinds: Sequence[str],
-        now: float | None,
-        lease_s: float,
-        limit: int = 1,
-    ) -> list[Task]:
-        """Atomically move up to ``limit`` ready tasks of ``kinds`` to running on ``worker``.
-
-        Ready means pending, ``not_before`` unset or reached, and every dependency
-        completed. Each claimed task gets ``token + 1``, a lease and a ``started`` event.
-        ``now=None`` reads the wall clock inside the transaction, once the store holds its
-        write lock, so a ``started`` stamp never precedes the ``completed`` stamp of a
-        dependency that another connection wrote just before.
-        """
-        ...
-
-    async def take_assigned(
-        self, run_id: str, worker: str, now: float | None, lease_s: float, limit: int = 1
-    ) -> list[Task]:
-        """Move tasks assigned to ``worker`` to running, with a lease and a ``started`` event.
-
-        ``now=None`` stamps them inside the transaction, as :meth:`claim` does.
-        """
-        ...
-
-    async def renew(self, run_id: str, task_id: str, token: int, lease: float) -> bool:
-        """Extend the lease of an assigned or running task; False when ``token`` is stale."""
-        ...
-
-    async def expired(self, run_id: str, now: float) -> list[Task]:
-        """Assigned or running tasks whose lease is before ``now``."""
-        ...
-
-    async def wait_for_change(self, run_id: str, timeout: float) -> None:
-        """Return when the run may have changed, or after ``timeout`` seconds at the latest."""
+        """Registered workers, by name: ``name``, ``kinds``, ``capacity`` and
+        ``last_heartbeat``."""
         ...
 
     # --- limits shared by every process (schema 4) ---------------------------------------
@@ -647,32 +560,6 @@ Decoder = Callable[[Any], Any]
 def keep_json(value: Any) -> Any:
     """The decoder for drivers that already decode JSON columns (psycopg's ``jsonb``)."""
     return value
-
-
-class WidenConflict(StoreError):
-    """A joiner to widen changed since it was read (another spawn widened it first): the
-    whole fenced write was rolled back; read the joiner again and retry."""
-
-
-Added = Sequence[tuple[Task, "Event | Sequence[Event]"]]
-"""Rows a write inserts, each with its event, or its events in order (a task created and
-at once waiting: ``created`` then ``waiting``)."""
-
-
-def added_events(added: Added) -> list[Event]:
-    """The events of ``added`` rows, in order."""
-    events: list[Event] = []
-    for _, these in added:
-        if isinstance(these, Event):
-            events.append(these)
-        else:
-            events.extend(these)
-    return events
-
-
-def widened_rows(run_id: str, widened: Sequence[tuple[Task, Event]]) -> list[dict[str, Any]]:
-    """Rows of widened joiners, each fenced by the token it was read with (one less)."""
-    return [task_row(run_id, t) | {"expect_token": t.token - 1} for t, _ in widened]
 
 
 # --- row mapping ----------------------------------------------------------------------------
@@ -928,7 +815,6 @@ def worker_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> dict
         "kinds": list(decode(row["kinds"]) or ()),
         "capacity": row["capacity"],
         "last_heartbeat": row["last_heartbeat"],
-        "active": row["active"],
     }
 
 
@@ -939,20 +825,6 @@ def summarize(runs: Sequence[RunInfo], counts: Sequence[Mapping[str, Any]]) -> l
         by_run[row["run_id"]][row["status"]] = int(row["n"])
     return [RunSummary(r.id, r.created_at, r.status, r.goal, by_run[r.id], r.owner,
                        r.owner_until) for r in runs]
-
-
-def start_statuses(claimed: bool) -> dict[str, str]:
-    """The statuses a store's start statement moves a task between, from the transition
-    table: ``CLAIMED_START`` for a claim (peer mode), ``PUSHED_START`` for an assignment."""
-    source, target = CLAIMED_START if claimed else PUSHED_START
-    if not allowed(source, target):
-        raise IllegalTransition(f"{source.value} -> {target.value} is not allowed")
-    return {"from_status": source.value, "to_status": target.value}
-
-
-def started_event(task: Task, now: float, seq: int) -> Event:
-    """The ``started`` event a store appends when it moves a task to running itself."""
-    return Event(seq, now, task.id, "started", task.assigned_to, task.token)
 
 
 def unknown_run(run_id: str) -> StoreError:
@@ -1007,29 +879,3 @@ def _strip_doc(sql: str) -> str:
         lines.pop(0)
     return "\n".join(lines).strip()
 
-
-class Waiters:
-    """In-process wake-ups for :meth:`Store.wait_for_change`, one set of futures per run."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
-
-    async def wait(self, run_id: str, timeout: float) -> None:
-        """Wait until :meth:`notify` names ``run_id`` or ``timeout`` passes."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        bucket = self._waiting.setdefault(run_id, set())
-        bucket.add(future)
-        try:
-            await asyncio.wait_for(future, max(0.0, timeout))
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            bucket.discard(future)
-            if not bucket:
-                self._waiting.pop(run_id, None)
-
-    def notify(self, run_id: str) -> None:
-        """Wake everyone waiting on ``run_id``."""
-        for future in self._waiting.get(run_id, ()):
-            if not future.done():
-                future.set_result(None)

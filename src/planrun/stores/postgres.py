@@ -1,10 +1,8 @@
 """The PostgreSQL store: the same rows in a server several machines share.
 
-Connections come from a psycopg 3 ``AsyncConnectionPool``. Worker processes on any machine
-claim work with one ``UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING``,
-so two claimers never take the same task and neither waits for the other. Every change
-sends ``NOTIFY planrun, '<run id>'`` at commit; :meth:`PostgresStore.wait_for_change`
-listens on a connection of its own.
+Connections come from a psycopg 3 ``AsyncConnectionPool``; every call is one transaction
+(a read of a whole run sees one snapshot); a limiter's take, give and defer are each one
+statement on its own (autocommit).
 
 A dropped connection is the pool's to replace; a call that fails with a connection error
 (or a deadlock or serialization failure, a lock wait past ``lock_timeout``, a session cut off
@@ -15,35 +13,22 @@ first commit reached the server before the connection dropped stores its events 
 
 No writer waits for another to number its events
 -------------------------------------------------
-A store-made event (a claim's ``started``, a fenced write's, an ``effect``) takes
-``seq_base + nextval('planrun_event_seq')``: a sequence hands out distinct, increasing
-numbers without a lock held to commit, so a writer stopped inside its transaction (SIGSTOP,
-a long GC pause, a stalled VM) holds only the task rows it is changing. ``seq_base`` is kept
-past every seq a caller numbered itself (the in-process supervisor numbers its own ledger;
-a run has one driver at a time, see the owner lease), so the two never meet. Store-made
-seqs are unique and increasing per run, not dense.
+A store-made event (an ``effect`` from :meth:`PostgresStore.append_event` or
+:meth:`PostgresStore.effect_done`) takes ``seq_base + nextval('planrun_event_seq')``: a
+sequence hands out distinct, increasing numbers without a lock held to commit, so a writer
+stopped inside its transaction (SIGSTOP, a long GC pause, a stalled VM) holds only the rows
+it is changing. ``seq_base`` is kept past every seq a caller numbered itself (the
+supervisor numbers its own ledger; a run has one driver at a time, see the owner lease), so
+the two never meet. Store-made seqs are unique and increasing per run, not dense, and a
+later one may commit first. A batch its caller numbered moves ``seq_base`` past its events,
+so it holds the run's row until it commits: the run's next batch, or a process taking the
+run over, waits for it (at most until the server cuts a stopped session off, below).
 
 Every connection sets ``idle_in_transaction_session_timeout`` (default 10 s) and
 ``lock_timeout`` (default 5 s): the server cuts off a session that sits idle inside a
 transaction, rolling it back and releasing its locks, so a stopped process cannot hold
 anything for long, and a call waiting for a lock gives up (and is retried) rather than
 wait behind it. Both are constructor arguments; ``None`` keeps the server's setting.
-
-Reading what changed, in commit order
--------------------------------------
-Numbers handed out at insert time are not commit order: a reader may see seq 6 committed
-while seq 5 is still in flight, and a cursor "after 6" would skip 5 for good. So
-:meth:`PostgresStore.load_changed` does not use seqs as its cursor. Each event row carries
-the id of the transaction that wrote it (``xid``, from ``pg_current_xact_id()``), and every
-transaction that may add events to a run first takes a shared advisory lock named after
-the run (no writer waits for it). The cursor is a transaction id ``h``: the lowest id among
-the transactions holding that lock, read from ``pg_locks``, or, when none does, the xmax of
-that statement's snapshot. A writer takes the lock before it gets an id, so any writer with
-an id below ``h`` has ended before ``h`` was read, and a later statement sees its events.
-The next call reads every event with ``xid >= h``: a transaction still in flight is read
-when it commits, and a change committed after an older, slower one is read (again) until
-the older one ends: a task may come back twice, never be missed. Only this run's writers
-hold the cursor back, and the session timeout bounds how long a stopped one can.
 
 psycopg is imported only when a store is made, so planrun imports without the
 ``postgres`` extra; without it, :class:`PostgresStore` raises

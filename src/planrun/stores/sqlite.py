@@ -2,9 +2,10 @@
 
 The file runs in WAL mode with ``synchronous=NORMAL`` (a commit survives a process crash;
 a power cut may lose the last few) and a busy timeout, so several processes can share it.
-Every write starts with ``BEGIN IMMEDIATE``: it takes the write lock up front, which makes
-:meth:`SQLiteStore.claim` atomic across processes and never turns a reader into a writer
-that deadlocks. Batches of rows go through statements of many rows each (see
+Every write starts with ``BEGIN IMMEDIATE``: it takes the write lock up front (waiting up to
+the busy timeout for another process's), so a write that reads first (an effect, a
+decision) is atomic across processes and never turns a reader into a writer that
+deadlocks. Batches of rows go through statements of many rows each (see
 :func:`_rows`), their values bound by position.
 
 sqlite3 blocks, so calls run on one private thread (the connection's only user) and the

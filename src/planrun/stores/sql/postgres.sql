@@ -29,13 +29,6 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 -- up waiting for a lock. Session-wide (the pool's connections are in autocommit).
 SELECT set_config(%(name)s, %(value)s, false);
 
--- name: writing
--- The first statement of every transaction that may add events to a run, before it
--- writes anything (so before it has a transaction id): a shared lock that no writer waits
--- for, which lets load_changed find the transactions still writing to this run in
--- pg_locks (see the horizon query).
-SELECT pg_advisory_xact_lock_shared(424217, hashtext(%(run_id)s));
-
 -- name: migrate_1
 -- The first schema: runs, tasks (one column per Task field), events, effects, workers.
 -- Dependencies stay in the depends_on jsonb array; claim reads it in the query.
@@ -286,14 +279,6 @@ UPDATE planrun_spend SET reserved_tokens = 0, reserved_cost = 0 WHERE run_id = %
 -- name: spend_get
 SELECT * FROM planrun_spend WHERE run_id = %(run_id)s;
 
--- name: notify
--- Wakes every wait_for_change() on the run; delivered when the transaction commits.
-SELECT pg_notify('planrun', %(run_id)s);
-
--- name: touch_run
--- Checks the run exists (no row: unknown run) and queues the change notification.
-SELECT pg_notify('planrun', id) FROM planrun_runs WHERE id = %(run_id)s;
-
 -- name: create_run
 INSERT INTO planrun_runs (id, created_at, status, goal, meta)
 VALUES (%(id)s, %(created_at)s, %(status)s, %(goal)s, %(meta)s::jsonb);
@@ -363,7 +348,7 @@ ORDER BY r.n;
 -- name: upsert_tasks
 -- A batch in one statement: one array per column, at most one element per task id (the
 -- store keeps the last change of a task). Every column of the record is written; a row
--- keeps its pos (its place in claim order).
+-- keeps its pos (its place in task order).
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
@@ -404,52 +389,11 @@ UPDATE planrun_tasks SET cause = %(cause)s, error = %(error)s
 WHERE run_id = %(run_id)s AND id = %(id)s AND status = 'waiting'
   AND cause = %(expect_cause)s;
 
--- name: fenced_update
--- The write of a result from another process: only over the token it was given, and
--- never over a finished row.
-UPDATE planrun_tasks SET
-    kind = %(kind)s, payload = %(payload)s::jsonb, status = %(status)s,
-    assigned_to = %(assigned_to)s, attempts = %(attempts)s, max_attempts = %(max_attempts)s,
-    result = %(result)s::jsonb, error = %(error)s, error_class = %(error_class)s,
-    cause = %(cause)s, depends_on = %(depends_on)s::jsonb, estimate_s = %(estimate_s)s,
-    resources = %(resources)s::jsonb, lease = %(lease)s, token = %(token)s,
-    reclaims = %(reclaims)s, not_before = %(not_before)s, created_at = %(created_at)s,
-    started_at = %(started_at)s, finished_at = %(finished_at)s, parent = %(parent)s,
-    joins = %(joins)s::jsonb
-WHERE run_id = %(run_id)s AND id = %(id)s AND token = %(expect_token)s
-  AND status NOT IN ('completed', 'dead', 'cancelled')
-RETURNING id;
-
 -- name: get_tasks
 SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s ORDER BY pos;
 
 -- name: get_tasks_by_ids
 SELECT * FROM planrun_tasks WHERE run_id = %(run_id)s AND id = ANY(%(ids)s::text[])
-ORDER BY pos;
-
--- name: horizon
--- The cursor load_changed hands back: no transaction that can still add events to the
--- run has an id below it. It is the lowest id among the transactions holding the run's
--- "writing" lock, or, when none does, the xmax of this statement's snapshot (every id
--- handed out later is at least that). A writer takes that lock before it has an id, so a
--- writer with a lower id that is not in pg_locks has ended before the scan, and the next
--- statement's snapshot sees its events. Other databases' and runs' transactions play no
--- part, so a long transaction elsewhere does not hold the cursor back.
-SELECT LEAST(
-    pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
-    (SELECT min(x.transactionid::text::bigint)
-     FROM pg_locks AS a JOIN pg_locks AS x ON x.pid = a.pid
-     WHERE a.locktype = 'advisory' AND a.classid = 424217 AND a.objsubid = 2
-       AND a.objid = hashtext(%(run_id)s)::oid AND a.granted
-       AND x.locktype = 'transactionid' AND x.mode = 'ExclusiveLock' AND x.granted)
-) AS horizon;
-
--- name: changed_tasks
--- Read after the horizon, in a statement (snapshot) of its own: the tasks named by the
--- events of every transaction from the cursor on (-1: all).
-SELECT * FROM planrun_tasks
-WHERE run_id = %(run_id)s
-  AND id IN (SELECT task FROM planrun_events WHERE run_id = %(run_id)s AND xid >= %(after)s)
 ORDER BY pos;
 
 -- name: insert_events
@@ -482,55 +426,6 @@ FROM planrun_runs AS r CROSS JOIN generate_series(1, %(n)s) AS g (i)
 WHERE r.id = %(run_id)s
 ORDER BY g.i;
 
--- name: claim
--- Pull: up to `limit` ready tasks (pending, of one of `kinds`, past not_before, every
--- dependency completed; a missing dependency counts as not completed), skipping rows
--- another claimer holds, move to running on `worker` with a new token. The locking
--- subquery is a MATERIALIZED CTE so that it runs once: inlined, the planner may rescan it
--- per row of a semi-join and update more than `limit` rows.
-WITH picked AS MATERIALIZED (
-    SELECT c.id FROM planrun_tasks AS c
-    WHERE c.run_id = %(run_id)s AND c.status = 'pending'
-      AND c.kind = ANY(%(kinds)s::text[])
-      AND (c.not_before IS NULL OR c.not_before <= %(now)s)
-      AND NOT EXISTS (
-          SELECT 1 FROM jsonb_array_elements_text(c.depends_on) AS d (id)
-          LEFT JOIN planrun_tasks AS p ON p.run_id = c.run_id AND p.id = d.id
-          WHERE p.status IS DISTINCT FROM 'completed')
-    ORDER BY c.pos
-    LIMIT %(limit)s
-    FOR UPDATE OF c SKIP LOCKED)
-UPDATE planrun_tasks AS t
-SET status = %(to_status)s, assigned_to = %(worker)s, token = t.token + 1,
-    lease = %(lease)s, started_at = %(now)s
-WHERE t.run_id = %(run_id)s AND t.status = %(from_status)s AND t.id IN (SELECT id FROM picked)
-RETURNING t.*;
-
--- name: take_assigned
--- (Both start statements take their statuses from the transition table:
--- planrun.task.CLAIMED_START / PUSHED_START, checked by the store.)
--- Push: tasks the supervisor assigned to `worker` (it already set their token) start.
-WITH picked AS MATERIALIZED (
-    SELECT c.id FROM planrun_tasks AS c
-    WHERE c.run_id = %(run_id)s AND c.status = 'assigned' AND c.assigned_to = %(worker)s
-    ORDER BY c.pos
-    LIMIT %(limit)s
-    FOR UPDATE OF c SKIP LOCKED)
-UPDATE planrun_tasks AS t
-SET status = %(to_status)s, lease = %(lease)s, started_at = %(now)s
-WHERE t.run_id = %(run_id)s AND t.status = %(from_status)s AND t.id IN (SELECT id FROM picked)
-RETURNING t.*;
-
--- name: renew
-UPDATE planrun_tasks SET lease = %(lease)s
-WHERE run_id = %(run_id)s AND id = %(task_id)s AND token = %(token)s
-  AND status IN ('assigned', 'running');
-
--- name: expired
-SELECT * FROM planrun_tasks
-WHERE run_id = %(run_id)s AND status IN ('assigned', 'running') AND lease < %(now)s
-ORDER BY pos;
-
 -- name: effect_begin
 INSERT INTO planrun_effects (run_id, task_id, key, state, result, at)
 VALUES (%(run_id)s, %(task_id)s, %(key)s, 'started', 'null'::jsonb, %(at)s)
@@ -560,10 +455,6 @@ UPDATE planrun_workers SET last_heartbeat = GREATEST(last_heartbeat, %(at)s)
 WHERE run_id = %(run_id)s AND name = %(name)s;
 
 -- name: list_workers
-SELECT w.name, w.kinds, w.capacity, w.last_heartbeat,
-       (SELECT count(*) FROM planrun_tasks AS t
-        WHERE t.run_id = w.run_id AND t.assigned_to = w.name
-          AND t.status IN ('assigned', 'running')) AS active
-FROM planrun_workers AS w
-WHERE w.run_id = %(run_id)s
-ORDER BY w.name;
+SELECT name, kinds, capacity, last_heartbeat FROM planrun_workers
+WHERE run_id = %(run_id)s
+ORDER BY name;

@@ -277,7 +277,7 @@ INSERT INTO planrun_tasks (
 
 -- name: upsert_tasks_rows
 -- Every column of each row (see insert_tasks_rows); a row keeps its rowid (its place in
--- claim order). The rows' ids are distinct.
+-- task order). The rows' ids are distinct.
 INSERT INTO planrun_tasks (
     run_id, id, kind, payload, status, assigned_to, attempts, max_attempts, result, error,
     error_class, cause, depends_on, estimate_s, resources, lease, token, reclaims,
@@ -309,19 +309,6 @@ ON CONFLICT (run_id, id) DO UPDATE SET
 UPDATE planrun_tasks SET cause = :cause, error = :error
 WHERE run_id = :run_id AND id = :id AND status = 'waiting' AND cause = :expect_cause;
 
--- name: fenced_update
--- The write of a result from another process: only over the token it was given, and
--- never over a finished row.
-UPDATE planrun_tasks SET
-    kind = :kind, payload = :payload, status = :status, assigned_to = :assigned_to,
-    attempts = :attempts, max_attempts = :max_attempts, result = :result, error = :error,
-    error_class = :error_class, cause = :cause, depends_on = :depends_on,
-    estimate_s = :estimate_s, resources = :resources, lease = :lease, token = :token,
-    reclaims = :reclaims, not_before = :not_before, created_at = :created_at,
-    started_at = :started_at, finished_at = :finished_at, parent = :parent, joins = :joins
-WHERE run_id = :run_id AND id = :id AND token = :expect_token
-  AND status NOT IN ('completed', 'dead', 'cancelled');
-
 -- name: get_tasks
 SELECT * FROM planrun_tasks WHERE run_id = :run_id ORDER BY rowid;
 
@@ -329,15 +316,6 @@ SELECT * FROM planrun_tasks WHERE run_id = :run_id ORDER BY rowid;
 SELECT * FROM planrun_tasks
 WHERE run_id = :run_id AND id IN (SELECT value FROM json_each(:ids))
 ORDER BY rowid;
-
--- name: changed_tasks
-SELECT * FROM planrun_tasks
-WHERE run_id = :run_id
-  AND id IN (SELECT task FROM planrun_events WHERE run_id = :run_id AND seq > :after)
-ORDER BY rowid;
-
--- name: last_seq
-SELECT max(seq) AS seq FROM planrun_events WHERE run_id = :run_id AND seq > :after;
 
 -- name: insert_event
 -- An event already stored under its seq (the same batch written twice) is kept as it is.
@@ -372,51 +350,6 @@ UPDATE planrun_runs SET next_seq = next_seq + :n WHERE id = :run_id;
 -- name: get_next_seq
 SELECT next_seq FROM planrun_runs WHERE id = :run_id;
 
--- name: claim_candidates
--- Ready tasks: pending, of one of :kinds (a JSON list), past not_before, and every
--- dependency completed (a missing dependency counts as not completed).
-SELECT c.id FROM planrun_tasks AS c
-WHERE c.run_id = :run_id AND c.status = 'pending'
-  AND c.kind IN (SELECT value FROM json_each(:kinds))
-  AND (c.not_before IS NULL OR c.not_before <= :now)
-  AND NOT EXISTS (
-      SELECT 1 FROM json_each(c.depends_on) AS d
-      LEFT JOIN planrun_tasks AS p ON p.run_id = c.run_id AND p.id = d.value
-      WHERE p.status IS NOT 'completed')
-ORDER BY c.rowid
-LIMIT :limit;
-
--- name: assigned_candidates
-SELECT id FROM planrun_tasks
-WHERE run_id = :run_id AND status = 'assigned' AND assigned_to = :worker
-ORDER BY rowid
-LIMIT :limit;
-
--- name: start_tasks
--- Claim (pull): a new token for the new owner. The statuses come from the transition
--- table (planrun.task.CLAIMED_START / PUSHED_START), checked by the store before use.
-UPDATE planrun_tasks
-SET status = :to_status, assigned_to = :worker, token = token + 1, lease = :lease,
-    started_at = :now
-WHERE run_id = :run_id AND status = :from_status AND id IN (SELECT value FROM json_each(:ids));
-
--- name: start_assigned
--- Push: the supervisor already gave the task its token when it assigned it.
-UPDATE planrun_tasks
-SET status = :to_status, lease = :lease, started_at = :now
-WHERE run_id = :run_id AND status = :from_status AND assigned_to = :worker
-  AND id IN (SELECT value FROM json_each(:ids));
-
--- name: renew
-UPDATE planrun_tasks SET lease = :lease
-WHERE run_id = :run_id AND id = :task_id AND token = :token
-  AND status IN ('assigned', 'running');
-
--- name: expired
-SELECT * FROM planrun_tasks
-WHERE run_id = :run_id AND status IN ('assigned', 'running') AND lease < :now
-ORDER BY rowid;
-
 -- name: effect_begin
 INSERT INTO planrun_effects (run_id, task_id, key, state, result, at)
 VALUES (:run_id, :task_id, :key, 'started', 'null', :at)
@@ -446,10 +379,6 @@ UPDATE planrun_workers SET last_heartbeat = max(last_heartbeat, :at)
 WHERE run_id = :run_id AND name = :name;
 
 -- name: list_workers
-SELECT w.name, w.kinds, w.capacity, w.last_heartbeat,
-       (SELECT count(*) FROM planrun_tasks AS t
-        WHERE t.run_id = w.run_id AND t.assigned_to = w.name
-          AND t.status IN ('assigned', 'running')) AS active
-FROM planrun_workers AS w
-WHERE w.run_id = :run_id
-ORDER BY w.name;
+SELECT name, kinds, capacity, last_heartbeat FROM planrun_workers
+WHERE run_id = :run_id
+ORDER BY name;
