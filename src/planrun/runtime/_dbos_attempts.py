@@ -194,8 +194,9 @@ class DBOSAttempts:
                 tries += 1
                 if loop.time() >= deadline:
                     raise
+                first = (str(exc).splitlines() or [""])[0][:200]
                 log.warning("cannot enqueue %d attempt(s) (%s: %s); retrying",
-                            len(batch), type(exc).__name__, str(exc).splitlines()[0][:200])
+                            len(batch), type(exc).__name__, first)
                 await asyncio.sleep(STORE_PATIENCE.backoff(tries))
 
     def _enqueue(self, batch: list[_Pending]) -> None:
