@@ -25,6 +25,11 @@ counts the 429s, ``admitted`` holds the arrival time of every request let throug
 server with N parallel sequences, each answer taking S seconds (``most_busy`` says how many
 were generated at once).
 
+The Batch API's endpoints (``/v1/files``, ``/v1/batches``) are served by
+:class:`planrun.dev.testing.FakeBatchAPI` (``batch_api=``), its lines answered by the same
+fake; ``--batch-complete-after S`` and ``--batch-expire-after S`` set how long a batch takes
+and when an unfinished one expires.
+
     python tools/standin.py --scenario rate_limited      # serve until Ctrl-C
     python tools/standin.py --rpm-limit 600              # 429 beyond 600 requests/minute
     python tools/standin.py --tpm-limit 120000           # 429 beyond 120k tokens/minute
@@ -55,7 +60,13 @@ from typing import Any
 import httpx
 
 from planrun.dev.scenarios import get_scenario
-from planrun.dev.testing import ChatRequest, FakeOpenAI, error_body, prompt_tokens_of
+from planrun.dev.testing import (
+    ChatRequest,
+    FakeBatchAPI,
+    FakeOpenAI,
+    error_body,
+    prompt_tokens_of,
+)
 from planrun.examples.answers import answers
 
 __all__ = ["EMULATIONS", "StandIn", "eval_planner", "for_scenario", "main"]
@@ -66,6 +77,8 @@ DROP = None
 Raw = tuple[int, dict[str, str], bytes] | None
 _NO_RAW = object()
 RESPONSES_PATH = "/v1/responses"
+BATCH_PATHS = ("/v1/files", "/v1/batches")
+"""Served by :class:`planrun.dev.testing.FakeBatchAPI`."""
 
 _OPENAI_REJECTS = (
     "Invalid parameter: 'response_format' of type 'json_schema' is not supported with this "
@@ -160,12 +173,16 @@ class StandIn:
         malformed: float = 0.0,
         slots: int | None = None,
         latency: float = 0.0,
+        batch_api: FakeBatchAPI | None = None,
     ) -> None:
         if not 0.0 <= malformed < 1.0:
             raise ValueError(f"malformed must be a fraction in [0, 1), got {malformed!r}")
         if emulate is not None and emulate not in EMULATIONS:
             raise ValueError(f"emulate must be one of {sorted(EMULATIONS)}, got {emulate!r}")
         self.fake = fake
+        self.batch_api = batch_api if batch_api is not None else FakeBatchAPI(fake)
+        """The Batch API's endpoints (``/v1/files``, ``/v1/batches``): their lines are
+        answered by ``fake``."""
         self.reject_keys = frozenset(reject_keys)
         self.extra_headers = dict(extra_headers or {})
         self.emulate = emulate
@@ -248,6 +265,12 @@ class StandIn:
                 return _error(401, f"Incorrect API key provided: {key}. You can find your API "
                               "key at https://platform.openai.com/account/api-keys.",
                               "invalid_api_key")
+            if path.startswith(BATCH_PATHS):  # the Batch API's own pool: no rate limit
+                response = self.batch_api(httpx.Request(method, f"http://standin{path}",
+                                                        headers=headers, content=body))
+                return (response.status_code,
+                        {k: v for k, v in response.headers.items()
+                         if k.lower() != "content-length"}, response.content)
             if method != "POST" or path.split("?")[0] not in (CHAT_PATH, RESPONSES_PATH):
                 return _error(404, f"Invalid URL ({method} {path})", None)
             rejection = self._rejection(body)
@@ -496,6 +519,11 @@ def main(argv: list[str] | None = None) -> int:
                         "output bound), over all clients")
     parser.add_argument("--malformed", type=float, default=0.0, metavar="F",
                         help="cut this fraction of answers short (their JSON stops half-way)")
+    parser.add_argument("--batch-complete-after", type=float, default=0.0, metavar="S",
+                        help="a batch completes S seconds after it is created, its lines "
+                        "steadily meanwhile (default: at once)")
+    parser.add_argument("--batch-expire-after", type=float, metavar="S",
+                        help="an unfinished batch expires S seconds after it is created")
     args = parser.parse_args(argv)
     for flag, value in (("--rpm-limit", args.rpm_limit), ("--tpm-limit", args.tpm_limit)):
         if value is not None and not value > 0:
@@ -505,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     server = for_scenario(args.scenario, port=args.port, emulate=args.emulate,
                           rpm_limit=args.rpm_limit, tpm_limit=args.tpm_limit,
                           malformed=args.malformed)
+    server.batch_api = FakeBatchAPI(server.fake, complete_after=args.batch_complete_after,
+                                    progress=True, expire_after=args.batch_expire_after)
     print(f"stand-in serving at {server.base_url}", flush=True)
     try:
         server._server.serve_forever()

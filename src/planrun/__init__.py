@@ -77,6 +77,7 @@ from planrun.dev.eval import EvalReport, aevaluate, evaluate
 from planrun.dev.fixtures import FixtureMiss, record, replay
 from planrun.dev.sim import Scenario, SimResult, simulate
 from planrun.model import (
+    Batching,
     Budget,
     Completion,
     Limiter,
@@ -125,6 +126,7 @@ __all__ = [
     "Approval",
     "Audit",
     "Backoff",
+    "Batching",
     "Budget",
     "BudgetExceeded",
     "Clock",

@@ -13,6 +13,7 @@ and the audit computed from the ledger.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib
 import uuid
@@ -43,7 +44,16 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from planrun.core.scheduling import Backoff, RetryPolicy, SpawnLimits
-    from planrun.model import Budget, Model, PriceTable, SharedBudget, Tally, Usage
+    from planrun.model import (
+        Batcher,
+        Batching,
+        Budget,
+        Model,
+        PriceTable,
+        SharedBudget,
+        Tally,
+        Usage,
+    )
     from planrun.runtime import Replanner
     from planrun.stores.base import Store
 
@@ -105,6 +115,7 @@ class RunOptions(SupervisorOptions, total=False):
     clock: Clock | None
     store: Store | str | None
     meta: Mapping[str, Any] | None
+    batch: Batching | bool | None
 
 
 class ResumeOptions(SupervisorOptions, total=False):
@@ -116,6 +127,7 @@ class ResumeOptions(SupervisorOptions, total=False):
     prices: PriceTable | None
     progress: Callable[[Event, Task], None] | None
     clock: Clock | None
+    batch: Batching | bool | None
     wait: bool
     on_wait: WaitHook | None
 
@@ -419,6 +431,7 @@ async def aplan_and_run(
     clock: Clock | None = None,
     store: Store | str | None = None,
     meta: Mapping[str, Any] | None = None,
+    batch: Batching | bool | None = None,
     **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Decompose (or validate) and run; see :func:`plan_and_run`."""
@@ -435,8 +448,6 @@ async def aplan_and_run(
     goal = goal_or_plan if isinstance(goal_or_plan, str) else plan.goal if plan else ""
     with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
         async with _opened(store) as opened:
-            # With a store, the budget and what was spent live with the run there, so a
-            # resume continues from it.
             meter = usage if usage is not None else UsageMeter(
                 prices, budget, shared=await _shared_budget(opened, run_id, budget))
             if plan is None:
@@ -446,17 +457,18 @@ async def aplan_and_run(
                                         prompts=prompts, meter=meter)
             _with_replanner(supervisor_options, plan.goal, app.registry, model, meter,
                             repair_attempts=repair_attempts, prompts=prompts, max_tasks=max_tasks)
+            batcher, run_model = _batcher(batch, model, app)
             sup = Supervisor(
-                app.registry, app.worker_specs(), strategy=strategy, clock=clock,
+                app.registry, _specs(app, batcher), strategy=strategy, clock=clock,
                 run_id=run_id, effects=app.effects, approvals=app.approvals,
                 on_event=traced.on_event if traced else progress,
-                extras={"model": model, "usage": meter}, store=opened, goal=plan.goal,
+                extras={"model": run_model, "usage": meter}, store=opened, goal=plan.goal,
                 # The plan document is for a resume, which reads it from the store.
                 meta={**({"plan": plan.to_document()} if opened is not None else {}),
                       **(traced.meta if traced else {}), **(meta or {})},
                 **supervisor_options)
             sup.add_tasks(plan.to_tasks())
-            async with _owning(opened, sup.run_id, sup.clock, new_run=True):
+            async with _running(opened, sup, batcher, new_run=True):
                 result = await (traced.run(sup.arun()) if traced else sup.arun())
         if traced:
             traced.set_result(result)
@@ -476,7 +488,10 @@ def _ready_plan(goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
 async def _shared_budget(
     store: Store | None, run_id: str, budget: Budget | None, *, release: bool = False
 ) -> SharedBudget | None:
-    """The run's budget in ``store`` (opened with ``budget``), or None without a store."""
+    """The run's budget in ``store`` (opened with ``budget``), or None without a store.
+
+    With a store, the budget and what was spent live with the run there, so a resume
+    continues from it."""
     if store is None:
         return None
     from planrun.model import SharedBudget
@@ -501,6 +516,7 @@ async def aresume_run(
     clock: Clock | None = None,
     wait: bool = True,
     on_wait: WaitHook | None = None,
+    batch: Batching | bool | None = None,
     **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
@@ -511,6 +527,8 @@ async def aresume_run(
     is called about once a second meanwhile); a live owner keeps renewing it, and then (or
     at once with ``wait=False``) this raises :class:`~planrun.RunInUse` and changes
     nothing.
+    With ``batch``, a batch the run submitted before it stopped is found again and its
+    lines awaited, not submitted twice.
     The budget draws on what the run already spent (stored with it); ``budget`` replaces
     the stored limits, if given. Reservations of calls that died with the run are dropped.
     """
@@ -530,13 +548,14 @@ async def aresume_run(
             if supervisor_options.get("on_dead") == "replan":
                 goal = (await opened.load_tasks(run_id)).run.goal
                 _with_replanner(supervisor_options, goal, app.registry, model, meter)
+            batcher, run_model = _batcher(batch, model, app)
             sup = Supervisor(
-                app.registry, app.worker_specs(), strategy=strategy, clock=clock, run_id=run_id,
+                app.registry, _specs(app, batcher), strategy=strategy, clock=clock, run_id=run_id,
                 effects=app.effects, approvals=app.approvals,
                 on_event=traced.on_event if traced else progress,
-                extras={"model": model, "usage": meter}, store=opened, **supervisor_options,
+                extras={"model": run_model, "usage": meter}, store=opened, **supervisor_options,
             )
-            async with _owning(opened, run_id, sup.clock, wait=wait, on_wait=on_wait):
+            async with _running(opened, sup, batcher, wait=wait, on_wait=on_wait):
                 result = await (traced.run(sup.aresume()) if traced else sup.aresume())
             if traced:
                 traced.set_result(result)
@@ -585,6 +604,56 @@ async def _owning(
         yield
 
 
+def _batcher(batch: Batching | bool | None, model: Model | None, app: App
+             ) -> tuple[Batcher | None, Model | None]:
+    """The run's :class:`~planrun.model.Batcher` and the model its tasks call (sending
+    through it), or None and ``model`` without batch mode. Decomposition and replanning
+    keep ``model``: they stay live. Live calls keep to the app's workers' capacity."""
+    from planrun.model import Batcher, Batching
+
+    options = Batching.of(batch)
+    if options is None or model is None:
+        return None, model
+    batcher = Batcher(options, slots=sum(w.capacity for w in app.worker_specs()))
+    return batcher, model.batched(batcher)
+
+
+def _specs(app: App, batcher: Batcher | None) -> list[WorkerSpec]:
+    """The app's workers; in batch mode each also holds up to a batch's size of tasks whose
+    calls wait in a batch (their live calls keep to the workers' capacity: see
+    :meth:`~planrun.model.Batcher.live_gate`)."""
+    specs = app.worker_specs()
+    if batcher is None:
+        return specs
+    return [dataclasses.replace(w, capacity=w.capacity + batcher.options.size) for w in specs]
+
+
+@contextlib.asynccontextmanager
+async def _batching(batcher: Batcher | None, sup: Supervisor) -> AsyncIterator[None]:
+    """Connect ``batcher`` to the run (its deadline rule, its ledger, its live capacity)
+    while it runs."""
+    if batcher is None:
+        yield
+        return
+    live_s, margin_s = batcher.options.live_s, batcher.options.cancel_s
+    slots = batcher.slots or 1
+    batcher.bind(sup.run_id, journal=sup.batch_journal(),
+                 due=None if sup.deadline_s is None else
+                 lambda waiting: sup.batch_due(waiting, slots, live_s, margin_s))
+    try:
+        yield
+    finally:
+        await batcher.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _running(store: Store | None, sup: Supervisor, batcher: Batcher | None,
+                   **owning: Any) -> AsyncIterator[None]:
+    """While the run goes on: its owner lease held, its batcher connected to it."""
+    async with _owning(store, sup.run_id, sup.clock, **owning), _batching(batcher, sup):
+        yield
+
+
 def plan_and_run(
     goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
     app: App | Registry,
@@ -601,7 +670,9 @@ def plan_and_run(
             durable and :func:`resume_run` carries it on after a crash.
         options: ``strategy``, ``budget``, ``prices``, ``usage``, ``min_tasks``,
             ``max_tasks``, ``repair_attempts``, ``prompts``, ``progress``, ``run_id``,
-            ``clock``, ``meta`` as named (:class:`RunOptions`); the keywords of
+            ``clock``, ``meta`` as named (:class:`RunOptions`); ``batch`` (``True`` or a
+            :class:`~planrun.Batching`) sends the tasks' model calls as Batch API jobs at
+            half price, live again when the deadline needs it; the keywords of
             :class:`SupervisorOptions` (``max_attempts``, ``retry``, ``on_dead``,
             ``deadline_s``, ...) go to the :class:`Supervisor`. Any other keyword is a
             ``TypeError``.

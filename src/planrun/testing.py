@@ -7,7 +7,8 @@ offline::
     with replay("brief") as cassette:
         report = plan_and_run(brief.GOAL, brief.make_app(), model=cassette.model())
 
-:class:`FakeOpenAI` and :class:`InMemoryStore` are the doubles of :mod:`planrun.dev.testing`.
+:class:`FakeOpenAI`, :class:`FakeBatchAPI` and :class:`InMemoryStore` are the doubles of
+:mod:`planrun.dev.testing`.
 """
 
 from planrun.dev.fixtures import Cassette, replay, shipped_cassette, shipped_names

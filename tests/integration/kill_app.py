@@ -1,4 +1,4 @@
-"""The app of the kill-and-resume test (``kill_app:app``): 100 steps of pretend work, each
+"""The app of the kill-and-resume test (``kill_app:app``): steps of pretend work, each
 with an effect that records its key in a SQLite file (``$KILL_APP_TARGET``).
 
 The target's table has the effect key as its primary key, so a repeated delivery (an

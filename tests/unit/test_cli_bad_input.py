@@ -178,6 +178,10 @@ def test_help_still_prints_and_exits_0(capsys: pytest.CaptureFixture[str]) -> No
         (["--db", ""], "--db is empty"),
         (["--mode", "peer"], "--mode peer is not offered"),
         (["--stale-after", "5"], "--stale-after applies to --workers external"),
+        (["--batch-poll", "5"], "--batch-size, --batch-wait and --batch-poll need --batch"),
+        (["--batch", "--batch-size", "0"], "--batch-size"),
+        (["--batch", "--workers", "external", "--db", "sqlite:///x.db"],
+         "--batch runs with local workers"),
     ],
 )
 def test_flags_a_mode_cannot_use_are_refused(

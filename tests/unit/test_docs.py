@@ -47,7 +47,7 @@ def _nothing(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     yield {}
 
 
-SETUP = {"docs/guides/models.md": _model_server}
+SETUP = {"docs/guides/models.md": _model_server, "docs/guides/batch.md": _model_server}
 
 
 def run_document(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import inspect
 import planrun
 
 PINNED = {
-    "App", "Audit", "Backoff", "Budget", "BudgetExceeded", "Clock", "Completion",
+    "App", "Audit", "Backoff", "Batching", "Budget", "BudgetExceeded", "Clock", "Completion",
     "ConfigError", "DispatchError", "Event", "IllegalTransition", "InvalidPlan", "KindSpec",
     "Ledger", "Model", "ModelRefused", "ModelWorker", "OutputTruncated", "PROBLEM_CODES",
     "PermanentError", "Plan",

@@ -11,7 +11,7 @@
     planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
                    [--rpm N] [--tpm N]
     planrun resume RUN_ID --db URL [--app module:attr]
-    planrun demo [brief|tickets|release] [--live]
+    planrun demo [brief|tickets|triage|batch|release] [--live]
     planrun fixtures check [PATH...] | fixtures show PATH
     planrun runs --db URL [--json]
     planrun status RUN_ID --db URL [--watch] [--json]
@@ -578,6 +578,7 @@ def _add_run(subparsers: _Subparsers) -> None:
                         help="seconds after which nothing new starts: tasks not started are "
                         "cancelled (cause: deadline); attempts in flight keep their timeout")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
+    _batch_flags(parser)
     _concurrency_flag(parser)
     _db_flag(parser, required=False)
     parser.add_argument("--workers", choices=["local", "external"], default="local",
@@ -591,6 +592,30 @@ def _add_run(subparsers: _Subparsers) -> None:
                         "not heartbeat for this long "
                         "(default 30)")
     parser.set_defaults(func=_cmd_run)
+
+
+def _batch_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", action="store_true",
+                        help="send the tasks' model calls as Batch API jobs (half price); "
+                        "with --deadline, calls a batch cannot finish in time go live")
+    parser.add_argument("--batch-size", type=_positive_int, metavar="N",
+                        help="calls per batch at most (default 1000)")
+    parser.add_argument("--batch-wait", type=_seconds, metavar="S",
+                        help="submit a batch this long after its first call (default 5)")
+    parser.add_argument("--batch-poll", type=_seconds, metavar="S",
+                        help="seconds between reads of a batch's status (default 30)")
+
+
+def _batching(args: argparse.Namespace, stored: Any = None) -> dict[str, Any] | None:
+    """The run's batch settings: the flags given, over those it was started with."""
+    given = {name: value for name, value in (
+        ("size", getattr(args, "batch_size", None)), ("wait_s", getattr(args, "batch_wait", None)),
+        ("poll_s", getattr(args, "batch_poll", None))) if value is not None}
+    if not getattr(args, "batch", False) and not isinstance(stored, dict):
+        if given:
+            raise _CliError("--batch-size, --batch-wait and --batch-poll need --batch")
+        return None
+    return {**(stored if isinstance(stored, dict) else {}), **given}
 
 
 def _plan_source(args: argparse.Namespace) -> Any:
@@ -631,6 +656,9 @@ def _refuse_unhonoured(args: argparse.Namespace) -> None:
         if args.strategy is not None:
             raise _CliError("--strategy routes local workers; with --workers external the "
                             "coordinator assigns (drop --strategy)")
+        if args.batch:
+            raise _CliError("--batch runs with local workers; worker processes on DBOS call "
+                            "the model live (drop --batch or --workers external)")
         return
     for flag, value in (("--mode", args.mode), ("--stale-after", args.stale_after)):
         if value is not None:
@@ -657,6 +685,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             "retry_budget": args.retry_budget}
     if limits.rated or limits.budgeted:
         meta["limits"] = limits.to_meta()
+    batch = _batching(args)
+    if batch is not None:
+        meta["batch"] = batch
     # A model here decomposes a goal and re-plans; worker processes bring their own.
     needs_model = isinstance(source, str) or (
         app.needs_model() and (not external or args.on_dead == "replan"))
@@ -675,6 +706,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
         "meta": meta, "retry_budget": args.retry_budget, "deadline_s": args.deadline,
     }
+    if batch is not None:
+        from planrun.model import Batching
+
+        options["batch"] = Batching(**batch)
     if args.db:
         options["store"] = args.db
     if external:
@@ -784,6 +819,7 @@ def _add_resume(subparsers: _Subparsers) -> None:
     parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
     _timeout_flag(parser)
     _concurrency_flag(parser)
+    _batch_flags(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
     parser.add_argument(
@@ -854,6 +890,14 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         options["retry_budget"] = meta["retry_budget"]
     if external:
         options["stale_after"] = float(meta.get("stale_after", LEASE_S))
+    if external and args.batch:
+        raise _CliError("--batch runs with local workers; this run's attempts go to worker "
+                        "processes on DBOS, which call the model live")
+    batch = None if external else _batching(args, meta.get("batch"))
+    if batch is not None:
+        from planrun.model import Batching
+
+        options["batch"] = Batching(**batch)
     if needs_model:
         options["model"] = _limited(_model(args), limits)
     return _execute(None, app, options, args)

@@ -13,10 +13,11 @@ Event names:
 person is a ``dead`` whose ``detail`` holds ``cause: rejected``), ``cancelled``,
 ``waiting`` (the task waits for a person's approval; ``detail`` says ``for`` what and
 ``timeout_at``), ``approved`` (a person, or a timeout, approved it; ``detail`` holds ``note``);
-and three that change no status: ``rejected`` (a late result carrying a stale fencing
-token), ``effect`` (a side effect applied once, keyed by the task id) and
-``effect_failed`` (one try of an effect failed; it is tried again). :class:`EventName`
-holds them as constants.
+and four that change no status: ``rejected`` (a late result carrying a stale fencing
+token), ``effect`` (a side effect applied once, keyed by the task id),
+``effect_failed`` (one try of an effect failed; it is tried again) and ``batched`` (a
+model call of the task went into a Batch API job). :class:`EventName` holds them as
+constants.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class EventName:
     """A pending task waits for more: tasks spawned by a task it joins."""
     WAITING = "waiting"
     APPROVED = "approved"
+    BATCHED = "batched"
+    """The task's model call went into a Batch API job (changes no status): ``detail``
+    holds ``batch`` (the run's key for it, recorded before it is submitted), ``line`` (the
+    call's ``custom_id``) and, once the API answered, ``id`` (the API's batch id)."""
 
 
 @dataclass(frozen=True, slots=True)

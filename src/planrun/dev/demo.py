@@ -4,7 +4,8 @@
 supervisor and model client: the goal, the validated plan as a tree, live progress while
 the tasks run, and the final report. ``planrun demo tickets`` does the same for the
 200-ticket triage, ``planrun demo triage`` for the triage grown at run time (one task
-fetches the tickets and spawns the rest), ``planrun demo release`` for the release.
+fetches the tickets and spawns the rest), ``planrun demo batch`` for a triage sent as Batch
+API jobs (half price), ``planrun demo release`` for the release.
 ``--live`` runs the same against the configured endpoint (``OPENAI_API_KEY``).
 """
 
@@ -23,7 +24,7 @@ from planrun.obs import Progress, plan_tree, report_table
 
 __all__ = ["DEMOS", "cassette_path", "run_demo"]
 
-DEMOS = ("brief", "tickets", "release", "triage")
+DEMOS = ("brief", "tickets", "release", "triage", "batch")
 
 
 def cassette_path(name: str) -> Path:
@@ -35,7 +36,7 @@ def cassette_path(name: str) -> Path:
 
 def _example(name: str) -> tuple[App, Any, dict[str, Any], Any]:
     """The app, the goal or plan, extra run options, and the outbox (tickets) of a demo."""
-    from planrun.dev.scenarios import TICKETS, TRIAGE_TICKETS
+    from planrun.dev.scenarios import TICKETS, TRIAGE_TICKETS, batch_options
     from planrun.examples import brief, release, tickets
     from planrun.examples.ticket_data import generate_tickets
 
@@ -48,6 +49,9 @@ def _example(name: str) -> tuple[App, Any, dict[str, Any], Any]:
     app, outbox, desk = tickets.make_app(approve_security="auto")
     if name == "triage":  # one task fetches the tickets; the rest of the plan grows from it
         return app, tickets.triage_plan(TRIAGE_TICKETS, app.registry, seed=0), {}, (outbox, desk)
+    if name == "batch":  # the same triage as Batch API jobs, at half price
+        plan = tickets.ticket_plan(generate_tickets(TRIAGE_TICKETS, seed=0), app.registry)
+        return app, plan, batch_options(), (outbox, desk)
     plan = tickets.ticket_plan(generate_tickets(TICKETS, seed=0), app.registry)
     return app, plan, {}, (outbox, desk)
 
@@ -83,6 +87,11 @@ def run_demo(name: str = "brief", *, live: bool = False, console: Console | None
                                   **options)
     out.print(report_table(report, limit=12))
     out.print(report.summary())
+    batched = [e for e in report.events if e.event == "batched" and "line" in e.detail]
+    if batched:
+        jobs = len({e.detail["batch"] for e in batched})
+        out.print(f"batch mode: {len(batched)} model calls went out in {jobs} Batch API "
+                  "job(s), counted at half the list price")
     if sinks is not None:
         outbox, desk = sinks
         approved = sum(1 for e in report.events if e.event == "approved")

@@ -72,6 +72,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from planrun.core import PlanrunError, UsageError
+from planrun.dev._batch_api import multipart_fields
 
 if TYPE_CHECKING:
     import httpx2
@@ -173,12 +174,19 @@ def _secrets_of(headers: Mapping[str, str]) -> list[str]:
 
 
 def _parse_body(content: bytes) -> tuple[Any, bool]:
-    """The JSON value of a body and True, or its text and False."""
+    """The JSON value of a body and True, or its text and False. A multipart form (a file
+    upload) is read as JSON too: ``{"multipart": {name: text or {"filename", "content"}}}``,
+    so its random boundary is not part of what a replay matches."""
     if not content:
         return None, True
     try:
         return json.loads(content), True
     except (UnicodeDecodeError, json.JSONDecodeError):
+        fields = multipart_fields(content)
+        if fields:
+            return {"multipart": {
+                name: {"filename": value[0], "content": value[1].decode("utf-8", "replace")}
+                if isinstance(value, tuple) else value for name, value in fields.items()}}, True
         return content.decode("utf-8", errors="replace"), False
 
 

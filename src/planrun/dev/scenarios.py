@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from planrun._facade import RunReport
     from planrun.model import Model
 
-__all__ = ["SCENARIOS", "TICKETS", "Scenario", "get_scenario", "run_scenario"]
+__all__ = ["BATCH_RUN_ID", "SCENARIOS", "TICKETS", "Scenario", "batch_options", "get_scenario",
+           "run_scenario"]
 
 TICKETS = 200
 """Tickets in the ``tickets`` scenario (two requests each)."""
@@ -109,6 +110,27 @@ async def _triage(model: Model, clock: Clock | None) -> RunReport:
     return await aplan_and_run(plan, app, model=model, clock=clock)
 
 
+BATCH_RUN_ID = "nightly-batch"
+"""The ``batch`` scenario's run id: its calls' ``custom_id`` derive from it, so it is fixed."""
+
+
+def batch_options() -> dict[str, Any]:
+    """The ``batch`` scenario's run options: batch mode, a fixed run id."""
+    from planrun.model import Batching
+
+    return {"batch": Batching(wait_s=0.5, poll_s=1.0), "run_id": BATCH_RUN_ID}
+
+
+async def _batch(model: Model, clock: Clock | None) -> RunReport:
+    from planrun._facade import aplan_and_run
+    from planrun.examples import tickets
+    from planrun.examples.ticket_data import generate_tickets
+
+    app, _, _ = tickets.make_app(approve_security="auto")
+    plan = tickets.ticket_plan(generate_tickets(TRIAGE_TICKETS, seed=0), app.registry)
+    return await aplan_and_run(plan, app, model=model, clock=clock, **batch_options())
+
+
 async def _release(model: Model, clock: Clock | None) -> RunReport:
     from planrun._facade import aplan_and_run
     from planrun.examples import release
@@ -176,6 +198,14 @@ SCENARIOS: dict[str, Scenario] = {
             _triage,
             counts={"completed": 2 + 2 * TRIAGE_TICKETS},
             requests=2 * TRIAGE_TICKETS,
+        ),
+        Scenario(
+            "batch",
+            f"The triage of {TRIAGE_TICKETS} tickets in batch mode: the classifications go "
+            "out as one Batch API job, the drafts as a second, at half price.",
+            _batch,
+            counts={"completed": 2 * TRIAGE_TICKETS},
+            requests=8,
         ),
         Scenario(
             "release",

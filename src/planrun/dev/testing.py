@@ -28,9 +28,11 @@ from typing import Any
 
 import httpx
 
+from planrun.dev._batch_api import FakeBatchAPI
 from planrun.stores.memory import InMemoryStore
 
-__all__ = ["ChatRequest", "FakeOpenAI", "InMemoryStore", "Scripted", "error_body", "synthesize"]
+__all__ = ["ChatRequest", "FakeBatchAPI", "FakeOpenAI", "InMemoryStore", "Scripted", "error_body",
+           "synthesize"]
 
 CREATED = 1_764_460_800  # 2025-11-30T00:00:00Z: fixed, so replies are reproducible
 

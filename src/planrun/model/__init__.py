@@ -30,21 +30,26 @@
   down, so one ``Model`` serves any number of sync calls, async calls and threads.
 * **Waiting** is ``asyncio.sleep`` on the running loop, so under
   :class:`planrun.VirtualClock` backoffs and rate limits take no real time.
+* **Batch mode.** :meth:`Model.batched` makes a twin whose calls go to the Batch API through a
+  :class:`Batcher` (gathered, uploaded, polled, matched back by ``custom_id``), reserved and
+  counted at :data:`BATCH_PRICE`; a call the deadline cannot wait for goes live as above.
 * **Secrets.** The API key is never in ``repr()``, log lines or error messages
   (:func:`planrun.redact`).
 
 The model layer: ``_schema.py`` (strict and portable schemas), ``_errors.py`` (translation
 and schema-rejection recognition), ``_client.py`` (:class:`Model`, :class:`Completion`),
-``_decompose.py`` (the decomposer and its repair loop), ``_prompts.py`` (prompt templates),
-``_workers.py`` (:class:`ModelWorker`), ``_limiter.py`` and ``_limits.py`` (rate limits and
-budgets, in one process and shared through a store), ``_usage.py`` (usage, prices, cost);
-this module says what is public. The model layer decides what a call costs and when it may
-go; what a task means and when it runs is the scheduling core's.
+``_batch.py`` (batch mode), ``_decompose.py`` (the decomposer and its repair loop),
+``_prompts.py`` (prompt templates), ``_workers.py`` (:class:`ModelWorker`), ``_limiter.py``
+and ``_limits.py`` (rate limits and budgets, in one process and shared through a store),
+``_usage.py`` (usage, prices, cost); this module says what is public. The model layer
+decides what a call costs and when it may go; what a task means and when it runs is the
+scheduling core's.
 """
 
 from __future__ import annotations
 
 from planrun.core.scheduling import RetryPolicy
+from planrun.model._batch import BATCH_PRICE, Batcher, Batching, BatchJournal
 from planrun.model._client import (
     DEFAULT_COMPLETION_ESTIMATE,
     DEFAULT_MODEL,
@@ -79,12 +84,16 @@ from planrun.model._usage import Budget, Price, PriceTable, Tally, Usage
 from planrun.model._workers import ModelWorker
 
 __all__ = [
+    "BATCH_PRICE",
     "DEFAULT_COMPLETION_ESTIMATE",
     "DEFAULT_MODEL",
     "DEFAULT_TIMEOUT",
     "PROMPT_HEADER",
     "VALIDATION_KEYWORDS",
     "Api",
+    "BatchJournal",
+    "Batcher",
+    "Batching",
     "Budget",
     "Completion",
     "Limiter",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, Literal, overload
 
@@ -9,8 +10,10 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from planrun.core import (
+    TaskContext,
     TransientError,
 )
+from planrun.model._batch import Batcher
 from planrun.model._client_setup import (
     DEFAULT_COMPLETION_ESTIMATE,
     DEFAULT_MODEL,
@@ -104,6 +107,14 @@ class Model(_ModelWire):
     connection pool.
     """
 
+    def batched(self, batcher: Batcher) -> Model:
+        """This model sending its calls through ``batcher`` (the Batch API, at batch
+        prices): same client, limiter, meter and settings. Calls a batch cannot serve in
+        time go live as usual."""
+        twin = copy.copy(self)
+        twin._batcher = batcher
+        return twin
+
     async def __aenter__(self) -> Model:
         return self
 
@@ -125,6 +136,7 @@ class Model(_ModelWire):
         max_tokens: int | None = None,
         temperature: float | None = None,
         validate: Literal[True] = True,
+        task: TaskContext | None = None,
     ) -> Completion[M]: ...
 
     @overload
@@ -142,6 +154,7 @@ class Model(_ModelWire):
         max_tokens: int | None = None,
         temperature: float | None = None,
         validate: bool = True,
+        task: TaskContext | None = None,
     ) -> Completion[Any]: ...
 
     async def complete(
@@ -158,6 +171,7 @@ class Model(_ModelWire):
         max_tokens: int | None = None,
         temperature: float | None = None,
         validate: bool = True,
+        task: TaskContext | None = None,
     ) -> Completion[Any]:
         """Ask the model; return its reply, parsed and validated when a result is given.
 
@@ -169,7 +183,9 @@ class Model(_ModelWire):
         ``prompt_name`` (default: a :class:`RenderedPrompt`'s name) and ``prompt_hash`` are
         sent as the ``X-Planrun-Prompt: <name>:<hash>`` request header, which the API
         ignores and :mod:`planrun.dev.fixtures` stores, so a stale recording can name the
-        template that changed.
+        template that changed. ``task`` is the attempt the call is for (a handler's
+        ``ctx``): in batch mode (:meth:`batched`) its lease is renewed while the call waits
+        in a batch and the run's ledger records the batch under its id.
 
         Every request is recorded on ``meter`` (default: the Model's) under its keys.
         Raises :class:`TransientError`/:class:`RateLimited` once retries are spent,
@@ -188,7 +204,7 @@ class Model(_ModelWire):
                      meter if meter is not None else self.meter,
                      self.timeout if timeout is None else timeout, bound,
                      self.temperature if temperature is None else temperature, validate,
-                     prompt_name=prompt_name)
+                     prompt_name=prompt_name, task=task)
         call.level = self._level(call)
         retrying = AsyncRetrying(stop=self._stop, wait=self._wait, sleep=_sleep,
                                  retry=retry_if_exception_type(TransientError),

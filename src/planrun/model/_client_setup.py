@@ -29,6 +29,7 @@ from planrun.core import (
     ConfigError,
     ModelRefused,
     PermanentError,
+    TaskContext,
     TransientError,
     UsageError,
     register_secret,
@@ -196,6 +197,8 @@ class _Call:
     """0: strict ``json_schema``; 1: JSON mode with the schema; 2: JSON mode, prompt only."""
     malformed: set[str] = field(default_factory=set)
     """Fingerprints of the bodies that were not JSON (:class:`MalformedReply`)."""
+    task: TaskContext | None = None
+    """The attempt the call is for (batch mode renews its lease while the call waits)."""
 
 
 class _LoopClient:

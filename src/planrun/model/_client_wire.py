@@ -17,6 +17,8 @@ from planrun.core import (
     RateLimited,
     WorkerError,
 )
+from planrun.model._batch import Batcher, TakenBack
+from planrun.model._batch import parsed_line as _parsed_line
 from planrun.model._client_setup import (
     PROMPT_HEADER,
     Completion,
@@ -46,6 +48,9 @@ from planrun.model._usage import Reservation, UsageRecord, estimate_tokens
 
 class _ModelWire(_ModelSetup):
     """A model call on the wire: the request's parameters, sending it, reading the reply."""
+
+    _batcher: Batcher | None = None
+    """Set on the twin :meth:`Model.batched` makes: its calls go to the Batch API."""
 
     def _target(
         self, result: type[BaseModel] | Mapping[str, Any] | None, name: str | None
@@ -160,6 +165,18 @@ class _ModelWire(_ModelSetup):
         schema_text = json.dumps(shape) if shape else ""
         chat = params["messages"] if "messages" in params else params["input"]
         prompt_estimate = estimate_tokens(chat, extra_text=schema_text)
+        if self._batcher is None:
+            return await self._live(call, params, prompt_estimate)
+        try:
+            return await self._batched(call, params, prompt_estimate)
+        except TakenBack as taken:
+            log.info("a batched call goes live: %s", taken)
+        async with self._batcher.live_gate():  # as many at once as the workers' capacity
+            return await self._live(call, params, prompt_estimate)
+
+    async def _live(self, call: _Call, params: dict[str, Any],
+                    prompt_estimate: int) -> Completion[Any]:
+        """One live request: reserved, rate limited, sent, counted."""
         # The budget reserves the high estimate and settles on the usage; the limiter
         # takes what the provider counts: the prompt's tokens (the estimate, scaled by what
         # replies reported of earlier prompts) plus the bound, whatever the reply uses.
@@ -176,6 +193,44 @@ class _ModelWire(_ModelSetup):
             return self._finish(call, reply, record)
         finally:
             await reservation.aclose()
+
+    async def _batched(self, call: _Call, params: dict[str, Any],
+                       prompt_estimate: int) -> Completion[Any]:
+        """The request as a line of a Batch API job, reserved and counted at batch prices;
+        :class:`TakenBack` when it is to be sent live instead."""
+        batcher = self._batcher
+        assert batcher is not None
+        price = batcher.options.price
+        body = {k: v for k, v in params.items() if k not in ("extra_headers", "timeout")}
+        url = "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
+        reservation = await call.meter.areserve(self.model, prompt_estimate, call.max_tokens,
+                                                price=price)
+        try:
+            call.attempts += 1
+            try:
+                raw = await batcher.send(self, body, url, call.idempotency_key, call.task,
+                                         late=lambda line: self._late(call, line, price))
+            except TakenBack:
+                call.attempts -= 1
+                raise
+            except openai.APIStatusError as exc:
+                raise await self._failed(call, exc, 0, reservation, live=False) from exc
+            reply = _Reply.of(raw, self.base_url)
+            record = self._record(call, reply, price=price)
+            reservation.used(record)
+            return self._finish(call, reply, record)
+        finally:
+            await reservation.aclose()
+
+    def _late(self, call: _Call, line: Mapping[str, Any], price: float) -> None:
+        """A batch line that came back after its call went live: billed, so counted."""
+        try:
+            body = (line.get("response") or {}).get("body") or {}
+            url = "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
+            raw = _parsed_line(body, url)
+            self._record(call, _Reply.of(raw, self.base_url), price=price)
+        except Exception:  # a line we cannot read is not counted; the call is done anyway
+            log.warning("a late batch line could not be read; its usage is not counted")
 
     async def _observe(self, limits: ProviderLimits | None) -> None:
         """Hand the provider's ``x-ratelimit-*`` view to the limiter, when both exist."""
@@ -207,12 +262,13 @@ class _ModelWire(_ModelSetup):
             raise await self._failed(call, exc, estimate, reservation) from exc
 
     async def _failed(self, call: _Call, exc: BaseException, estimate: int,
-                      reservation: Reservation) -> PlanrunError:
-        """Meter, tell the limiter, and turn ``exc`` into the planrun error to raise."""
-        if self.limiter is not None:
+                      reservation: Reservation, live: bool = True) -> PlanrunError:
+        """Meter, tell the limiter (of a live request), and turn ``exc`` into the planrun
+        error to raise."""
+        if self.limiter is not None and live:
             await _settled(self.limiter.reconcile(estimate, 0))
         response = getattr(exc, "response", None)
-        if isinstance(exc, openai.APIStatusError) and response is not None:
+        if isinstance(exc, openai.APIStatusError) and response is not None and live:
             await self._observe(ProviderLimits.from_headers(response.headers))
         if isinstance(exc, PlanrunError) and not isinstance(exc, WorkerError):
             return exc
@@ -232,16 +288,17 @@ class _ModelWire(_ModelSetup):
                 error = error.repeated(self._server)
         reservation.used(call.meter.record(self.model, prompt_hash=call.prompt_hash,
                                            error=type(error).__name__))
-        if isinstance(error, RateLimited) and self.limiter is not None:
+        if isinstance(error, RateLimited) and self.limiter is not None and live:
             await _settled(self.limiter.penalize(error.retry_after or self.retry.base))
         if call.target is not None and call.level < 2 and rejects_schema(exc):
             return _SchemaRejected(str(error))
         return error
 
-    def _record(self, call: _Call, reply: _Reply) -> UsageRecord:
+    def _record(self, call: _Call, reply: _Reply, price: float = 1.0) -> UsageRecord:
         truncated = reply.finish_reason == "length" and not reply.refusal
         return call.meter.record(
             reply.model or self.model,
+            price=price,
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,
             cached_tokens=reply.cached_tokens,

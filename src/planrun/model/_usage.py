@@ -298,10 +298,14 @@ class Usage:
         error: str | None = None,
         keys: Iterable[str] = (),
         reasoning_tokens: int = 0,
+        price: float = 1.0,
     ) -> UsageRecord:
-        """Record one request and return its :class:`UsageRecord` (with its cost)."""
-        price = self._ledger.prices.lookup(model)
-        cost = price.cost(prompt_tokens, cached_tokens, completion_tokens) if price else 0.0
+        """Record one request and return its :class:`UsageRecord` (with its cost).
+
+        ``price`` is the fraction of the list price billed (0.5 for a Batch API line)."""
+        listed = self._ledger.prices.lookup(model)
+        cost = (listed.cost(prompt_tokens, cached_tokens, completion_tokens) * price
+                if listed else 0.0)
         all_keys = (*self._keys, *(k for k in keys if k not in self._keys))
         rec = UsageRecord(
             model,
@@ -309,7 +313,7 @@ class Usage:
             cached_tokens,
             completion_tokens,
             cost,
-            price is not None,
+            listed is not None,
             all_keys,
             prompt_hash,
             request_id,
@@ -333,24 +337,28 @@ class Usage:
         if first_unpriced:
             log.warning("no price for model %r: its cost is counted as 0", rec.model)
 
-    def estimate_cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
-        """Upper-bound cost of a request (no cache discount); 0 for an unpriced model."""
-        price = self._ledger.prices.lookup(model)
-        return price.cost(prompt_tokens, 0, completion_tokens) if price else 0.0
+    def estimate_cost(self, model: str, prompt_tokens: int, completion_tokens: int,
+                      price: float = 1.0) -> float:
+        """Upper-bound cost of a request (no cache discount); 0 for an unpriced model.
+        ``price``: the fraction of the list price billed (0.5 for a Batch API line)."""
+        listed = self._ledger.prices.lookup(model)
+        return listed.cost(prompt_tokens, 0, completion_tokens) * price if listed else 0.0
 
-    def reserve(self, model: str, prompt_tokens: int, completion_tokens: int) -> Reservation:
+    def reserve(self, model: str, prompt_tokens: int, completion_tokens: int,
+                price: float = 1.0) -> Reservation:
         """Check the budget for a request of this size and hold it back while it runs.
 
         Raises :class:`~planrun.BudgetExceeded` (and reserves nothing) when what was
         spent, plus what is reserved, plus this request could pass a limit.
         """
-        return self._reserve(model, prompt_tokens, completion_tokens, check=True)
+        return self._reserve(model, prompt_tokens, completion_tokens, check=True, price=price)
 
     def _reserve(
-        self, model: str, prompt_tokens: int, completion_tokens: int, *, check: bool
+        self, model: str, prompt_tokens: int, completion_tokens: int, *, check: bool,
+        price: float = 1.0,
     ) -> Reservation:
         tokens = prompt_tokens + completion_tokens
-        cost = self.estimate_cost(model, prompt_tokens, completion_tokens)
+        cost = self.estimate_cost(model, prompt_tokens, completion_tokens, price)
         ledger = self._ledger
         with ledger.lock:
             if check:
@@ -359,7 +367,8 @@ class Usage:
             ledger.reserved_cost += cost
         return Reservation(ledger, tokens, cost)
 
-    async def areserve(self, model: str, prompt_tokens: int, completion_tokens: int) -> Reservation:
+    async def areserve(self, model: str, prompt_tokens: int, completion_tokens: int,
+                       price: float = 1.0) -> Reservation:
         """:meth:`reserve`, or with a shared budget the same reservation taken there.
 
         The shared budget holds what every process of the run spent (this one's too), so
@@ -370,7 +379,8 @@ class Usage:
         """
         shared = self._ledger.shared
         enforced = shared is not None and shared.enforce
-        reservation = self._reserve(model, prompt_tokens, completion_tokens, check=not enforced)
+        reservation = self._reserve(model, prompt_tokens, completion_tokens, check=not enforced,
+                                    price=price)
         if shared is not None:
             try:
                 await shared.reserve(reservation.tokens, reservation.cost)

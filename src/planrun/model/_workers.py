@@ -131,6 +131,7 @@ class ModelWorker:
                 meter=meter,
                 max_tokens=self.max_tokens,
                 validate=False,
+                task=ctx,
             )
             ctx.heartbeat()
             try:

@@ -8,6 +8,7 @@ running the plan, :class:`DBOSWorker` in each worker process), run ownership
 Nothing here decides what the core decides.
 """
 
+from planrun.runtime._batch_journal import LedgerJournal
 from planrun.runtime._clock import Clock, RealClock, VirtualClock, run_blocking
 from planrun.runtime._dbos_attempts import DBOSAttempts
 from planrun.runtime._dbos_wire import dbos_settings
@@ -23,6 +24,7 @@ __all__ = [
     "DBOSAttempts",
     "DBOSWorker",
     "EffectFn",
+    "LedgerJournal",
     "RealClock",
     "Replanner",
     "Supervisor",

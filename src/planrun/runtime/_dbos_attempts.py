@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 from planrun.core import Registry, StoreError, TaskContext, UsageError, WorkerSpec
-from planrun.core.scheduling import STORE_PATIENCE
 from planrun.runtime._dbos_wire import (
     ATTEMPT_WORKFLOW,
     app_version,
@@ -36,6 +35,7 @@ from planrun.runtime._dbos_wire import (
     take_outcome,
 )
 from planrun.runtime._dbos_worker import import_dbos
+from planrun.runtime._patience import patiently
 from planrun.stores.base import Store
 
 __all__ = ["DBOSAttempts"]
@@ -185,19 +185,14 @@ class DBOSAttempts:
     async def _patiently(self, batch: list[_Pending]) -> None:
         """Enqueue ``batch``, again while the database is away, for ``patience`` s."""
         loop = asyncio.get_running_loop()
-        deadline, tries = loop.time() + self.patience, 0
-        while True:
-            try:
-                await asyncio.to_thread(self._enqueue, batch)
-                return
-            except Exception as exc:
-                tries += 1
-                if loop.time() >= deadline:
-                    raise
-                first = (str(exc).splitlines() or [""])[0][:200]
-                log.warning("cannot enqueue %d attempt(s) (%s: %s); retrying",
-                            len(batch), type(exc).__name__, first)
-                await asyncio.sleep(STORE_PATIENCE.backoff(tries))
+
+        def failed(tries: int, exc: Exception) -> None:
+            first = (str(exc).splitlines() or [""])[0][:200]
+            log.warning("cannot enqueue %d attempt(s) (%s: %s); retrying",
+                        len(batch), type(exc).__name__, first)
+
+        await patiently(lambda: asyncio.to_thread(self._enqueue, batch),
+                        patience=self.patience, now=loop.time, failed=failed)
 
     def _enqueue(self, batch: list[_Pending]) -> None:
         import sqlalchemy as sa

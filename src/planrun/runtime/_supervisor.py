@@ -24,6 +24,7 @@ from planrun.core.scheduling import (
     Backoff,
 )
 from planrun.runtime import _heap
+from planrun.runtime._batch_journal import LedgerJournal
 from planrun.runtime._clock import run_blocking
 from planrun.runtime._supervisor_attempts import _SupervisorAttempts
 from planrun.runtime._supervisor_state import (  # noqa: F401
@@ -176,6 +177,16 @@ class Supervisor(_SupervisorAttempts):
     def resume(self) -> RunResult:
         """Synchronous :meth:`aresume` (on a private thread inside a running loop)."""
         return run_blocking(self.clock, self.aresume)
+
+    def batch_due(self, waiting: int, slots: int, live_s: float, margin_s: float) -> bool:
+        """Whether ``waiting`` model calls in Batch API jobs must go live now to finish by
+        the deadline, ``slots`` at once (the core's rule; see :meth:`Scheduler.batch_due`)."""
+        return self.core.batch_due(self.clock.now(), waiting, slots, live_s, margin_s)
+
+    def batch_journal(self) -> LedgerJournal:
+        """Where this run's Batch API jobs are recorded: its ledger (see
+        :class:`~planrun.model.BatchJournal`)."""
+        return LedgerJournal(self)
 
     def _recover(self, now: float) -> None:
         for task_id, record in self._effect_records.items():

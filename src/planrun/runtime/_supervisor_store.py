@@ -7,9 +7,7 @@ import asyncio
 from planrun.core import (
     StoreError,
 )
-from planrun.core.scheduling import (
-    STORE_PATIENCE,
-)
+from planrun.runtime._patience import patiently
 from planrun.runtime._supervisor_state import (
     GATHER_MAX_S,
     GATHER_S,
@@ -110,33 +108,38 @@ class _SupervisorStore(_SupervisorState):
         if self.store is None or self._flush_lock is None:
             return
         async with self._flush_lock:
-            tries, deadline = 0, self.clock.now() + self.store_patience
-            tasks = self.core.tasks
             while self._flushed < len(self.ledger):
-                # The batch is cut at once: the entries so far, with each task's record as
-                # it is now (every change comes with its event, so the two agree).
-                end = len(self.ledger)
-                events = self.ledger.rows(self._flushed, end, self._apart)
-                rows = [tasks[t] for t in dict.fromkeys([e[2] for e in events]) if t in tasks]
-                stalled = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled)
-                try:
-                    await self.store.write_batch(self.run_id, rows, events)
-                except Exception as exc:  # an UnstorableValue is raised at once
-                    # Nothing is lost: the next try cuts its batch from the same place.
-                    self._store_down = True
-                    self.core.pause(True)
-                    if not isinstance(exc, StoreError) or self.clock.now() >= deadline:
-                        raise
-                    tries += 1
-                    await asyncio.sleep(STORE_PATIENCE.backoff(tries))
-                else:
-                    self._flushed = end
-                    if self._store_down:
-                        self._store_down = False
-                        self.core.pause(False)
-                        self._wake_up()
-                finally:
-                    stalled.cancel()
+                await patiently(self._write_next, patience=self.store_patience,
+                                now=self.clock.now,
+                                retry_if=lambda exc: isinstance(exc, StoreError))
+                if self._store_down:
+                    self._store_down = False
+                    self.core.pause(False)
+                    self._wake_up()
+
+    async def _write_next(self) -> None:
+        """Write the next batch: the entries so far, with each task's record as it is now
+        (every change comes with its event, so the two agree). A failed write changes
+        nothing: the next try cuts its batch from the same place."""
+        assert self.store is not None
+        end = len(self.ledger)
+        events = self.ledger.rows(self._flushed, end, self._apart)
+        tasks = self.core.tasks
+        rows = [tasks[t] for t in dict.fromkeys([e[2] for e in events]) if t in tasks]
+        stalled = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled)
+        try:
+            await self.store.write_batch(self.run_id, rows, events)
+        except Exception:  # an UnstorableValue is raised at once (not a StoreError)
+            self._write_failed()
+            raise
+        finally:
+            stalled.cancel()
+        self._flushed = end
+
+    def _write_failed(self) -> None:
+        """While writes fail no new attempt starts (their results could not be recorded)."""
+        self._store_down = True
+        self.core.pause(True)
 
     def _to_store(self) -> None:
         """Wake the flusher when the ledger holds changes the store has not (the core notes

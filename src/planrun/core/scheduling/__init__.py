@@ -14,6 +14,7 @@ from planrun.core.scheduling._approval import (
     decide_record,
     waiting_cause,
 )
+from planrun.core.scheduling._batching import batch_take_back, live_rounds
 from planrun.core.scheduling._outcome import Failure, ReportedFailure, failure_of, timed_out
 from planrun.core.scheduling._retry import (
     SCHEDULER_RETRY,
@@ -21,6 +22,7 @@ from planrun.core.scheduling._retry import (
     Backoff,
     RetryPolicy,
     as_policy,
+    store_wait,
 )
 from planrun.core.scheduling._scheduler import (
     EFFECT_RETRY,
@@ -55,14 +57,17 @@ __all__ = [
     "SpawnLimits",
     "as_approval",
     "as_policy",
+    "batch_take_back",
     "check_policies",
     "decide_record",
     "dependency_order",
     "expand",
     "failure_of",
+    "live_rounds",
     "replans_spent",
     "retries_spent",
     "spawn_refused",
+    "store_wait",
     "timed_out",
     "waiting_cause",
 ]

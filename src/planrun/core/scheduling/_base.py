@@ -102,6 +102,8 @@ class RunFacts:
     deadline_reached: bool = False
     effects_failed: dict[str, str] = field(default_factory=dict)
     """Task id -> last error of an effect that was given up on."""
+    batches_taken_back: bool = False
+    """The deadline made the run's batched model calls go live (for the rest of the run)."""
 
 
 def dependency_order(batch: Sequence[Task]) -> list[Task]:

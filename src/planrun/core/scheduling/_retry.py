@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from planrun.core._errors import UsageError
 
-__all__ = ["STORE_PATIENCE", "Backoff", "RetryPolicy"]
+__all__ = ["STORE_PATIENCE", "Backoff", "RetryPolicy", "store_wait"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +117,11 @@ def as_policy(value: RetryPolicy | Backoff | None, default: RetryPolicy) -> Retr
 STORE_PATIENCE = RetryPolicy(base=0.2, cap=5.0, jitter=0.0)
 """How a driver waits out a store that refuses its calls: 0.2 s doubling to 5 s between
 tries, until the driver's ``store_patience`` (a time, not a count) runs out."""
+
+
+def store_wait(tries: int, now: float, until: float) -> float | None:
+    """After the ``tries``-th failed call to a store, the seconds to wait before the next,
+    or None when the patience that ends at ``until`` has run out (raise the failure)."""
+    if now >= until:
+        return None
+    return STORE_PATIENCE.backoff(tries)

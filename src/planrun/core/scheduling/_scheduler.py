@@ -40,6 +40,7 @@ from planrun.core.scheduling._base import (
     retries_spent,
     spawn_refused,
 )
+from planrun.core.scheduling._batching import batch_take_back, live_rounds
 from planrun.core.scheduling._growth import _Growth
 
 __all__ = ["EFFECT_RETRY", "OnDead", "ReplanRequest", "RunFacts", "Scheduler", "Sink",
@@ -163,6 +164,25 @@ class Scheduler(_Growth):
             return False
         # the same sum as next_wakeup's: a wakeup at that time sees the stall (no float gap)
         return now >= self.last_change + self.stall_after
+
+    def batch_due(self, now: float, waiting: int, slots: int, live_s: float,
+                  margin_s: float) -> bool:
+        """Whether ``waiting`` calls in Batch API jobs must go live now for the rest of the
+        run to finish live by the deadline, ``slots`` calls at once (see
+        :func:`batch_take_back` and :func:`live_rounds`). Once it says so, it says so for
+        the rest of the run (the calls that follow go live too, rather than into batches
+        that would be taken back in turn); past the deadline, at once."""
+        facts = self.facts
+        if self.deadline is None or waiting <= 0:
+            return False
+        if facts.deadline_reached or facts.batches_taken_back:
+            return True
+        unfinished = {t.id for t in self.tasks.values() if t.status not in FINAL}
+        rounds = live_rounds(unfinished, self._dependents, slots)
+        facts.batches_taken_back = batch_take_back(
+            now=now, deadline=self.deadline, waiting=waiting, rounds=rounds, live_s=live_s,
+            margin_s=margin_s)
+        return facts.batches_taken_back
 
     def stall_message(self, run_id: str, now: float) -> str:
         """Why :meth:`stalled` is true, naming a few stuck tasks."""

@@ -1,0 +1,243 @@
+"""Batch mode end to end: the real openai SDK against the stand-in's Batch API over HTTP.
+
+The ticket triage (two model calls per ticket, classify then draft) runs with ``batch=``:
+its calls go out as batch files, come back as lines, and the run finishes every task once;
+failed lines are retried, an expired batch and a near deadline send calls live, the budget
+counts batch prices, and a run killed between submission and results is resumed without a
+second submission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planrun import (
+    Batching,
+    Budget,
+    BudgetExceeded,
+    Model,
+    RetryPolicy,
+    Usage,
+    plan_and_run,
+    resume_run,
+)
+from planrun.core import EventName
+from planrun.dev.testing import FakeBatchAPI, FakeOpenAI
+from planrun.examples.answers import answers
+from planrun.examples.ticket_data import generate_tickets
+from planrun.examples.tickets import make_app, ticket_plan
+from planrun.model import Batcher
+from planrun.stores import open_store
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tools"))
+from standin import StandIn  # noqa: E402
+
+KEY = "sk-standin-batch-mode-0000000000"
+FAST = Batching(wait_s=0.05, poll_s=0.05, live_s=0.2, cancel_s=0.5)
+
+
+def _server(**batch: Any) -> StandIn:
+    fake = FakeOpenAI(answers())
+    return StandIn(fake, batch_api=FakeBatchAPI(fake, **batch))
+
+
+def _model(server: StandIn) -> Model:
+    return Model("gpt-4o-mini", api_key=KEY, base_url=server.base_url,
+                 retry=RetryPolicy(attempts=4, base=0.05, cap=0.2))
+
+
+def _triage(server: StandIn, tickets: int, **options: Any) -> Any:
+    app, outbox, _ = make_app(workers=2, capacity=4)
+    plan = ticket_plan(generate_tickets(tickets, 0), app.registry)
+    return plan_and_run(plan, app, model=_model(server), **options), outbox
+
+
+def _completed_once(report: Any) -> None:
+    completions = Counter(e.task for e in report.result.events
+                          if e.event == EventName.COMPLETED)
+    assert report.ok, report.summary()
+    assert set(completions) == set(report.result.tasks)
+    assert set(completions.values()) == {1}
+
+
+def test_a_batched_run_completes_every_task_once_at_half_the_live_cost() -> None:
+    with _server(complete_after=0.1) as server:
+        batched, outbox = _triage(server, 12, batch=FAST)
+        api = server.batch_api
+        assert api.submitted >= 2  # classifications, then drafts
+        lines = sum(b["request_counts"]["total"] for b in api.batches.values())
+        assert lines == 24
+    _completed_once(batched)
+    assert len(outbox.sent) == len([t for t in batched.result.tasks.values()
+                                    if t.kind == "draft_reply" and not t.result["needs_human"]])
+    with _server() as server:
+        live, _ = _triage(server, 12)
+        assert server.batch_api.submitted == 0
+    _completed_once(live)
+    # the same tokens, billed at half the price
+    assert batched.usage.total.total_tokens == live.usage.total.total_tokens
+    assert batched.usage.total.requests == live.usage.total.requests == 24
+    assert batched.usage.total.cost_usd == pytest.approx(live.usage.total.cost_usd / 2)
+
+
+def test_failed_lines_go_through_the_failure_policy_and_are_retried() -> None:
+    failed: Counter[str] = Counter()
+
+    def fail_first_three(custom_id: str, body: dict[str, Any]) -> Any:
+        if custom_id in failed or len(failed) >= 3:
+            return None
+        failed[custom_id] += 1
+        return 500, {"error": {"message": "The server had an error while processing your "
+                               "request.", "type": "server_error", "param": None,
+                               "code": None}}
+
+    with _server(complete_after=0.05, fail_lines=fail_first_three) as server:
+        report, _ = _triage(server, 6, batch=FAST)
+        submitted = server.batch_api.submitted
+    _completed_once(report)
+    assert sum(failed.values()) == 3
+    errors = [r.error for r in report.usage.records if r.error]
+    assert errors == ["TransientError"] * 3  # counted like a live 500, then retried
+    assert submitted >= 3  # the retried calls went out in a later batch
+    failures = [e for e in report.result.events if e.event == EventName.FAILED]
+    assert len(failures) == 0  # the model client's retries absorbed them (same as live)
+
+
+def test_an_expired_batch_sends_the_calls_it_did_not_do_live() -> None:
+    with _server(complete_after=60, expire_after=0.3) as server:
+        report, _ = _triage(server, 4, batch=FAST)
+        api = server.batch_api
+        statuses = {b["status"] for b in api.batches.values()}
+        live = len(server.fake.requests)
+    _completed_once(report)
+    assert "expired" in statuses
+    assert live >= 8  # every call went live after its batch expired
+
+
+def test_a_deadline_takes_calls_back_from_a_slow_batch_and_the_run_finishes_on_time() -> None:
+    with _server(complete_after=120) as server:
+        started = time.monotonic()
+        report, _ = _triage(server, 4, batch=FAST, deadline_s=4.0)
+        took = time.monotonic() - started
+        api = server.batch_api
+    _completed_once(report)
+    assert not report.deadline_reached
+    assert api.cancelled >= 1
+    assert took < 4.0 + 2.0  # reported, not a speed claim: the run did not wait for the batch
+
+
+class _Reserving(Usage):
+    """A meter that notes what each call reserved."""
+
+    reserved: list[float]
+
+    async def areserve(self, *args: Any, **kwargs: Any) -> Any:
+        reservation = await super().areserve(*args, **kwargs)
+        self.reserved = [*getattr(self, "reserved", []), reservation.cost]
+        return reservation
+
+
+def test_the_budget_reserves_at_batch_prices() -> None:
+    with _server(complete_after=0.05) as server:
+        model = _model(server)
+        probe = _Reserving()
+        asyncio.run(model.complete("Say hello.", meter=probe))
+        [live_reserve] = probe.reserved
+        budget = Budget(max_cost=live_reserve * 0.75)  # not enough for the call live
+        with pytest.raises(BudgetExceeded):
+            asyncio.run(model.complete("Say hello.", meter=Usage(budget=budget)))
+        batcher = Batcher(FAST)
+        batcher.bind("budget-run")
+        batched = model.batched(batcher)
+        meter = _Reserving(budget=budget)
+        reply = asyncio.run(batched.complete("Say hello.", meter=meter))
+        assert server.batch_api.submitted == 1
+    assert meter.reserved == [pytest.approx(live_reserve / 2)]
+    [record] = meter.records
+    assert record.cost_usd == pytest.approx(probe.records[0].cost_usd / 2)
+    assert reply.text
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_submitting_is_resumed_without_a_second_submission(
+        tmp_path: Path) -> None:
+    app, _, _ = make_app(workers=2, capacity=4)
+    plan = ticket_plan(generate_tickets(6, 0), app.registry)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan.to_document()))
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    with _server(complete_after=3.0) as server:
+        env = {**os.environ, "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": server.base_url,
+               "PLANRUN_MODEL": "gpt-4o-mini"}
+        child = subprocess.Popen(
+            [sys.executable, "-m", "planrun", "run", str(plan_file), "--app",
+             "planrun.examples.tickets:app", "--db", db, "--batch", "--batch-wait", "0.05",
+             "--batch-poll", "0.1", "--quiet"], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        api = server.batch_api
+        for _ in range(300):
+            if api.submitted:
+                break
+            time.sleep(0.05)
+        assert api.submitted == 1
+        time.sleep(0.3)  # the batch id is written with the next batch of changes
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        [batch] = api.batches.values()
+        assert batch["status"] in ("validating", "in_progress", "finalizing")
+        async def run_id() -> str:
+            store = open_store(db)
+            await store.open()
+            try:
+                [run] = await store.list_runs()
+                return run.id
+            finally:
+                await store.close()
+
+        rid = asyncio.run(run_id())
+        report = resume_run(rid, make_app(workers=2, capacity=4)[0], db, model=_model(server),
+                            batch=FAST)
+        classify_lines = sum(b["request_counts"]["total"] for b in api.batches.values())
+    _completed_once_after_resume(report)
+    # the first batch (6 classifications) was found again, not submitted twice; the drafts
+    # went in a second one
+    assert api.submitted == 2, api.batches
+    assert classify_lines == 12
+    assert report.usage.total.requests == 12 - 0  # each line counted once
+
+
+def _completed_once_after_resume(report: Any) -> None:
+    completions = Counter(e.task for e in report.result.events
+                          if e.event == EventName.COMPLETED)
+    assert report.ok, report.summary()
+    assert set(completions.values()) == {1}
+
+
+def test_identical_calls_without_a_key_are_two_lines_of_one_batch() -> None:
+    with _server() as server:
+        batcher = Batcher(FAST)
+        batcher.bind("twins")
+        model = _model(server).batched(batcher)
+
+        async def twice() -> list[str]:
+            replies = await asyncio.gather(model.complete("Same."), model.complete("Same."))
+            await batcher.aclose()
+            return [r.text for r in replies]
+
+        texts = asyncio.run(twice())
+        [batch] = server.batch_api.batches.values()
+    assert texts[0] == texts[1] and texts[0]
+    assert batch["status"] == "completed"
+    assert batch["request_counts"] == {"total": 2, "completed": 2, "failed": 0}

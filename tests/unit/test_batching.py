@@ -1,0 +1,105 @@
+"""Batch mode's pieces without a server: the deadline rule, the settings, batch prices."""
+
+from __future__ import annotations
+
+import pytest
+
+from planrun import Batching, UsageError
+from planrun.core import KindSpec, Registry, Task, WorkerSpec
+from planrun.core._routing import get_router
+from planrun.core.scheduling import RetryPolicy, Scheduler, batch_take_back, live_rounds
+from planrun.model import BATCH_PRICE, Usage
+from planrun.model._batch import custom_id
+
+
+def test_without_a_deadline_or_waiting_calls_nothing_goes_live() -> None:
+    assert not batch_take_back(now=0, deadline=None, waiting=100, rounds=9, live_s=60,
+                               margin_s=60)
+    assert not batch_take_back(now=99, deadline=100, waiting=0, rounds=9, live_s=60,
+                               margin_s=60)
+
+
+def test_calls_go_live_once_the_time_left_only_covers_the_rest_live() -> None:
+    # 2 rounds of 2 s live, plus a 1 s margin for the cancel
+    rule = dict(deadline=100.0, waiting=10, rounds=2, live_s=2.0, margin_s=1.0)
+    assert not batch_take_back(now=94.9, **rule)
+    assert batch_take_back(now=95.0, **rule)
+    assert batch_take_back(now=99.0, **rule)
+    assert batch_take_back(now=90.0, **{**rule, "rounds": 5})  # more to do: sooner
+
+
+def test_live_rounds_count_slots_and_the_longest_chain() -> None:
+    after = {"a": ["b"], "b": ["c"], "x": ["y"]}
+    assert live_rounds(set(), after, 4) == 0
+    assert live_rounds({"a", "b", "c", "x", "y"}, after, 10) == 3  # the chain a-b-c
+    assert live_rounds({"b", "c", "x", "y"}, after, 10) == 2  # a is done
+    assert live_rounds({f"t{i}" for i in range(10)}, {}, 4) == 3  # 10 calls, 4 at once
+
+
+def test_the_scheduler_weighs_the_rest_of_the_run_and_hurries_past_the_deadline() -> None:
+    core = Scheduler(router=get_router("balanced"), sink=lambda *a: None, retry=RetryPolicy(),
+                     kinds=Registry([KindSpec("k")]), deadline=100.0)
+    core.add_worker(WorkerSpec("a", None, 3))
+    # ten classify-then-draft pairs: 20 calls on 5 slots, 4 rounds of 10 s, plus 5 s
+    tasks = [Task(f"c{i}", "k") for i in range(10)]
+    tasks += [Task(f"d{i}", "k", depends_on=(f"c{i}",)) for i in range(10)]
+    core.add(tasks, 0.0)
+    assert not core.batch_due(54.0, 10, 5, 10.0, 5.0)
+    assert not core.batch_due(55.0, 0, 5, 10.0, 5.0)  # nothing waits in a batch
+    assert not core.batch_due(74.0, 10, 10, 10.0, 5.0)  # 10 slots: 2 rounds
+    assert core.batch_due(75.0, 10, 10, 10.0, 5.0)
+    assert core.batch_due(54.0, 10, 5, 10.0, 5.0)  # once taken back, live for good
+    core.tick(100.0)  # the deadline passes: what is still in flight goes live at once
+    assert core.facts.deadline_reached
+    assert core.batch_due(100.0, 10, 5, 10.0, 5.0)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"size": 0}, "size must be a whole number from 1 to 50000"),
+    ({"size": 60_000}, "size must be a whole number from 1 to 50000"),
+    ({"wait_s": -1}, "wait_s must be a number of seconds >= 0"),
+    ({"poll_s": 0}, "poll_s must be > 0"),
+    ({"price": 1.5}, "price must be a fraction from 0 to 1"),
+])
+def test_bad_settings_are_one_line_errors(options: dict[str, float], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        Batching(**options)  # type: ignore[arg-type]
+
+
+def test_batch_takes_true_false_or_settings() -> None:
+    assert Batching.of(True) == Batching()
+    assert Batching.of(False) is None and Batching.of(None) is None
+    mine = Batching(size=10)
+    assert Batching.of(mine) is mine
+    with pytest.raises(UsageError, match="batch takes True, False or a Batching"):
+        Batching.of("yes")  # type: ignore[arg-type]
+
+
+def test_batch_prices_halve_what_is_counted_and_reserved() -> None:
+    meter = Usage()
+    live = meter.record("gpt-4o-mini", prompt_tokens=1_000_000, completion_tokens=1_000_000)
+    batched = meter.record("gpt-4o-mini", prompt_tokens=1_000_000, completion_tokens=1_000_000,
+                           price=BATCH_PRICE)
+    assert live.cost_usd == pytest.approx(0.75)
+    assert batched.cost_usd == pytest.approx(0.375)
+    assert meter.estimate_cost("gpt-4o-mini", 1_000_000, 0, BATCH_PRICE) == pytest.approx(0.075)
+
+
+def test_a_budget_affords_twice_as_many_batched_calls() -> None:
+    from planrun import Budget, BudgetExceeded
+
+    meter = Usage(budget=Budget(max_cost=0.76))
+    meter.reserve("gpt-4o-mini", 1_000_000, 1_000_000, price=BATCH_PRICE)
+    meter.reserve("gpt-4o-mini", 1_000_000, 1_000_000, price=BATCH_PRICE)  # 0.75 in all
+    with pytest.raises(BudgetExceeded):
+        meter.reserve("gpt-4o-mini", 1_000_000, 1_000_000)
+
+
+def test_a_line_id_is_stable_for_the_same_call_and_changes_with_the_request() -> None:
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    same = {"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o-mini"}
+    assert custom_id("planrun-abc", body) == custom_id("planrun-abc", same)
+    assert custom_id("planrun-abc", body) != custom_id("planrun-abd", body)
+    assert custom_id("planrun-abc", body) != custom_id(
+        "planrun-abc", {**body, "messages": [{"role": "user", "content": "ho"}]})
+    assert len(custom_id("planrun-" + "f" * 32 + ":reask-1", body)) <= 64
