@@ -241,3 +241,15 @@ def test_identical_calls_without_a_key_are_two_lines_of_one_batch() -> None:
     assert texts[0] == texts[1] and texts[0]
     assert batch["status"] == "completed"
     assert batch["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+
+
+def test_a_batched_run_on_the_responses_api() -> None:
+    with _server(complete_after=0.05) as server:
+        app, _, _ = make_app(workers=2, capacity=4)
+        plan = ticket_plan(generate_tickets(4, 0), app.registry)
+        model = Model("gpt-4o-mini", api_key=KEY, base_url=server.base_url, api="responses")
+        report = plan_and_run(plan, app, model=model, batch=FAST)
+        endpoints = {b["endpoint"] for b in server.batch_api.batches.values()}
+    _completed_once(report)
+    assert endpoints == {"/v1/responses"}
+    assert report.usage.total.requests == 8

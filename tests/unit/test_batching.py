@@ -103,3 +103,15 @@ def test_a_line_id_is_stable_for_the_same_call_and_changes_with_the_request() ->
     assert custom_id("planrun-abc", body) != custom_id(
         "planrun-abc", {**body, "messages": [{"role": "user", "content": "ho"}]})
     assert len(custom_id("planrun-" + "f" * 32 + ":reask-1", body)) <= 64
+
+
+def test_a_line_that_is_not_a_completion_is_a_permanent_error() -> None:
+    from planrun import PermanentError
+    from planrun.model._batch import parsed_line
+
+    with pytest.raises(PermanentError, match="not a chat completion"):
+        parsed_line({"object": "list", "data": []}, "/v1/chat/completions")
+    with pytest.raises(PermanentError, match="not a response"):
+        parsed_line({"choices": []}, "/v1/responses")
+    reply = parsed_line({"choices": [], "model": "m", "future_field": 1}, "/v1/chat/completions")
+    assert reply.model == "m"  # what the API adds is no error, as for a live reply

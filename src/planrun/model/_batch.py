@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx2
 import openai
 
-from planrun.core import UsageError
+from planrun.core import PermanentError, UsageError
 
 if TYPE_CHECKING:
     from planrun.core import TaskContext
@@ -492,10 +492,15 @@ async def _find(client: openai.AsyncOpenAI, key: str, at: float) -> str | None:
 
 
 def parsed_line(body: Mapping[str, Any], url: str) -> Any:
-    """A line's reply body as the SDK's object for ``url``'s endpoint."""
-    if url.endswith("/responses"):
-        return openai.types.responses.Response.model_validate(body)
-    return openai.types.chat.ChatCompletion.model_validate(body)
+    """A line's reply body as the SDK's object for ``url``'s endpoint, built the way the
+    SDK builds a live reply (leniently: a field the API adds or leaves out is no error)."""
+    responses = url.endswith("/responses")
+    if not isinstance(body.get("output" if responses else "choices"), list):
+        what = "response" if responses else "chat completion"
+        raise PermanentError(f"a batch line's body is not a {what}: {str(body)[:200]!r}")
+    if responses:
+        return openai.types.responses.Response.model_construct(**body)
+    return openai.types.chat.ChatCompletion.model_construct(**body)
 
 
 def _take_back(lines: Sequence[_Line], why: str) -> None:
