@@ -253,3 +253,67 @@ def test_a_batched_run_on_the_responses_api() -> None:
     _completed_once(report)
     assert endpoints == {"/v1/responses"}
     assert report.usage.total.requests == 8
+
+
+class _Notebook:
+    """A journal that keeps what was recorded before submission, and loses the batch id
+    (a crash between the API's answer and its record)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, dict[str, str]] = {}
+        self.at = 0.0
+
+    async def submitting(self, key: str, lines: Any, at: float) -> None:
+        self.lines[key], self.at = dict(lines), at
+
+    async def submitted(self, key: str, batch_id: str, lines: Any) -> None:
+        pass
+
+    def recorded(self) -> tuple[list[Any], int]:
+        return [(k, None, v, self.at) for k, v in self.lines.items()], len(self.lines)
+
+
+def test_a_batch_whose_id_was_never_recorded_is_found_by_its_key() -> None:
+    journal = _Notebook()
+    with _server(complete_after=1.0) as server:
+        api = server.batch_api
+
+        async def first() -> None:
+            batcher = Batcher(FAST)
+            batcher.bind("lost-id", journal=journal)
+            model = _model(server).batched(batcher)
+            call = asyncio.ensure_future(model.complete("Hello.", idempotency_key="k1"))
+            while not api.submitted:
+                await asyncio.sleep(0.01)
+            await batcher.aclose()  # the process dies: its call never hears back
+            call.cancel()
+
+        async def second() -> str:
+            batcher = Batcher(FAST)
+            batcher.bind("lost-id", journal=journal)
+            model = _model(server).batched(batcher)
+            reply = await model.complete("Hello.", idempotency_key="k1")
+            await batcher.aclose()
+            assert batcher.submitted == 0 and batcher.numbered_from == 1
+            return reply.text
+
+        async def others() -> None:  # newer batches of other runs: ours is on page two
+            import openai
+
+            async with openai.AsyncOpenAI(api_key=KEY, base_url=server.base_url) as client:
+                upload = await client.files.create(
+                    file=("other.jsonl", b'{"custom_id": "x", "method": "POST", "url": '
+                          b'"/v1/chat/completions", "body": {"model": "m", "messages": []}}\n',
+                          "application/jsonl"), purpose="batch")
+                for i in range(120):
+                    await client.batches.create(input_file_id=upload.id,
+                                                endpoint="/v1/chat/completions",
+                                                completion_window="24h",
+                                                metadata={"planrun_batch": f"other-b{i}"})
+
+        asyncio.run(first())
+        asyncio.run(others())
+        text = asyncio.run(second())
+        assert api.submitted == 121  # found by metadata.planrun_batch, not submitted again
+        ours = [b for b in api.batches.values() if b["metadata"]["planrun_batch"] == "lost-id-b1"]
+    assert text and len(ours) == 1 and ours[0]["status"] == "completed"
