@@ -38,7 +38,15 @@ from planrun.core import (
 from planrun.core.scheduling import Approval, as_approval
 from planrun.model import ModelWorker, PromptLibrary
 from planrun.obs import tracing
-from planrun.runtime import Clock, EffectFn, RealClock, Supervisor, WaitHook, run_blocking
+from planrun.runtime import (
+    STALE_AFTER_S,
+    Clock,
+    EffectFn,
+    RealClock,
+    Supervisor,
+    WaitHook,
+    run_blocking,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -58,6 +66,8 @@ if TYPE_CHECKING:
     from planrun.stores.base import Store
 
 READY_PLAN_MAX_TASKS = 1_000_000
+BATCH_STALL_S = 25 * 3600.0
+"""A batched run's ``stall_after`` unless given: longer than a batch's 24 h window."""
 """A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
 
 __all__ = [
@@ -457,7 +467,7 @@ async def aplan_and_run(
                                         prompts=prompts, meter=meter)
             _with_replanner(supervisor_options, plan.goal, app.registry, model, meter,
                             repair_attempts=repair_attempts, prompts=prompts, max_tasks=max_tasks)
-            batcher, run_model = _batcher(batch, model, app)
+            batcher, run_model = _batcher(batch, model, app, supervisor_options)
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock,
                 run_id=run_id, effects=app.effects, approvals=app.approvals,
@@ -548,7 +558,7 @@ async def aresume_run(
             if supervisor_options.get("on_dead") == "replan":
                 goal = (await opened.load_tasks(run_id)).run.goal
                 _with_replanner(supervisor_options, goal, app.registry, model, meter)
-            batcher, run_model = _batcher(batch, model, app)
+            batcher, run_model = _batcher(batch, model, app, supervisor_options)
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock, run_id=run_id,
                 effects=app.effects, approvals=app.approvals,
@@ -604,17 +614,23 @@ async def _owning(
         yield
 
 
-def _batcher(batch: Batching | bool | None, model: Model | None, app: App
-             ) -> tuple[Batcher | None, Model | None]:
+def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
+             options: SupervisorOptions) -> tuple[Batcher | None, Model | None]:
     """The run's :class:`~planrun.model.Batcher` and the model its tasks call (sending
     through it), or None and ``model`` without batch mode. Decomposition and replanning
-    keep ``model``: they stay live. Live calls keep to the app's workers' capacity."""
+    keep ``model``: they stay live. Live calls keep to the app's workers' capacity.
+
+    A task waiting in a batch changes no record for as long as the batch takes, and renews
+    its lease at each poll: unless given, ``stall_after`` is the batch's window (a day) and
+    ``stale_after`` three polls."""
     from planrun.model import Batcher, Batching
 
-    options = Batching.of(batch)
-    if options is None or model is None:
+    settings = Batching.of(batch)
+    if settings is None or model is None:
         return None, model
-    batcher = Batcher(options, slots=sum(w.capacity for w in app.worker_specs()))
+    options.setdefault("stall_after", BATCH_STALL_S)
+    options.setdefault("stale_after", max(STALE_AFTER_S, 3 * settings.poll_s))
+    batcher = Batcher(settings, slots=sum(w.capacity for w in app.worker_specs()))
     return batcher, model.batched(batcher)
 
 

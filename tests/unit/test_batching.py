@@ -115,3 +115,37 @@ def test_a_line_that_is_not_a_completion_is_a_permanent_error() -> None:
         parsed_line({"choices": []}, "/v1/responses")
     reply = parsed_line({"choices": [], "model": "m", "future_field": 1}, "/v1/chat/completions")
     assert reply.model == "m"  # what the API adds is no error, as for a live reply
+
+
+def test_a_batch_that_takes_hours_is_no_stall_and_keeps_its_tasks_leases() -> None:
+    """Three virtual hours in a batch, polled every minute: past the default stall time
+    (15 min) and lease (90 s), yet nothing is reclaimed and the run completes."""
+    import pytest_httpx2  # noqa: F401  (registers respx's "httpcore2" mocker)
+    import respx
+
+    from planrun import Model, plan_and_run
+    from planrun.core import EventName
+    from planrun.dev.testing import FakeBatchAPI, FakeOpenAI
+    from planrun.examples.answers import answers
+    from planrun.examples.ticket_data import generate_tickets
+    from planrun.examples.tickets import make_app, ticket_plan
+    from planrun.runtime import VirtualClock
+
+    clock = VirtualClock()
+    fake = FakeOpenAI(answers())
+    api = FakeBatchAPI(fake, complete_after=3 * 3600, clock=clock.now)
+    app, _, _ = make_app(workers=1, capacity=2)
+    plan = ticket_plan(generate_tickets(3, 0), app.registry)
+    with respx.mock(using="httpcore2", assert_all_mocked=True,
+                    assert_all_called=False) as router:
+        router.route(url__regex=r"^https://api\.test/v1/(files|batches)").mock(side_effect=api)
+        router.post("https://api.test/v1/chat/completions").mock(side_effect=fake)
+        model = Model("gpt-4o-mini", api_key="sk-test-batch-hours-0000",
+                      base_url="https://api.test/v1")
+        report = plan_and_run(plan, app, model=model, clock=clock,
+                              batch=Batching(wait_s=1.0, poll_s=60.0))
+    assert report.ok, report.summary()
+    assert report.duration_s >= 2 * 3 * 3600  # two waves of three hours, virtual
+    assert not [e for e in report.events if e.event == EventName.RECLAIMED]
+    assert api.submitted == 2
+    assert len(fake.requests) == 6  # every call answered by a batch line, none live

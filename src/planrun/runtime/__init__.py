@@ -17,8 +17,10 @@ from planrun.runtime._decisions import approve_task, reject_task
 from planrun.runtime._deprecated import Coordinator, WorkerProcess
 from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
 from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
+from planrun.runtime._supervisor_state import STALE_AFTER_S
 
 __all__ = [
+    "STALE_AFTER_S",
     "Clock",
     "Coordinator",
     "DBOSAttempts",

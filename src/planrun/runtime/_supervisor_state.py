@@ -84,6 +84,8 @@ _FINISHED_AT = attrgetter("finished_at")
 _How = tuple[KindSpec, "Handler | None", "float | None", dict[str, Any], bool]
 """How a worker runs a kind (see :meth:`Supervisor._how`)."""
 
+STALE_AFTER_S = 90.0
+"""Seconds without a heartbeat after which a running task is reclaimed, unless given."""
 WRITE_STALL_S = 0.5
 """Seconds after which a store write still under way counts as failing: no new attempt
 starts until a write succeeds."""
@@ -138,7 +140,7 @@ class _SupervisorState:
         backoff: RetryPolicy | Backoff | None = None,
         retry_budget: int | None = None,
         timeout: float | None = None,
-        stale_after: float = 90.0,
+        stale_after: float = STALE_AFTER_S,
         max_reclaims: int = 3,
         on_dead: OnDead = "cancel_dependents",
         stall_after: float = 900.0,
