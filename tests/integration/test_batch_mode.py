@@ -171,8 +171,9 @@ def test_the_budget_reserves_at_batch_prices() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("resume", ["python", "cli"])
 def test_a_run_killed_after_submitting_is_resumed_without_a_second_submission(
-        tmp_path: Path) -> None:
+        tmp_path: Path, resume: str) -> None:
     app, _, _ = make_app(workers=2, capacity=4)
     plan = ticket_plan(generate_tickets(6, 0), app.registry)
     plan_file = tmp_path / "plan.json"
@@ -207,15 +208,25 @@ def test_a_run_killed_after_submitting_is_resumed_without_a_second_submission(
                 await store.close()
 
         rid = asyncio.run(run_id())
-        report = resume_run(rid, make_app(workers=2, capacity=4)[0], db, model=_model(server),
-                            batch=FAST)
+        if resume == "python":
+            report = resume_run(rid, make_app(workers=2, capacity=4)[0], db,
+                                model=_model(server), batch=FAST)
+            _completed_once_after_resume(report)
+            requests = report.usage.total.requests
+        else:  # planrun resume keeps the batch settings the run was started with
+            done = subprocess.run([sys.executable, "-m", "planrun", "resume", rid, "--db", db,
+                                   "--json", "--quiet"], env=env, capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            shown = json.loads(done.stdout)
+            assert shown["counts"]["completed"] == 12
+            requests = shown["usage"]["requests"]
         classify_lines = sum(b["request_counts"]["total"] for b in api.batches.values())
-    _completed_once_after_resume(report)
     # the first batch (6 classifications) was found again, not submitted twice; the drafts
     # went in a second one
     assert api.submitted == 2, api.batches
     assert classify_lines == 12
-    assert report.usage.total.requests == 12 - 0  # each line counted once
+    assert requests == 12  # each line counted once
 
 
 def _completed_once_after_resume(report: Any) -> None:
