@@ -328,3 +328,33 @@ def test_a_batch_whose_id_was_never_recorded_is_found_by_its_key() -> None:
         assert api.submitted == 121  # found by metadata.planrun_batch, not submitted again
         ours = [b for b in api.batches.values() if b["metadata"]["planrun_batch"] == "lost-id-b1"]
     assert text and len(ours) == 1 and ours[0]["status"] == "completed"
+
+
+class _Garbled(FakeBatchAPI):
+    """An output file whose first line is garbage (the API never does this; a proxy might)."""
+
+    def _new_file(self, name: str, lines: list[dict[str, Any]]) -> str | None:
+        fid = super()._new_file(name, lines)
+        if fid is not None and name.endswith("_output.jsonl"):
+            filename, purpose, content, created = self.files[fid]
+            rest = content.split(b"\n", 1)[1]
+            self.files[fid] = (filename, purpose, b"{not json\n" + rest, created)
+        return fid
+
+
+def test_a_line_that_cannot_be_read_sends_its_call_live() -> None:
+    fake = FakeOpenAI(answers())
+    with StandIn(fake, batch_api=_Garbled(fake)) as server:
+        batcher = Batcher(FAST)
+        batcher.bind("garbled")
+        model = _model(server).batched(batcher)
+
+        async def three() -> list[str]:
+            replies = await asyncio.gather(*(model.complete(f"Say {i}.", idempotency_key=f"k{i}")
+                                             for i in range(3)))
+            await batcher.aclose()
+            return [r.text for r in replies]
+
+        texts = asyncio.run(three())
+        live = len(fake.requests) - 3  # three lines answered by the batch, one call live
+    assert all(texts) and batcher.taken_back == 1 and live == 1

@@ -337,6 +337,15 @@ class Batcher:
     # -- following a batch
 
     async def _follow(self, model: Model, job: _Job) -> None:
+        """:meth:`_poll` the batch; whatever goes wrong there, its calls go live."""
+        try:
+            await self._poll(model, job)
+        except Exception as exc:
+            log.warning("following batch %s failed (%s); its calls go live", job.batch_id,
+                        _short(exc))
+            self._give_up(job)
+
+    async def _poll(self, model: Model, job: _Job) -> None:
         """Poll the batch until it is over; hand each line to its call."""
         client = await model._client()
         loop = asyncio.get_running_loop()
@@ -389,8 +398,14 @@ class Batcher:
                             job.batch_id, _short(exc))
                 continue
             for text in content.text.splitlines():
-                if text.strip():
-                    self._answer(job, json.loads(text))
+                try:
+                    result = json.loads(text) if text.strip() else None
+                except json.JSONDecodeError:  # its call goes live with the batch's end
+                    log.warning("batch %s: a line of file %s is not JSON", job.batch_id,
+                                file_id)
+                    continue
+                if isinstance(result, dict):
+                    self._answer(job, result)
 
     def _answer(self, job: _Job, result: Mapping[str, Any]) -> None:
         cid = str(result.get("custom_id"))
