@@ -23,6 +23,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
@@ -913,14 +914,15 @@ VARIES = "vary from run to run"
 def outputs(notebook: nbformat.NotebookNode) -> list[list[str]]:
     """Each code cell's outputs as text, with what varies between runs masked.
 
-    A figure counts by its kind (``image/png``), not its bytes."""
+    A figure counts by its kind (``image/png``), not its bytes. Consecutive pieces of one
+    stream count as one: a kernel splits what a cell prints as its timing goes."""
     cells = []
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
         shown = []
         varies = VARIES in cell.source
-        for out in cell.get("outputs", []):
+        for out in _joined_streams(cell.get("outputs", [])):
             if out.get("output_type") == "stream":
                 text = out.get("text", "")
             elif out.get("output_type") == "error":
@@ -936,6 +938,19 @@ def outputs(notebook: nbformat.NotebookNode) -> list[list[str]]:
             shown.append(text)
         cells.append(shown)
     return cells
+
+
+def _joined_streams(outs: list[Any]) -> list[Any]:
+    """``outs`` with each run of pieces of the same stream joined into one."""
+    joined: list[Any] = []
+    for out in outs:
+        last = joined[-1] if joined else None
+        if (out.get("output_type") == "stream" and last is not None
+                and last.get("output_type") == "stream" and last.get("name") == out.get("name")):
+            joined[-1] = {**last, "text": last.get("text", "") + out.get("text", "")}
+        else:
+            joined.append(out)
+    return joined
 
 
 def sources(notebook: nbformat.NotebookNode) -> list[tuple[str, str, str]]:

@@ -25,15 +25,23 @@ counts the 429s, ``admitted`` holds the arrival time of every request let throug
 server with N parallel sequences, each answer taking S seconds (``most_busy`` says how many
 were generated at once).
 
-The Batch API's endpoints (``/v1/files``, ``/v1/batches``) are served by
-:class:`planrun.dev.testing.FakeBatchAPI` (``batch_api=``), its lines answered by the same
-fake; ``--batch-complete-after S`` and ``--batch-expire-after S`` set how long a batch takes
-and when an unfinished one expires.
+The Batch API's endpoints are served by :class:`planrun.dev.testing.FakeBatchAPI`
+(``batch_api=``, by default one over the same fake; ``server.batch_api``): ``POST /v1/files``
+(the SDK's multipart upload), ``GET /v1/files/{id}`` and ``/v1/files/{id}/content`` (the
+JSONL bytes, ``application/octet-stream``), ``POST /v1/batches``, ``GET /v1/batches`` (newest
+first, ``limit``/``after`` pages), ``GET /v1/batches/{id}`` and ``POST
+/v1/batches/{id}/cancel``. Their lines are answered by the same fake, so each body is the one
+a live request gets. The Batch API has its own pool: ``rpm_limit``, ``tpm_limit``,
+``malformed``, ``slots`` and ``latency`` apply to live chat requests only.
+``--batch-complete-after S`` makes a batch take S seconds, its lines done steadily meanwhile
+(a cancel keeps those done), and ``--batch-expire-after S`` expires an unfinished batch S
+seconds after its creation (the lines not done are ``batch_expired`` in its error file).
 
     python tools/standin.py --scenario rate_limited      # serve until Ctrl-C
     python tools/standin.py --rpm-limit 600              # 429 beyond 600 requests/minute
     python tools/standin.py --tpm-limit 120000           # 429 beyond 120k tokens/minute
     python tools/standin.py --malformed 0.05             # 5 % of answers cut short
+    python tools/standin.py --batch-complete-after 30    # batches take 30 s
     OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 OPENAI_API_KEY=sk-anything planrun ...
 
     with StandIn(FakeOpenAI(answers())) as server:       # from Python
@@ -386,11 +394,15 @@ class StandIn:
                     return
                 if isinstance(raw, tuple):
                     status, extra, content = raw
+                elif self.path.startswith(BATCH_PATHS):  # no model slot: its own pool
+                    status, extra, content = server.answer(self.command, self.path, headers,
+                                                           body)
                 else:
                     with server.slot():
                         status, extra, content = server.answer(self.command, self.path,
                                                                headers, body)
-                    extra = {"content-type": "application/json", **extra}
+                # JSON unless the answer says otherwise (a file's content: its bytes)
+                extra = {"content-type": "application/json", **extra}
                 self.send_response(status)
                 self.send_header("content-length", str(len(content)))
                 for name, value in extra.items():
@@ -530,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} must be > 0, got {value}")
     if not 0.0 <= args.malformed < 1.0:
         parser.error(f"--malformed must be a fraction in [0, 1), got {args.malformed}")
+    for flag, value in (("--batch-complete-after", args.batch_complete_after),
+                        ("--batch-expire-after", args.batch_expire_after)):
+        if value is not None and value < 0:
+            parser.error(f"{flag} must be >= 0 seconds, got {value}")
     server = for_scenario(args.scenario, port=args.port, emulate=args.emulate,
                           rpm_limit=args.rpm_limit, tpm_limit=args.tpm_limit,
                           malformed=args.malformed)

@@ -23,7 +23,12 @@ A cassette is one JSON file per scenario (``fixtures/<name>.json``), written wit
   requests and of anything shaped like an OpenAI key (``sk-***``).
 Chat Completions (``/v1/chat/completions``) and the Responses API (``/v1/responses``) are
 recorded and replayed alike; a request's schema name and messages are read from either
-shape (``response_format``/``messages`` or ``text.format``/``input``).
+shape (``response_format``/``messages`` or ``text.format``/``input``). So is the Batch
+API's traffic: a file upload (``multipart/form-data``, whose boundary the SDK draws at
+random) is kept as its fields, ``{"multipart": {"purpose": "batch", "file": {"filename",
+"content"}}}``, and matched on them; a file's content (not JSON: JSONL bytes) is kept as
+its ``text`` with its ``content-type`` and served back byte for byte; the polls of one
+batch (identical requests) are served in the order they were recorded.
 
 * :func:`replay` serves a cassette through respx (``using="httpcore2"``,
   ``assert_all_mocked=True``): nothing reaches the network. A request matches a recording
@@ -190,6 +195,13 @@ def _parse_body(content: bytes) -> tuple[Any, bool]:
         return content.decode("utf-8", errors="replace"), False
 
 
+def _is_json_type(content_type: str) -> bool:
+    """True for a JSON response (or one that names no type): its body is kept as JSON. A
+    file's content (``application/octet-stream``, JSONL) is kept as its text."""
+    kind = content_type.split(";")[0].strip().lower()
+    return not kind or (kind.endswith("json") and not kind.endswith(("jsonl", "ndjson")))
+
+
 # ---------------------------------------------------------------------------------------------
 # Records
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +316,12 @@ class RecordedResponse:
         """Build from the wire: headers reduced to those that matter, everything scrubbed."""
         secrets = list(secrets)
         kept = {k.lower(): v for k, v in headers.items() if _KEPT_HEADER.match(k.lower())}
-        body, is_json = _parse_body(content)
+        kind = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+        if _is_json_type(kind):
+            body, is_json = _parse_body(content)
+        else:  # a file's content (JSONL): kept as its text, its type with it, byte for byte
+            body, is_json = content.decode("utf-8", errors="replace"), False
+            kept["content-type"] = kind
         return cls(
             status,
             scrub(dict(sorted(kept.items())), secrets),
@@ -313,9 +330,11 @@ class RecordedResponse:
         )
 
     def to_httpx(self) -> httpx.Response:
-        """The response respx serves."""
+        """The response respx serves (a text body: its bytes as they were received)."""
         if self.text is not None:
-            return httpx.Response(self.status, headers=dict(self.headers), text=self.text)
+            headers = {"content-type": "text/plain; charset=utf-8", **self.headers}
+            return httpx.Response(self.status, headers=headers,
+                                  content=self.text.encode("utf-8"))
         return httpx.Response(self.status, headers=dict(self.headers), json=self.body)
 
     @property
