@@ -67,6 +67,7 @@ from typing import Any
 
 import httpx
 
+from planrun.dev._batch_api import LATE_HEADER
 from planrun.dev.scenarios import get_scenario
 from planrun.dev.testing import (
     ChatRequest,
@@ -397,6 +398,9 @@ class StandIn:
                 elif self.path.startswith(BATCH_PATHS):  # no model slot: its own pool
                     status, extra, content = server.answer(self.command, self.path, headers,
                                                            body)
+                    late = extra.pop(LATE_HEADER, None)
+                    if late:
+                        time.sleep(float(late))  # outside the lock: others are answered
                 else:
                     with server.slot():
                         status, extra, content = server.answer(self.command, self.path,

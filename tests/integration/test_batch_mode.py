@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from planrun import (
@@ -358,3 +359,58 @@ def test_a_line_that_cannot_be_read_sends_its_call_live() -> None:
         texts = asyncio.run(three())
         live = len(fake.requests) - 3  # three lines answered by the batch, one call live
     assert all(texts) and batcher.taken_back == 1 and live == 1
+
+
+def _three(server: StandIn, batcher: Batcher, **model: Any) -> list[str]:
+    batched = Model("gpt-4o-mini", api_key=KEY, base_url=server.base_url,
+                    retry=RetryPolicy(attempts=4, base=0.05, cap=0.2), **model).batched(batcher)
+
+    async def three() -> list[str]:
+        replies = await asyncio.gather(*(batched.complete(f"Say {i}.", idempotency_key=f"k{i}")
+                                         for i in range(3)))
+        await batcher.aclose()
+        return [r.text for r in replies]
+
+    return asyncio.run(three())
+
+
+def test_a_batch_whose_creation_answer_is_lost_is_found_by_its_key_not_paid_twice() -> None:
+    # The API creates the batch but answers after the client's timeout: the calls must not
+    # also go live (they would be billed twice); the batch is found by its key.
+    fake = FakeOpenAI(answers())
+    api = FakeBatchAPI(fake, answer_create_after=1.0)
+    with StandIn(fake, batch_api=api) as server:
+        batcher = Batcher(FAST)
+        batcher.bind("lost")
+        texts = _three(server, batcher, timeout=0.4)
+        asked = len(fake.requests)
+    assert all(texts) and api.submitted == 1
+    assert batcher.taken_back == 0 and asked == 3  # each call answered once, by the batch
+
+
+class _FailingCreate(FakeBatchAPI):
+    """Answers every batch creation 500 without creating it; counts the listings."""
+
+    listed = 0
+
+    def _list(self, request: Any) -> Any:
+        self.listed += 1
+        return super()._list(request)
+
+    def _create(self, request: Any) -> Any:
+        return httpx.Response(500, json={"error": {"message": "The server had an error.",
+                                                   "type": "server_error", "param": None,
+                                                   "code": None}})
+
+
+def test_a_batch_creation_that_failed_is_looked_for_then_its_calls_go_live() -> None:
+    fake = FakeOpenAI(answers())
+    api = _FailingCreate(fake)
+    with StandIn(fake, batch_api=api) as server:
+        batcher = Batcher(FAST)
+        batcher.bind("failed")
+        texts = _three(server, batcher)
+        asked, listed = len(fake.requests), api.listed
+    assert all(texts) and api.submitted == 0
+    assert batcher.taken_back == 3 and asked == 3  # each call answered once, live
+    assert listed == 2  # looked for by its key twice before going live

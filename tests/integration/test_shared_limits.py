@@ -16,6 +16,7 @@ import pytest
 from pgtest import fresh_schema
 
 from planrun.core._errors import BudgetExceeded, UsageError
+from planrun.model._limiter import ProviderLimits
 from planrun.model._limits import RunLimits, SharedBudget, SharedRateLimiter, limit_key
 from planrun.model._usage import Tally
 from planrun.stores import SCHEMA_VERSION, Store, open_store
@@ -94,6 +95,33 @@ async def test_a_429_in_one_process_pauses_the_other(connect: Connect) -> None:
     start = time.monotonic()
     await other.acquire()
     assert time.monotonic() - start >= 0.25
+
+
+async def test_a_limit_the_provider_reported_is_kept_by_a_process_that_starts_later(
+        connect: Connect) -> None:
+    # The run says 240,000 tokens a minute; the provider's headers say 120,000. A process
+    # whose first request comes after that (a worker that got its first task later) must
+    # not write the configured rate back over the provider's.
+    a, b = await connect(), await connect()
+    first = SharedRateLimiter(a, "k", tokens_per_minute=240_000)
+    await first.acquire(100)
+    await first.observe(ProviderLimits(tokens_limit=120_000))
+    state = await a.limiter_state("k")
+    assert state is not None and state.tpm == 120_000 and state.learned
+    later = SharedRateLimiter(b, "k", tokens_per_minute=240_000)
+    await later.acquire(100)
+    state = await b.limiter_state("k")
+    assert state is not None and state.tpm == 120_000  # the provider's word stands
+    assert later.tokens_per_minute == 120_000 and later.token_burst == 2000
+    # A rate configured over a configured one still replaces it (a new run's --tpm).
+    await a.limiter_configure("c", None, 60_000, 1.0, 1000.0)
+    await b.limiter_configure("c", None, 90_000, 1.0, 1500.0)
+    state = await a.limiter_state("c")
+    assert state is not None and state.tpm == 90_000 and not state.learned
+    # ...and the provider's word replaces a learned one (a raised limit).
+    await later.observe(ProviderLimits(tokens_limit=300_000))
+    state = await a.limiter_state("k")
+    assert state is not None and state.tpm == 300_000
 
 
 async def test_tokens_are_taken_by_estimate_and_given_back_by_usage(connect: Connect) -> None:
@@ -195,7 +223,7 @@ async def test_a_resumed_run_keeps_what_was_spent_and_drops_dead_reservations(
     "store_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
     indirect=True)
 async def test_a_schema_2_store_is_migrated_to_the_shared_limits(store_url: str) -> None:
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
     store = open_store(store_url)
     await store.open()
     await store.close()

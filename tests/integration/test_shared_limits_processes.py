@@ -145,6 +145,7 @@ def test_four_worker_processes_learn_a_token_limit_set_twice_too_high(
     assert all(t <= admitted[9] for t in limited), (limited, admitted[:10])
     status = _status(db_url, summary["run_id"])
     assert status["limiter"]["tpm"] == tpm  # the provider's limit, not the configured one
+    assert status["limiter"]["learned"] is True  # which no process wrote back over
 
 
 def _status(url: str, run_id: str) -> dict[str, Any]:

@@ -700,7 +700,7 @@ async def test_schema_2_is_migrated_to_owner_leases_and_lock_free_numbering(
     again = open_store(store_url)
     await again.open()
     try:
-        assert schema_version(store_url) == SCHEMA_VERSION == 5
+        assert schema_version(store_url) == SCHEMA_VERSION == 6
         before = await again.load(run_id)
         assert [e.event for e in before.events] == ["created"] * 3 + ["started"]
         assert before.run.owner is None and await again.run_owner(run_id) is None

@@ -595,15 +595,19 @@ def _add_run(subparsers: _Subparsers) -> None:
 
 
 def _batch_flags(parser: argparse.ArgumentParser) -> None:
+    from planrun.model import Batching
+
     parser.add_argument("--batch", action="store_true",
                         help="send the tasks' model calls as Batch API jobs (half price); "
                         "with --deadline, calls a batch cannot finish in time go live")
     parser.add_argument("--batch-size", type=_positive_int, metavar="N",
-                        help="calls per batch at most (default 1000)")
+                        help=f"calls per batch at most (default {Batching.size})")
     parser.add_argument("--batch-wait", type=_seconds, metavar="S",
-                        help="submit a batch this long after its first call (default 5)")
+                        help=f"submit a batch this long after its first call "
+                        f"(default {Batching.wait_s:g})")
     parser.add_argument("--batch-poll", type=_seconds, metavar="S",
-                        help="seconds between reads of a batch's status (default 30)")
+                        help=f"seconds between reads of a batch's status "
+                        f"(default {Batching.poll_s:g})")
 
 
 def _batching(args: argparse.Namespace, stored: Any = None) -> dict[str, Any] | None:
@@ -616,6 +620,14 @@ def _batching(args: argparse.Namespace, stored: Any = None) -> dict[str, Any] | 
             raise _CliError("--batch-size, --batch-wait and --batch-poll need --batch")
         return None
     return {**(stored if isinstance(stored, dict) else {}), **given}
+
+
+def _batch_option(options: dict[str, Any], batch: dict[str, Any] | None) -> None:
+    """Batch mode in the run's options, from its settings (none: live calls)."""
+    if batch is not None:
+        from planrun.model import Batching
+
+        options["batch"] = Batching(**batch)
 
 
 def _plan_source(args: argparse.Namespace) -> Any:
@@ -706,10 +718,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
         "meta": meta, "retry_budget": args.retry_budget, "deadline_s": args.deadline,
     }
-    if batch is not None:
-        from planrun.model import Batching
-
-        options["batch"] = Batching(**batch)
+    _batch_option(options, batch)
     if args.db:
         options["store"] = args.db
     if external:
@@ -893,11 +902,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     if external and args.batch:
         raise _CliError("--batch runs with local workers; this run's attempts go to worker "
                         "processes on DBOS, which call the model live")
-    batch = None if external else _batching(args, meta.get("batch"))
-    if batch is not None:
-        from planrun.model import Batching
-
-        options["batch"] = Batching(**batch)
+    _batch_option(options, None if external else _batching(args, meta.get("batch")))
     if needs_model:
         options["model"] = _limited(_model(args), limits)
     return _execute(None, app, options, args)

@@ -85,6 +85,11 @@ class _Batch:
     cancelled: bool = False
 
 
+LATE_HEADER = "x-standin-answer-after"
+"""A header of the fake's answer: the server sends the answer this many seconds late (and
+drops the header)."""
+
+
 class FakeBatchAPI:
     """The Batch API's endpoints over ``fake`` (see the module's docstring).
 
@@ -98,6 +103,9 @@ class FakeBatchAPI:
         fail_lines: fails chosen lines (:data:`LineFailures`): they go to the error file.
         fail_batch: every batch fails validation with this message (code
             ``invalid_request``), or with ``(code, message)``.
+        answer_create_after: seconds the answer to ``POST /v1/batches`` is held back after
+            the batch is created (a client whose timeout is shorter has lost the answer);
+            the stand-in server holds it back, told by the :data:`LATE_HEADER` header.
         clock: epoch seconds now (default ``time.time``); ids never depend on it.
 
     Counters a test reads: ``uploads`` (files uploaded), ``submitted`` (batches created),
@@ -116,6 +124,7 @@ class FakeBatchAPI:
         expire_after: float | None = None,
         fail_lines: LineFailures | None = None,
         fail_batch: str | tuple[str, str] | None = None,
+        answer_create_after: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.fake = fake
@@ -124,6 +133,7 @@ class FakeBatchAPI:
         self.expire_after = expire_after
         self.fail_lines = fail_lines
         self.fail_batch = fail_batch
+        self.answer_create_after = answer_create_after
         self.clock = clock
         self.files: dict[str, tuple[str, str, bytes, int]] = {}
         """File id -> (filename, purpose, content, created_at)."""
@@ -238,7 +248,9 @@ class FakeBatchAPI:
                         errors={"object": "list", "data": errors},
                         request_counts={"total": 0, "completed": 0, "failed": 0})
         self._batches[bid] = _Batch(data, lines, now)
-        return httpx.Response(200, json=data)
+        late = ({LATE_HEADER: f"{self.answer_create_after:g}"} if self.answer_create_after
+                else None)
+        return httpx.Response(200, json=data, headers=late)
 
     def _retrieve(self, bid: str) -> httpx.Response:
         if bid not in self._batches:

@@ -49,6 +49,9 @@ _ASK_EVERY_S = 0.5
 """How often a new call asks the deadline rule (a poll always asks)."""
 _FOUND_PAGES = 20
 """At most this many pages of ``GET /v1/batches`` are read to find a batch by its key."""
+_LOOK_AGAIN_S = 5.0
+"""After a lost answer to a batch's creation, the batch is looked for again this long after
+the first look (at most; never longer than a poll)."""
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,7 @@ class Batcher:
         try:
             if self.journal is not None:
                 await self.journal.submitting(key, tasks, time.time())
-            job.batch_id = await _create(model, key, lines, self.options.window)
+            job.batch_id = await self._created(model, key, lines)
             if self.journal is not None:
                 await self.journal.submitted(key, job.batch_id, tasks)
         except Exception as exc:  # nothing was submitted, or we cannot tell: go live
@@ -333,6 +336,25 @@ class Batcher:
             return
         log.info("batch %s submitted as %s with %d calls", key, job.batch_id, len(lines))
         await self._follow(model, job)
+
+    async def _created(self, model: Model, key: str, lines: Sequence[_Line]) -> str:
+        """Submit the batch; its id. When the answer is lost (a timeout, a dropped
+        connection, a 5xx) the API may have created it anyway: it is looked for by its key
+        (now and once more a moment later) before its calls go live, so they are not paid
+        for twice."""
+        at = time.time()
+        try:
+            return await _create(model, key, lines, self.options.window)
+        except (openai.APIConnectionError, openai.InternalServerError):
+            client = await model._client()
+            for pause in (0.0, min(self.options.poll_s, _LOOK_AGAIN_S)):
+                await asyncio.sleep(pause)
+                found = await _find(client, key, at)
+                if found is not None:
+                    log.info("batch %s: its creation's answer was lost; found as %s", key,
+                             found)
+                    return found
+            raise
 
     # -- following a batch
 

@@ -125,7 +125,8 @@ class SharedRateLimiter:
 
     Arguments as for :class:`~planrun.RateLimiter`, plus the opened ``store`` and
     the ``key`` (see :func:`limit_key`). The rates are written to the key's row on first
-    use; what the buckets hold is kept.
+    use (what the buckets hold is kept), unless the row holds rates the provider reported:
+    those stand until the provider reports others, and this limiter goes by them.
     """
 
     def __init__(
@@ -171,11 +172,20 @@ class SharedRateLimiter:
         return self._lock
 
     async def _configure(self) -> None:
+        """On first use: write the configured rates, unless the row holds the provider's
+        (another process read its headers first); then go by the row's rates."""
         if not self._configured:
             await self.store.limiter_configure(
                 self.key, self.requests_per_minute, self.tokens_per_minute,
                 self.request_burst, self.token_burst)
+            state = await self.store.limiter_state(self.key)
+            if state is not None and state.learned:
+                self._adopt(state.rpm, state.tpm)
             self._configured = True
+
+    def _adopt(self, rpm: float | None, tpm: float | None) -> None:
+        self.requests_per_minute, self.tokens_per_minute = rpm, tpm
+        self.token_burst = token_capacity(tpm, self._token_burst)
 
     async def acquire(self, tokens_estimate: int = 0) -> None:
         """Wait for this caller's turn, then take one request and ``tokens_estimate`` tokens.
@@ -218,11 +228,10 @@ class SharedRateLimiter:
         rpm = limits.requests_limit or self.requests_per_minute
         tpm = limits.tokens_limit or self.tokens_per_minute
         if (rpm, tpm) != (self.requests_per_minute, self.tokens_per_minute):
-            self.requests_per_minute, self.tokens_per_minute = rpm, tpm
-            self.token_burst = token_capacity(tpm, self._token_burst)
+            self._adopt(rpm, tpm)
             self.store_calls += 1
             await self.store.limiter_configure(self.key, rpm, tpm, self.request_burst,
-                                               self.token_burst)
+                                               self.token_burst, learned=True)
         requests = (behind(self.request_burst, rpm / 60, limits.requests_remaining, limits.age)
                     if rpm else None)
         tokens = (behind(self.token_burst, tpm / 60, limits.tokens_remaining, limits.age)

@@ -64,15 +64,19 @@ class _MemoryShared(_MemoryWrites):
 
     async def limiter_configure(
         self, key: str, rpm: float | None, tpm: float | None, request_burst: float,
-        token_burst: float,
+        token_burst: float, *, learned: bool = False,
     ) -> None:
-        """Create the limiter row of ``key``, or set its rates."""
+        """Create the limiter row of ``key``, or set its rates; configured rates never
+        replace the provider's (``learned``)."""
         self._record("limiter_configure", key=key, rpm=rpm, tpm=tpm)
         row = self._limits.setdefault(key, {
             "key": key, "requests_full_at": 0.0, "tokens_full_at": 0.0, "paused_until": 0.0,
             "acquired": 0, "penalties": 0, "minute": 0, "minute_count": 0, "prev_count": 0,
+            "learned": False,
         })
-        row.update(rpm=rpm, tpm=tpm, request_burst=request_burst, token_burst=token_burst)
+        if learned or not row["learned"]:
+            row.update(rpm=rpm, tpm=tpm, request_burst=request_burst, token_burst=token_burst,
+                       learned=learned)
 
     def _limit(self, key: str) -> Row:
         row = self._limits.get(key)

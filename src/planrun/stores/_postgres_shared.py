@@ -72,11 +72,12 @@ class _PostgresShared(_PostgresWrites):
 
     async def limiter_configure(
         self, key: str, rpm: float | None, tpm: float | None, request_burst: float,
-        token_burst: float,
+        token_burst: float, *, learned: bool = False,
     ) -> None:
-        """Create the limiter row of ``key``, or set its rates (what it spent is kept)."""
+        """Create the limiter row of ``key``, or set its rates (what it spent is kept);
+        configured rates never replace the provider's (``learned``)."""
         row = {"key": key, "rpm": rpm, "tpm": tpm, "request_burst": float(request_burst),
-               "token_burst": float(token_burst)}
+               "token_burst": float(token_burst), "learned": learned}
 
         async def go(cur: Cursor) -> None:
             await cur.execute(Q["limiter_configure"], row)

@@ -73,11 +73,12 @@ class _SQLiteShared(_SQLiteWrites):
 
     async def limiter_configure(
         self, key: str, rpm: float | None, tpm: float | None, request_burst: float,
-        token_burst: float,
+        token_burst: float, *, learned: bool = False,
     ) -> None:
-        """Create the limiter row of ``key``, or set its rates (what it spent is kept)."""
+        """Create the limiter row of ``key``, or set its rates (what it spent is kept);
+        configured rates never replace the provider's (``learned``)."""
         row = {"key": key, "rpm": rpm, "tpm": tpm, "request_burst": request_burst,
-               "token_burst": token_burst}
+               "token_burst": token_burst, "learned": learned}
 
         def go(conn: sqlite3.Connection) -> None:
             with _transaction(conn):

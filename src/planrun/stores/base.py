@@ -51,14 +51,16 @@ __all__ = [
     "strict_json",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The schema version this code creates and understands; ``open()`` refuses a newer one.
 
 1: runs, tasks, events, effects, workers. 2: one event per ``(run, seq)``, so writing a
 batch again (after a commit whose answer was lost) adds nothing. 3: the run's owner lease
 (``owner``, ``owner_until``); in PostgreSQL, events numbered from a sequence and stamped
 with their transaction id, so no writer waits for another to number its events. 4: limits
-shared by every process: a rate-limiter row per limit key, a spend row per run."""
+shared by every process: a rate-limiter row per limit key, a spend row per run. 5: tasks
+created at run time (``parent``, ``joins``). 6: a rate-limiter row says whether its rates
+are the provider's (``learned``)."""
 
 FINISHED_RUN = frozenset({"finished", "aborted"})
 """Run statuses that mean the run is over: nothing is left to resume."""
@@ -174,6 +176,8 @@ class LimiterState:
     """Requests let through in the last minute (a sliding-window estimate)."""
     tokens_available: float | None
     """Tokens the token bucket holds now (negative while a large request is paid back)."""
+    learned: bool = False
+    """True when the rates are the ones the provider's ``x-ratelimit-*`` headers reported."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -360,9 +364,14 @@ class Store(Protocol):
 
     async def limiter_configure(
         self, key: str, rpm: float | None, tpm: float | None, request_burst: float,
-        token_burst: float,
+        token_burst: float, *, learned: bool = False,
     ) -> None:
-        """Create the limiter row of ``key``, or set its rates (what it spent is kept)."""
+        """Create the limiter row of ``key``, or set its rates (what it spent is kept).
+
+        ``learned=True``: the rates are the provider's (from its headers) and replace any.
+        Otherwise they are configured ones, which replace configured rates but never rates
+        the provider reported.
+        """
         ...
 
     async def limiter_take(self, key: str, tokens: float) -> float:
@@ -435,7 +444,7 @@ def limiter_from_row(row: Mapping[str, Any]) -> LimiterState:
         request_burst=float(row["request_burst"]), token_burst=float(row["token_burst"]),
         acquired=int(row["acquired"]), penalties=int(row["penalties"]),
         paused_for=max(0.0, float(row["paused_until"]) - now), recent_rpm=round(recent, 3),
-        tokens_available=tokens,
+        tokens_available=tokens, learned=bool(row["learned"]),
     )
 
 

@@ -157,12 +157,20 @@ CREATE TABLE planrun_spend (
 ALTER TABLE planrun_tasks ADD COLUMN parent text;
 ALTER TABLE planrun_tasks ADD COLUMN joins jsonb NOT NULL DEFAULT '[]'::jsonb;
 
+-- name: migrate_6
+-- A rate-limiter row says whether its rates are the provider's (from its x-ratelimit-*
+-- headers): a process that starts later must not write its configured rates over them.
+ALTER TABLE planrun_limits ADD COLUMN learned boolean NOT NULL DEFAULT false;
+
 -- name: limiter_configure
-INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst)
-VALUES (%(key)s, %(rpm)s, %(tpm)s, %(request_burst)s, %(token_burst)s)
+-- Rates the provider reported (learned) replace any; configured rates replace configured
+-- ones only.
+INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst, learned)
+VALUES (%(key)s, %(rpm)s, %(tpm)s, %(request_burst)s, %(token_burst)s, %(learned)s)
 ON CONFLICT (key) DO UPDATE SET
     rpm = excluded.rpm, tpm = excluded.tpm, request_burst = excluded.request_burst,
-    token_burst = excluded.token_burst;
+    token_burst = excluded.token_burst, learned = excluded.learned
+WHERE excluded.learned OR NOT planrun_limits.learned;
 
 -- name: limiter_take
 -- One statement, run on its own (autocommit): take one request and the tokens when both

@@ -131,12 +131,20 @@ CREATE TABLE planrun_spend (
 ALTER TABLE planrun_tasks ADD COLUMN parent TEXT;
 ALTER TABLE planrun_tasks ADD COLUMN joins TEXT NOT NULL DEFAULT '[]';
 
+-- name: migrate_6
+-- A rate-limiter row says whether its rates are the provider's (from its x-ratelimit-*
+-- headers): a process that starts later must not write its configured rates over them.
+ALTER TABLE planrun_limits ADD COLUMN learned INTEGER NOT NULL DEFAULT 0;
+
 -- name: limiter_configure
-INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst)
-VALUES (:key, :rpm, :tpm, :request_burst, :token_burst)
+-- Rates the provider reported (learned) replace any; configured rates replace configured
+-- ones only.
+INSERT INTO planrun_limits (key, rpm, tpm, request_burst, token_burst, learned)
+VALUES (:key, :rpm, :tpm, :request_burst, :token_burst, :learned)
 ON CONFLICT (key) DO UPDATE SET
     rpm = excluded.rpm, tpm = excluded.tpm, request_burst = excluded.request_burst,
-    token_burst = excluded.token_burst;
+    token_burst = excluded.token_burst, learned = excluded.learned
+WHERE excluded.learned OR NOT planrun_limits.learned;
 
 -- name: limiter_take
 -- One request and :cost tokens, only when both buckets (and any pause) allow it now.
