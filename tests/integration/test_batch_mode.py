@@ -30,6 +30,7 @@ from planrun import (
     Model,
     RetryPolicy,
     Usage,
+    aplan_and_run,
     plan_and_run,
     resume_run,
 )
@@ -414,3 +415,47 @@ def test_a_batch_creation_that_failed_is_looked_for_then_its_calls_go_live() -> 
     assert all(texts) and api.submitted == 0
     assert batcher.taken_back == 3 and asked == 3  # each call answered once, live
     assert listed == 2  # looked for by its key twice before going live
+
+
+@pytest.mark.parametrize("lost", ["before", "after"])
+async def test_a_store_error_while_a_batch_is_recorded_submits_it_once(
+        tmp_path: Path, lost: str) -> None:
+    # The write of a batch's `batched` events fails once: refused before anything is
+    # written, or committed with its answer lost. The supervisor writes again; the batch
+    # is then submitted, once, and no call goes live as well.
+    from planrun.core import StoreError
+    from planrun.stores import SQLiteStore
+
+    class Failing(SQLiteStore):
+        faults = 0
+
+        async def write_batch(self, run_id: str, tasks: Any, events: Any) -> None:
+            journal = any(e[3] == EventName.BATCHED for e in events)
+            if journal and not self.faults and lost == "before":
+                self.faults += 1
+                raise StoreError("database is locked")
+            await super().write_batch(run_id, tasks, events)
+            if journal and not self.faults:
+                self.faults += 1
+                raise StoreError("disk I/O error")
+
+    store = Failing(str(tmp_path / "runs.db"))
+    await store.open()
+    try:
+        with _server(complete_after=0.1) as server:
+            app, _, _ = make_app(workers=2, capacity=4)
+            plan = ticket_plan(generate_tickets(6, 0), app.registry)
+            report = await aplan_and_run(plan, app, model=_model(server), batch=FAST,
+                                         store=store)
+            api, asked = server.batch_api, len(server.fake.requests)
+        state = await store.load(report.run_id)
+    finally:
+        await store.close()
+    _completed_once(report)
+    assert store.faults == 1
+    lines = [e.detail["line"] for e in state.events
+             if e.event == EventName.BATCHED and "line" in (e.detail or {})]
+    keys = {e.detail["batch"] for e in state.events if e.event == EventName.BATCHED}
+    assert len(lines) == len(set(lines)) == 12  # each call recorded once
+    assert api.submitted == len(keys) >= 2  # each recorded batch submitted once
+    assert asked == 12  # every call answered once, by a batch: none went live as well
