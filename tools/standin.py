@@ -67,13 +67,14 @@ from typing import Any
 
 import httpx
 
-from planrun.dev._batch_api import LATE_HEADER
 from planrun.dev.scenarios import get_scenario
 from planrun.dev.testing import (
+    LATE_HEADER,
     ChatRequest,
     FakeBatchAPI,
     FakeOpenAI,
     error_body,
+    json_object,
     prompt_tokens_of,
 )
 from planrun.examples.answers import answers
@@ -289,7 +290,7 @@ class StandIn:
             limit_headers: dict[str, str] = {}
             if self.rate is not None:
                 now = time.monotonic()
-                cost = counted_tokens(_json_or_empty(body))
+                cost = counted_tokens(json_object(body))
                 wait, unit, limit_headers = self.rate.take(now, cost)
                 if wait > 0:
                     self.rate_limited += 1
@@ -499,14 +500,6 @@ class _QuietServer(ThreadingHTTPServer):
         error = sys.exc_info()[1]
         if not isinstance(error, ConnectionError | TimeoutError):
             super().handle_error(request, client_address)
-
-
-def _json_or_empty(body: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _error(status: int, message: str, code: str | None, *, param: str | None = None,

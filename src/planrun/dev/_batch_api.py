@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["FakeBatchAPI", "LineFailure", "LineFailures"]
+__all__ = ["LATE_HEADER", "FakeBatchAPI", "LineFailure", "LineFailures", "json_object"]
 
 Answerer = Callable[[httpx.Request], httpx.Response]
 """What answers one line as a live request: a :class:`~planrun.dev.testing.FakeOpenAI`."""
@@ -221,7 +221,7 @@ class FakeBatchAPI:
     # -- batches
 
     def _create(self, request: httpx.Request) -> httpx.Response:
-        body = _json_object(request.content)
+        body = json_object(request.content)
         fid = body.get("input_file_id")
         if not isinstance(fid, str) or fid not in self.files:
             return _error(404, f"No such File object: {fid}", param="input_file_id")
@@ -499,7 +499,8 @@ def _hex(prefix: str, text: str) -> str:
     return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:24]}"
 
 
-def _json_object(content: bytes) -> dict[str, Any]:
+def json_object(content: bytes) -> dict[str, Any]:
+    """A request body's JSON object, or ``{}`` when it is empty, not JSON or not an object."""
     try:
         value = json.loads(content or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -28,11 +28,11 @@ from typing import Any
 
 import httpx
 
-from planrun.dev._batch_api import FakeBatchAPI
+from planrun.dev._batch_api import LATE_HEADER, FakeBatchAPI, json_object
 from planrun.stores.memory import InMemoryStore
 
-__all__ = ["ChatRequest", "FakeBatchAPI", "FakeOpenAI", "InMemoryStore", "Scripted", "error_body",
-           "synthesize"]
+__all__ = ["LATE_HEADER", "ChatRequest", "FakeBatchAPI", "FakeOpenAI", "InMemoryStore", "Scripted",
+           "error_body", "json_object", "synthesize"]
 
 CREATED = 1_764_460_800  # 2025-11-30T00:00:00Z: fixed, so replies are reproducible
 
