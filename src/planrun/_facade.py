@@ -66,9 +66,9 @@ if TYPE_CHECKING:
     from planrun.stores.base import Store
 
 READY_PLAN_MAX_TASKS = 1_000_000
+"""A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
 BATCH_STALL_S = 25 * 3600.0
 """A batched run's ``stall_after`` unless given: longer than a batch's 24 h window."""
-"""A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
 
 __all__ = [
     "App",

@@ -202,7 +202,7 @@ class _ModelWire(_ModelSetup):
         assert batcher is not None
         price = batcher.options.price
         body = {k: v for k, v in params.items() if k not in ("extra_headers", "timeout")}
-        url = "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
+        url = self._batch_url()
         reservation = await call.meter.areserve(self.model, prompt_estimate, call.max_tokens,
                                                 price=price)
         try:
@@ -222,11 +222,15 @@ class _ModelWire(_ModelSetup):
         finally:
             await reservation.aclose()
 
+    def _batch_url(self) -> str:
+        """The endpoint a batch line of this model names."""
+        return "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
+
     def _late(self, call: _Call, line: Mapping[str, Any], price: float) -> None:
         """A batch line that came back after its call went live: billed, so counted."""
         try:
             body = (line.get("response") or {}).get("body") or {}
-            url = "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
+            url = self._batch_url()
             raw = _parsed_line(body, url)
             self._record(call, _Reply.of(raw, self.base_url), price=price)
         except Exception:  # a line we cannot read is not counted; the call is done anyway
