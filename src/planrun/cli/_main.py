@@ -1096,20 +1096,12 @@ def _add_status(subparsers: _Subparsers) -> None:
 def _cmd_status(args: argparse.Namespace) -> int:
     import time
 
-    from planrun.obs import run_status
+    from planrun.cli._read import read_status
 
     _check_db(args.db, must_exist=True)
 
     async def get(store: Any) -> Any:
-        from planrun.model import RunLimits
-
-        state = await store.load(args.run_id)
-        limits = RunLimits.from_meta(state.run.meta)
-        limiter: Any = await store.limiter_state(limits.key) if limits.key else None
-        if limiter is None and limits.rated:  # kept in memory by the one process running it
-            limiter = {"key": limits.key, "rpm": limits.rpm, "tpm": limits.tpm,
-                       "shared": False, "recent_rpm": None}
-        return run_status(state, time.time(), await store.spend(args.run_id), limiter)
+        return await read_status(store, await store.load(args.run_id), time.time())
 
     while True:
         status = _with_store(args.db, get)
@@ -1320,6 +1312,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_approve(subparsers)
     _add_worker(subparsers)
     _add_demo(subparsers)
+    from planrun.ui import add_ui_parser
+
+    add_ui_parser(subparsers)
     from planrun.cli._eval import add_eval_parser
 
     add_eval_parser(subparsers)
