@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import secrets
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -83,7 +84,7 @@ class UIServer:
         uvicorn = _require_extra()
         from planrun.ui._app import make_app
 
-        asyncio.run(_check_store(self.db))
+        _on_a_thread(_check_store(self.db))  # this thread may run a loop (a notebook)
         sock = _bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         app = make_app(self.db, self.token, cookie=f"planrun_ui_{self.port}",
@@ -150,6 +151,12 @@ def serve_ui(db: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
 
 def _print(url: str) -> None:
     print(f"planrun ui: open {url}", flush=True)
+
+
+def _on_a_thread(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end on a loop of its own, on another thread; raise what it raised."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, work).result()
 
 
 async def _check_store(db: str) -> None:
