@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from planrun.core import PlanrunError, StoreError, UnknownRun, UsageError, redact
 from planrun.stores import Store, open_store
-from planrun.ui._data import Samples, decide, run_view, runs_page, task_view
+from planrun.ui._data import Loaded, Samples, decide, run_view, runs_page, task_view
 
 __all__ = ["make_app"]
 
@@ -133,6 +133,7 @@ def make_app(db: str, token: str, *, cookie: str = "planrun_ui",
                 on_startup_error(exc)
             raise
         state["store"] = store
+        state["runs"] = Loaded(store)
         try:
             yield
         finally:
@@ -146,17 +147,18 @@ def make_app(db: str, token: str, *, cookie: str = "planrun_ui",
         return str(store().url)
 
     async def runs(request: Request) -> Response:
-        data = await runs_page(store(), _int(request.query_params.get("page"), 1), time.time())
+        page = _int(request.query_params.get("page"), 1)
+        data = await runs_page(state["runs"], page, time.time())
         return _page("runs", "planrun runs", where(), data)
 
     async def api_runs(request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        return JSONResponse(await runs_page(store(), page, time.time()))
+        return JSONResponse(await runs_page(state["runs"], page, time.time()))
 
     async def run_page(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
-            data = await run_view(store(), run_id, time.time(), state["samples"])
+            data = await run_view(state["runs"], run_id, time.time(), state["samples"])
         except UnknownRun:
             return _message("No such run", f"the store {where()} holds no run {run_id!r}",
                             404, where())
@@ -164,13 +166,13 @@ def make_app(db: str, token: str, *, cookie: str = "planrun_ui",
 
     async def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        data = await run_view(store(), run_id, time.time(), state["samples"],
+        data = await run_view(state["runs"], run_id, time.time(), state["samples"],
                               since=request.query_params.get("since"))
         return JSONResponse(data)
 
     async def api_task(request: Request) -> Response:
         p = request.path_params
-        return JSONResponse(await task_view(store(), p["run_id"], p["task_id"]))
+        return JSONResponse(await task_view(state["runs"], p["run_id"], p["task_id"]))
 
     async def api_decide(request: Request) -> Response:
         p = request.path_params

@@ -20,8 +20,9 @@ from planrun.cli._read import read_status
 from planrun.core import FINAL, Status, Task, UsageError, redact
 from planrun.obs import timeline
 from planrun.stores import RunState, Store, shown_status
+from planrun.stores.base import FINISHED_RUN
 
-__all__ = ["PAGE_SIZE", "STATUSES", "Samples", "clean", "decide", "decision_text",
+__all__ = ["PAGE_SIZE", "STATUSES", "Loaded", "Samples", "clean", "decide", "decision_text",
            "run_view", "runs_page", "task_view"]
 
 PAGE_SIZE = 25
@@ -54,27 +55,27 @@ def clean(value: Any) -> Any:
     return value
 
 
-async def runs_page(store: Store, page: int, now: float) -> dict[str, Any]:
+async def runs_page(runs: Loaded, page: int, now: float) -> dict[str, Any]:
     """Page ``page`` (from 1) of the store's runs, newest first: id, goal, status as
     ``planrun runs`` shows it (``interrupted`` when no live process owns an unfinished run),
     task counts, spend, start and duration."""
-    runs = sorted(await store.list_runs(), key=lambda r: r.created_at, reverse=True)
-    pages = max(1, math.ceil(len(runs) / PAGE_SIZE))
+    store = runs.store
+    listed = sorted(await store.list_runs(), key=lambda r: r.created_at, reverse=True)
+    pages = max(1, math.ceil(len(listed) / PAGE_SIZE))
     page = min(max(1, page), pages)
     rows = []
-    for run in runs[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]:
+    for run in listed[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]:
         status = shown_status(run.status, run.owner_until, now)
         spend = await store.spend(run.id)
-        state = await store.load_tasks(run.id)
         rows.append({
             "id": run.id, "goal": run.goal, "status": status, "recorded_status": run.status,
             "counts": {k: v for k, v in run.counts.items() if v},
             "tasks": sum(run.counts.values()), "created_at": run.created_at,
-            "duration_s": _duration(state, status, now),
+            "duration_s": await runs.duration(run.id, status, now),
             "cost_usd": None if spend is None else spend.cost_usd,
             "tokens": None if spend is None else spend.total_tokens,
         })
-    return clean_view({"runs": rows, "page": page, "pages": pages, "total": len(runs)})
+    return clean_view({"runs": rows, "page": page, "pages": pages, "total": len(listed)})
 
 
 def _duration(state: RunState, status: str, now: float) -> float | None:
@@ -84,6 +85,44 @@ def _duration(state: RunState, status: str, now: float) -> float | None:
         return max(0.0, now - start)
     ends = [t.finished_at for t in state.tasks if t.finished_at is not None]
     return max(0.0, max(ends) - start) if ends else None
+
+
+class Loaded:
+    """Runs read from the store, a finished run kept (it never changes again): its page
+    and its tasks' details are not read again from the store, whose full read of a large
+    run takes the longest part of showing it."""
+
+    def __init__(self, store: Store, keep: int = 4) -> None:
+        self.store = store
+        self._finished: dict[str, RunState] = {}
+        self._durations: dict[str, float | None] = {}
+        self._keep = keep
+
+    async def duration(self, run_id: str, status: str, now: float) -> float | None:
+        """The run's duration (:func:`_duration`), read once for a finished run."""
+        if run_id in self._durations:
+            return self._durations[run_id]
+        state = self._finished.get(run_id) or await self.store.load_tasks(run_id)
+        took = _duration(state, status, now)
+        if status in FINISHED_RUN:
+            self._durations[run_id] = took
+        return took
+
+    async def load(self, run_id: str) -> RunState:
+        """Everything the store holds about the run (:meth:`Store.load`).
+
+        Raises:
+            UnknownRun: no such run.
+        """
+        state = self._finished.get(run_id)
+        if state is not None:
+            return state
+        state = await self.store.load(run_id)
+        if state.run.status in FINISHED_RUN:
+            while len(self._finished) >= self._keep:
+                self._finished.pop(next(iter(self._finished)))
+            self._finished[run_id] = state
+        return state
 
 
 class Samples:
@@ -108,7 +147,7 @@ class Samples:
         return list(series)
 
 
-async def run_view(store: Store, run_id: str, now: float, samples: Samples | None = None,
+async def run_view(runs: Loaded, run_id: str, now: float, samples: Samples | None = None,
                    since: str | None = None) -> dict[str, Any]:
     """The run's page data: the run, what ``planrun status`` shows of it, its tasks as
     compact rows (see :func:`_rows`), the ledger's timeline and the sampled spend.
@@ -119,8 +158,8 @@ async def run_view(store: Store, run_id: str, now: float, samples: Samples | Non
     Raises:
         UnknownRun: the store holds no run ``run_id``.
     """
-    state = await store.load(run_id)
-    status = (await read_status(store, state, now)).to_dict()
+    state = await runs.load(run_id)
+    status = (await read_status(runs.store, state, now)).to_dict()
     kinds = list(dict.fromkeys(t.kind for t in state.tasks))
     rows = _rows(state.tasks, kinds)
     version = _version(state, status, rows)
@@ -173,14 +212,14 @@ def _version(state: RunState, status: Mapping[str, Any], rows: list[list[Any]]) 
     return digest.hexdigest()
 
 
-async def task_view(store: Store, run_id: str, task_id: str) -> dict[str, Any]:
+async def task_view(runs: Loaded, run_id: str, task_id: str) -> dict[str, Any]:
     """One task in full: its record, its result and payload, and its ledger events.
 
     Raises:
         UnknownRun: no such run.
         UsageError: the run has no task ``task_id``.
     """
-    state = await store.load(run_id)
+    state = await runs.load(run_id)
     task = next((t for t in state.tasks if t.id == task_id), None)
     if task is None:
         raise UsageError(f"run {run_id!r} has no task {task_id!r}")

@@ -537,7 +537,9 @@
     timer = setTimeout(poll, Math.max(1000, data.tasks.length / 2));
   }
   renderAll(true);
-  document.documentElement.dataset.ready = "1";
-  performance.mark("planrun-ready");
+  requestAnimationFrame(() => setTimeout(() => {  // once the first frame is painted
+    document.documentElement.dataset.ready = "1";
+    performance.mark("planrun-ready");
+  }));
   schedule();
 })();
