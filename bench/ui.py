@@ -86,11 +86,34 @@ def measure(page: Any, address: str) -> dict[str, float]:
             "rows": timing["rows"]}
 
 
+DAGRE = """(() => {
+    const d = JSON.parse(document.getElementById('data').textContent);
+    const g = new dagre.graphlib.Graph();
+    g.setGraph({rankdir: 'LR'}); g.setDefaultEdgeLabel(() => ({}));
+    d.tasks.forEach((t) => g.setNode(t[0], {width: 14, height: 14}));
+    d.tasks.forEach((t) => t[4].forEach((p) => g.setEdge(d.tasks[p][0], t[0])));
+    const began = performance.now(); dagre.layout(g); return performance.now() - began; })()"""
+
+
+def compare_layout(page: Any, address: str, dagre: Path) -> None:
+    """The viewer's own layout against dagre's on the same graph, in the same page."""
+    page.goto(address)
+    page.wait_for_selector("html[data-ready]")
+    own = page.evaluate("performance.getEntriesByName('planrun-layout')[0].duration")
+    page.add_script_tag(path=str(dagre))
+    theirs = page.evaluate(DAGRE)
+    print(f"layout of the same graph: the viewer's {own:.0f} ms, dagre's {theirs:.0f} ms "
+          f"({theirs / max(own, 0.001):.0f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 tasks, one load")
     parser.add_argument("--sizes", default="2000,10000")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dagre", type=Path, metavar="dagre.min.js",
+                        help="also time @dagrejs/dagre's layout of the 2,000-task graph "
+                        "(npm install @dagrejs/dagre; its dist/dagre.min.js)")
     args = parser.parse_args()
     sizes = [2000] if args.quick else [int(s) for s in args.sizes.split(",")]
     repeat = 1 if args.quick else args.repeat
@@ -116,6 +139,8 @@ def main() -> None:
                 print(f"{n:>6} {name:>5} {int(figures['nodes']):>11} "
                       f"{figures['dcl_s']:>15.3f} s {figures['ready_s']:>11.3f} s "
                       f"{figures['ready_s'] / TARGET_S:>8.2f}x {figures['detail_s']:>6.3f} s")
+        if args.dagre is not None and 2000 in sizes:
+            compare_layout(page, f"{ui.base}/runs/run-2000", args.dagre)
         browser.close()
     shutil.rmtree(folder, ignore_errors=True)
 

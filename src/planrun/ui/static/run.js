@@ -231,7 +231,9 @@
 
   function drawGraph() {
     const g = mode === "tasks" ? taskGraph() : kindGraph();
+    const began = performance.now();
     const lay = layered(g.n, g.preds, g.wrap);
+    performance.measure("planrun-layout", { start: began, end: performance.now() });
     const X = (i) => lay.col[i] * (g.w + g.gx), Y = (i) => lay.row[i] * (g.h + g.gy);
     const spawned = new Set(g.spawnEdges.map(([a, b]) => a + ":" + b));
     let d = "", ds = "";
