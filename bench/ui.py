@@ -4,7 +4,7 @@
 
 Writes a finished run of N tasks to a SQLite file (a layered plan: 8 kinds, each task
 depending on one or two of the layer before; every task completed with its ledger events),
-serves it with :class:`planrun.ui.UIServer`, and loads its page in the browser: the time to
+serves it with :class:`planrun.cli.ui.UIServer`, and loads its page in the browser: the time to
 DOMContentLoaded and to every status shown (the page's ``planrun-ready`` mark: the graph
 drawn, by task up to 3,000 tasks and by kind above, and the task list filled), then to a
 task's details after a click in the list. The first load reads the run from the store
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from planrun.cli.ui import UIServer
 from planrun.core import Event, Status, Task
 from planrun.stores import RunInfo, open_store
-from planrun.ui import UIServer
 
 TARGET_S = 1.5
 KINDS = ("fetch", "parse", "classify", "score", "draft", "review", "reply", "archive")

@@ -20,11 +20,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from standin import StandIn
+
 from planrun import Approval
+from planrun.cli.ui import UIServer
 from planrun.core import KindSpec, PermanentError, Registry, Task, TaskContext
-from planrun.runtime import Supervisor, hold_run
+from planrun.dev.testing import FakeOpenAI
+from planrun.examples.answers import answers
+from planrun.examples.ticket_data import generate_tickets
+from planrun.examples.tickets import Classification, TicketPayload
+from planrun.model import Model, ModelWorker, Usage
+from planrun.runtime import Supervisor, UsageJournal, hold_run
 from planrun.stores import open_store
-from planrun.ui import UIServer
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -32,15 +39,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 
 async def fetch(payload: Any, ctx: TaskContext) -> dict[str, int]:
-    for n in range(8):
-        ctx.spawn("classify", {"ticket": f"T-{100 + n}"})
+    for ticket in generate_tickets(8):
+        ctx.spawn("classify", {"ticket": ticket.model_dump()})
     return {"tickets": 8}
-
-
-async def classify(payload: Any, ctx: TaskContext) -> dict[str, str]:
-    await asyncio.sleep(0.05)
-    return {"ticket": payload["ticket"], "label": "billing" if "1" in payload["ticket"]
-            else "bug"}
 
 
 async def lookup(payload: Any, ctx: TaskContext) -> None:
@@ -52,17 +53,21 @@ async def draft(payload: Any, ctx: TaskContext) -> dict[str, str]:
     return {"reply": "Thank you for writing; a refund is on its way."}
 
 
-async def run(url: str, waiting: threading.Event) -> None:
+async def run(url: str, model: Model, waiting: threading.Event) -> None:
     store = open_store(url)
     await store.open()
-    registry = Registry([KindSpec("fetch", handler=fetch), KindSpec("classify", handler=classify),
-                         KindSpec("draft_reply", handler=draft),
+    registry = Registry([KindSpec("fetch", handler=fetch), KindSpec("draft_reply", handler=draft),
                          KindSpec("send_reply", handler=draft),
                          KindSpec("summarise", handler=draft),
                          KindSpec("lookup_account", handler=lookup)])
+    registry.register("classify", ModelWorker("classify_ticket", result=Classification),
+                      payload=TicketPayload)
+    meter = Usage()
     sup = Supervisor(registry, store=store, run_id="triage-0412", approval_poll=0.1,
                      approvals={"send_reply": Approval("start")},
+                     extras={"model": model, "usage": meter},
                      goal="Triage this morning's support tickets and answer the billing ones")
+    meter.listen(UsageJournal(sup).recorded)  # each request a usage event (as plan_and_run)
     sup.add_tasks([
         Task(id="fetch", kind="fetch"),
         Task(id="draft", kind="draft_reply", depends_on=("fetch",), joins=("fetch",)),
@@ -98,17 +103,19 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="planrun-shot-"))
     url = f"sqlite:///{folder / 'runs.db'}"
     waiting = threading.Event()
-    runner = threading.Thread(target=lambda: asyncio.run(run(url, waiting)), daemon=True)
+    server = StandIn(FakeOpenAI(answers())).__enter__()
+    model = Model("gpt-4o-mini", base_url=server.base_url, api_key="sk-standin-screenshot-000")
+    runner = threading.Thread(target=lambda: asyncio.run(run(url, model, waiting)), daemon=True)
     runner.start()
     if not waiting.wait(60):
         raise SystemExit("the run never waited for approval")
     with UIServer(url, port=0) as ui, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=ARGS)
-        page = browser.new_page(viewport={"width": 1360, "height": 980})
+        page = browser.new_page(viewport={"width": 1360, "height": 1040})
         page.goto(ui.url)
         page.goto(f"{ui.base}/runs/triage-0412")
         page.wait_for_selector("html[data-ready]")
-        page.click("#graph rect.n[data-i='3']", force=True)
+        page.click("#graph rect.n[data-i='7']", force=True)
         page.wait_for_selector("#detail h2 .mono")
         page.click("#detail summary:text('result')")
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +126,7 @@ def main() -> None:
             timeout=60_000)
         browser.close()
     runner.join(30)
+    server.__exit__(None, None, None)
     shutil.rmtree(folder, ignore_errors=True)
     print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
 

@@ -44,6 +44,7 @@ from planrun.runtime import (
     EffectFn,
     RealClock,
     Supervisor,
+    UsageJournal,
     WaitHook,
     run_blocking,
 )
@@ -665,9 +666,16 @@ async def _batching(batcher: Batcher | None, sup: Supervisor) -> AsyncIterator[N
 @contextlib.asynccontextmanager
 async def _running(store: Store | None, sup: Supervisor, batcher: Batcher | None,
                    **owning: Any) -> AsyncIterator[None]:
-    """While the run goes on: its owner lease held, its batcher connected to it."""
+    """While the run goes on: its owner lease held, its batcher connected to it, what its
+    tasks spend written to its ledger."""
     async with _owning(store, sup.run_id, sup.clock, **owning), _batching(batcher, sup):
-        yield
+        meter = sup.extras.get("usage")
+        stop = meter.listen(UsageJournal(sup).recorded) if meter is not None else None
+        try:
+            yield
+        finally:
+            if stop is not None:
+                stop()
 
 
 def plan_and_run(

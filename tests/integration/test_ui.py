@@ -29,9 +29,9 @@ import pytest
 from pgtest import fresh_schema
 from ui_job import LEAKED
 
+from planrun.cli.ui import UIServer
 from planrun.core import FINAL, Status
 from planrun.stores import RunState, open_store
-from planrun.ui import UIServer
 
 HERE = Path(__file__).resolve().parent
 SRC = str(HERE.parents[1] / "src")
@@ -213,12 +213,17 @@ def test_the_graph_shows_every_task_in_its_status_and_spawned_ones_where_they_jo
             "r.getAttribute('class')])")
         spawn_edges = page.get_attribute("#graph path.e.spawn", "d")
         run_status = page.text_content("#run-status")
+        spawned = next(i for i, t in enumerate(state.tasks) if t.id == "fan/1")
+        page.click(f"#graph rect.n[data-i='{spawned}']", force=True)
+        page.wait_for_selector("#detail h2 .mono:text-is('fan/1')")
+        detail = page.text_content("#detail")
     assert len(shown) == len(state.tasks) == 8
     for task, (title, klass) in zip(state.tasks, shown, strict=True):
         assert title.split()[0] == task.id
         assert task.status.value in klass.split()
     assert spawn_edges is not None and spawn_edges.count("M") == 2  # fan -> fan/0, fan/1
     assert run_status is not None and run_status.strip() == "interrupted"
+    assert detail is not None and "spawned byfan" in detail and '"part": 1' in detail
 
 
 def test_a_task_shows_its_result_and_ledger_events_and_no_secret(
@@ -245,7 +250,7 @@ def test_a_task_shows_its_result_and_ledger_events_and_no_secret(
         task_a = page.text_content("#detail")
         whole = page.content()
         api = urllib.request.urlopen(urllib.request.Request(
-            f"{ui.base}/api/runs/r-leak/tasks/a", headers={"Cookie": _cookie(ui)})).read()
+            f"{ui.base}/api/task?run=r-leak&id=a", headers={"Cookie": _cookie(ui)})).read()
     assert leaky is not None and "sk-[redacted]" in leaky and LEAKED not in leaky
     assert "Ledger events" in leaky and "dead" in leaky
     assert task_a is not None and "[redacted]" in task_a and own_key not in task_a
@@ -297,12 +302,12 @@ def test_a_request_without_the_token_is_refused_and_changes_nothing(
     job.communicate()
     before = _load(sqlite_url, "r-token")
     with UIServer(sqlite_url, port=0) as ui:
-        target = f"{ui.base}/api/runs/r-token/tasks/pay/approve"
+        target, body = f"{ui.base}/api/approve", {"run": "r-token", "task": "pay"}
         refused = [
-            _post(target),                                        # no token at all
-            _post(target, cookie=f"planrun_ui_{ui.port}=not-it"),  # a wrong one
-            _post(target + "?token=not-it"),
-            _post(target, cookie=_cookie(ui),                      # another site's page
+            _post(target, body=body),                                   # no token at all
+            _post(target, cookie=f"planrun_ui_{ui.port}=not-it", body=body),  # a wrong one
+            _post(target + "?token=not-it", body=body),
+            _post(target, cookie=_cookie(ui), body=body,                # another site's page
                   headers={"Origin": "http://evil.example"}),
         ]
         with pytest.raises(urllib.error.HTTPError) as read:
@@ -334,8 +339,8 @@ def test_a_second_decision_is_refused_in_one_line_and_changes_nothing(
         page.click(".waiting-task[data-task='pay'] button.reject")
         page.wait_for_selector("#note-bar .error")
         message = page.text_content("#note-bar")
-        code, body = _post(f"{ui.base}/api/runs/r-twice/tasks/pay/approve",
-                           cookie=_cookie(ui))
+        code, body = _post(f"{ui.base}/api/approve", cookie=_cookie(ui),
+                           body={"run": "r-twice", "task": "pay"})
     assert message is not None and message.strip() == "task 'pay' was already approved"
     assert (code, body) == (409, {"error": "task 'pay' was already approved"})
     after = _load(sqlite_url, "r-twice")
@@ -354,7 +359,8 @@ def test_an_unknown_run_in_the_address_is_one_clear_message(sqlite_url: str,
         page.goto(ui.url)
         answer = page.goto(f"{ui.base}/runs/nope")
         text = page.text_content("main")
-        code, body = _post(f"{ui.base}/api/runs/nope/tasks/pay/approve", cookie=_cookie(ui))
+        code, body = _post(f"{ui.base}/api/approve", cookie=_cookie(ui),
+                           body={"run": "nope", "task": "pay"})
     assert answer is not None and answer.status == 404
     assert text is not None and "holds no run 'nope'" in text
     assert code == 404 and "holds no run 'nope'" in body["error"]
@@ -431,22 +437,35 @@ def test_planrun_ui_prints_one_address_with_its_token_and_binds_loopback(
 
 def test_a_run_on_dbos_with_external_workers_shows_like_any_other(
         tmp_path: Path, page: Any) -> None:
+    """Four model-backed tasks done by a ``planrun worker`` process against the stand-in:
+    the run is listed and drawn as any other, and each task's tokens (priced in the worker
+    process, sent back with its outcome) are in the ledger and on the page."""
     from dbos_support import spawn_worker, stop_workers
+    from limits_app import plan_document
 
+    from planrun.dev.testing import FakeOpenAI
+    from planrun.examples.answers import answers
+
+    sys.path.insert(0, str(HERE.parents[1] / "tools"))
+    from standin import StandIn
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_document(4)))
     for url in fresh_schema("planrun_uidbos"):
-        plan = tmp_path / "plan.json"
-        plan.write_text(json.dumps({"goal": "triage four tickets", "tasks": [
-            {"kind": "triage", "payload": {"ticket": f"T-{i}"}, "depends_on": []}
-            for i in range(4)]}))
-        worker = spawn_worker(url, "w1")
-        try:
-            worker.first_line()
-            run = _cli("run", str(plan), "--app", "dist_app:app", "--db", url, "--workers",
-                       "external", "--json")
-        finally:
-            stop_workers([worker])
+        with StandIn(FakeOpenAI(answers())) as server:
+            env = {**ENV, "OPENAI_BASE_URL": server.base_url,
+                   "OPENAI_API_KEY": "sk-standin-ui-00000000000000000000"}
+            worker = spawn_worker(url, "w1", app="limits_app:app", env=env)
+            try:
+                worker.first_line()
+                run = _cli("run", str(plan), "--app", "limits_app:app", "--db", url,
+                           "--workers", "external", "--json", env=env)
+            finally:
+                stop_workers([worker])
         assert run.returncode == 0, run.stderr[-2000:]
         run_id = json.loads(run.stdout.strip().splitlines()[-1])["run_id"]
+        state = _load(url, run_id)
+        spend = _spend(url, run_id)
         with UIServer(url, port=0) as ui:
             page.goto(ui.url)
             page.wait_for_selector("html[data-ready]")
@@ -456,6 +475,28 @@ def test_a_run_on_dbos_with_external_workers_shows_like_any_other(
             nodes = page.eval_on_selector_all("#graph rect.n",
                                               "rs => rs.map(r => r.getAttribute('class'))")
             summary = page.text_content("#summary")
+            tokens = page.eval_on_selector_all(
+                "#list .row", "rs => rs.map(r => r.children[4].textContent.trim())")
         assert listed is not None and run_id in listed and "finished" in listed
         assert len(nodes) == 4 and all("completed" in n for n in nodes)
         assert summary is not None and "workers external" in summary
+        used = [e for e in state.events if e.event == "usage"]
+        assert sorted(e.task for e in used) == sorted(t.id for t in state.tasks)
+        by_task = {e.task: e.detail["prompt_tokens"] + e.detail["completion_tokens"]
+                   for e in used}
+        assert sum(by_task.values()) == spend  # what the worker process settled in the store
+        assert tokens == [str(by_task[t.id]) for t in state.tasks]
+
+
+def _spend(url: str, run_id: str) -> int:
+    async def go() -> int:
+        store = open_store(url)
+        await store.open()
+        try:
+            row = await store.spend(run_id)
+            assert row is not None
+            return row.total_tokens
+        finally:
+            await store.close()
+
+    return _sync(go())

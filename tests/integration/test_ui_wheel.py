@@ -1,7 +1,7 @@
 """The run viewer's assets ship in the wheel and load nothing from elsewhere.
 
 The wheel is built from the repository (hatchling, as ``pip wheel`` does); every file of
-``src/planrun/ui/static`` must be in it byte for byte, and no asset may name another host
+``src/planrun/cli/ui/static`` must be in it byte for byte, and no asset may name another host
 (no CDN: the page works offline).
 """
 
@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = ROOT / "src" / "planrun" / "ui" / "static"
+STATIC = ROOT / "src" / "planrun" / "cli" / "ui" / "static"
 
 
 def test_a_wheel_built_from_the_repository_holds_every_asset(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_a_wheel_built_from_the_repository_holds_every_asset(tmp_path: Path) -> 
     assert {p.name for p in assets} >= {"ui.css", "run.js", "runs.js"}
     with zipfile.ZipFile(wheel) as archive:
         for path in assets:
-            inside = "planrun/ui/static/" + path.relative_to(STATIC).as_posix()
+            inside = "planrun/cli/ui/static/" + path.relative_to(STATIC).as_posix()
             assert archive.read(inside) == path.read_bytes(), inside
 
 

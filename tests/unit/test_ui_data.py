@@ -7,9 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from planrun.cli.ui._data import (
+    PAGE_SIZE,
+    Loaded,
+    clean,
+    decide,
+    decision_text,
+    run_view,
+    runs_page,
+)
 from planrun.core import Event, Status, Task, UsageError
 from planrun.stores import RunInfo, open_store
-from planrun.ui._data import PAGE_SIZE, Loaded, clean, decide, decision_text, run_view, runs_page
 
 
 async def _store(tmp_path: Path, runs: int) -> Loaded:
@@ -59,7 +67,7 @@ async def test_a_run_view_is_unchanged_until_the_run_changes(tmp_path: Path) -> 
         await runs.store.close()
     assert view["tasks"][1][:5] == ["b", 0, view["statuses"].index("waiting"), 0, [0]]
     assert view["status"]["waiting"][0]["task"] == "b"
-    assert same == {"version": view["version"], "unchanged": True, "samples": []}
+    assert same == {"version": view["version"], "unchanged": True}
     assert changed["version"] != view["version"] and changed["tasks"][1][6] == "approve:start"
 
 

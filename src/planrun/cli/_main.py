@@ -1312,9 +1312,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_approve(subparsers)
     _add_worker(subparsers)
     _add_demo(subparsers)
-    from planrun.ui import add_ui_parser
+    from planrun.cli.ui import add_ui_parser
 
-    add_ui_parser(subparsers)
+    add_ui_parser(subparsers, _db_flag, _check_db)
     from planrun.cli._eval import add_eval_parser
 
     add_eval_parser(subparsers)

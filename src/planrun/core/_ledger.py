@@ -67,6 +67,10 @@ class EventName:
     """A pending task waits for more: tasks spawned by a task it joins."""
     WAITING = "waiting"
     APPROVED = "approved"
+    USAGE = "usage"
+    """A model request the task made (changes no status): ``detail`` holds ``model``,
+    ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``, ``cost_usd`` and, for a
+    request that failed, ``error`` (the error's class)."""
     BATCHED = "batched"
     """The task's model call went into a Batch API job (changes no status): ``detail``
     holds ``batch`` (the run's key for it, recorded before it is submitted), ``line`` (the

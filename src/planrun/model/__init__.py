@@ -80,7 +80,7 @@ from planrun.model._schema import (
     portable_schema,
     strict_schema,
 )
-from planrun.model._usage import Budget, Price, PriceTable, Tally, Usage
+from planrun.model._usage import Budget, Price, PriceTable, Tally, Usage, UsageRecord
 from planrun.model._workers import ModelWorker
 
 __all__ = [
@@ -117,6 +117,7 @@ __all__ = [
     "Structured",
     "Tally",
     "Usage",
+    "UsageRecord",
     "adecompose",
     "decompose",
     "default_prompt_dir",

@@ -25,12 +25,13 @@ run draws on (:meth:`Usage.areserve`), and what was used is added there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,16 @@ class UsageRecord:
             1, self.prompt_tokens, self.cached_tokens, self.completion_tokens, self.cost_usd
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
+        return {**self.__dict__, "keys": list(self.keys)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UsageRecord:
+        """A record from :meth:`to_dict` output (sent by another process)."""
+        known = {f for f in cls.__dataclass_fields__ if f in data}
+        return cls(**{**{k: data[k] for k in known}, "keys": tuple(data.get("keys") or ())})
+
 
 def estimate_tokens(
     messages: Sequence[Mapping[str, Any]], *, extra_text: str = "", max_completion: int = 0
@@ -197,6 +208,7 @@ class _Ledger:
     reserved_cost: float = 0.0
     unpriced: set[str] = field(default_factory=set)
     shared: SharedBudget | None = None
+    listeners: list[Callable[[UsageRecord], None]] = field(default_factory=list)
 
 
 class Reservation:
@@ -323,6 +335,31 @@ class Usage:
         self._add(rec)
         return rec
 
+    def add(self, rec: UsageRecord | Mapping[str, Any]) -> UsageRecord:
+        """Add a record made elsewhere (a worker process's, or its :meth:`UsageRecord.to_dict`
+        form), priced as it was there; this view's keys are added to its own. Returns the
+        record as added."""
+        if not isinstance(rec, UsageRecord):
+            rec = UsageRecord.from_dict(rec)
+        keys = (*rec.keys, *(k for k in self._keys if k not in rec.keys))
+        added = dataclasses.replace(rec, keys=keys)
+        self._add(added)
+        return added
+
+    def listen(self, listener: Callable[[UsageRecord], None]) -> Callable[[], None]:
+        """Call ``listener`` with every record added from now on, to this meter or any of
+        its views (on the thread that adds it); returns the call that stops it."""
+        ledger = self._ledger
+        with ledger.lock:
+            ledger.listeners.append(listener)
+
+        def stop() -> None:
+            with ledger.lock:
+                if listener in ledger.listeners:
+                    ledger.listeners.remove(listener)
+
+        return stop
+
     def _add(self, rec: UsageRecord) -> None:
         ledger = self._ledger
         tally = rec.tally()
@@ -334,8 +371,11 @@ class Usage:
             first_unpriced = not rec.priced and rec.model not in ledger.unpriced
             if first_unpriced:
                 ledger.unpriced.add(rec.model)
+            listeners = list(ledger.listeners)
         if first_unpriced:
             log.warning("no price for model %r: its cost is counted as 0", rec.model)
+        for listener in listeners:
+            listener(rec)
 
     def estimate_cost(self, model: str, prompt_tokens: int, completion_tokens: int,
                       price: float = 1.0) -> float:

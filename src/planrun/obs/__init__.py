@@ -4,6 +4,15 @@ Nothing here changes a run.
 """
 
 from planrun.obs._console import Progress, plan_tree, report_table
-from planrun.obs._status import RunStatus, Sample, run_status, timeline
+from planrun.obs._status import (
+    RunStatus,
+    Sample,
+    SpendSample,
+    run_status,
+    spend_timeline,
+    spent_by_task,
+    timeline,
+)
 
-__all__ = ["Progress", "RunStatus", "Sample", "plan_tree", "report_table", "run_status", "timeline"]
+__all__ = ["Progress", "RunStatus", "Sample", "SpendSample", "plan_tree", "report_table",
+           "run_status", "spend_timeline", "spent_by_task", "timeline"]

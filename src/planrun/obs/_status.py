@@ -20,7 +20,8 @@ from typing import Any
 from planrun.core import FINAL, Event, Status
 from planrun.stores.base import LimiterState, RunState, SpendState, shown_status
 
-__all__ = ["RunStatus", "Sample", "run_status", "timeline"]
+__all__ = ["RunStatus", "Sample", "SpendSample", "run_status", "spend_timeline",
+           "spent_by_task", "timeline"]
 
 
 @dataclass(frozen=True)
@@ -257,3 +258,59 @@ _EVENT_STATUS = {
     "reclaimed": "pending", "dead": "dead", "cancelled": "cancelled", "waiting": "waiting",
 }
 _FINAL_NAMES = frozenset(s.value for s in FINAL)
+
+
+_USAGE = "usage"
+"""The ledger's event of a model request a task made (``EventName.USAGE``)."""
+
+
+def spent_by_task(events: Sequence[Event]) -> dict[str, dict[str, float]]:
+    """What each task's model requests used, from the ledger's ``usage`` events:
+    ``{task: {"requests", "tokens", "cost_usd"}}`` (a task that made none is absent)."""
+    spent: dict[str, dict[str, float]] = {}
+    for e in events:
+        if e.event != _USAGE:
+            continue
+        row = spent.setdefault(e.task, {"requests": 0, "tokens": 0, "cost_usd": 0.0})
+        row["requests"] += 1
+        row["tokens"] += int(e.detail.get("prompt_tokens", 0)) + int(
+            e.detail.get("completion_tokens", 0))
+        row["cost_usd"] += float(e.detail.get("cost_usd", 0.0))
+    return spent
+
+
+@dataclass(frozen=True)
+class SpendSample:
+    """What a run's tasks had spent at one instant, and its request rate then."""
+
+    at: float
+    """Seconds since the run's first event."""
+    tokens: int
+    cost_usd: float
+    requests_per_minute: float
+    """Model requests in the minute before ``at``."""
+
+
+def spend_timeline(events: Sequence[Event], points: int = 60) -> list[SpendSample]:
+    """Replay the ledger's ``usage`` events and sample, ``points`` times over the run,
+    the tokens and dollars spent so far and the requests of the minute before (empty when
+    the ledger holds none)."""
+    used = sorted((e for e in events if e.event == _USAGE), key=lambda e: e.at)
+    if not used:
+        return []
+    start = min(e.at for e in events)
+    end = max(e.at for e in events)
+    step = (end - start) / max(1, points - 1)
+    samples: list[SpendSample] = []
+    tokens, cost, i, first = 0, 0.0, 0, 0
+    for n in range(points):
+        now = start + n * step if n < points - 1 else end
+        while i < len(used) and used[i].at <= now:
+            d = used[i].detail
+            tokens += int(d.get("prompt_tokens", 0)) + int(d.get("completion_tokens", 0))
+            cost += float(d.get("cost_usd", 0.0))
+            i += 1
+        while first < i and used[first].at <= now - 60:
+            first += 1
+        samples.append(SpendSample(now - start, tokens, cost, float(i - first)))
+    return samples

@@ -18,6 +18,7 @@ from planrun.runtime._deprecated import Coordinator, WorkerProcess
 from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
 from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
 from planrun.runtime._supervisor_state import STALE_AFTER_S
+from planrun.runtime._usage_journal import UsageJournal
 
 __all__ = [
     "STALE_AFTER_S",
@@ -30,6 +31,7 @@ __all__ = [
     "RealClock",
     "Replanner",
     "Supervisor",
+    "UsageJournal",
     "VirtualClock",
     "WaitHook",
     "WorkerProcess",

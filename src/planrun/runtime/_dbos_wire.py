@@ -126,7 +126,13 @@ def failed(exc: BaseException) -> dict[str, Any]:
 
 def take_outcome(outcome: Mapping[str, Any], ctx: TaskContext) -> Any:
     """The attempt's result, its spawns added to ``ctx``; or its failure raised as the
-    :class:`ReportedFailure` the core reads as it was classified."""
+    :class:`ReportedFailure` the core reads as it was classified. What the attempt's model
+    requests used (``usage``, as the worker process priced them) is added to the run's
+    meter (``ctx.extras["usage"]``), whose ledger then holds them as this process's own."""
+    meter = ctx.extras.get("usage")
+    if meter is not None and outcome.get("usage"):
+        for record in outcome["usage"]:
+            meter.add(record)
     failure = outcome.get("failure")
     if failure is not None:
         raise ReportedFailure(Failure(str(failure["error"]), str(failure["error_class"]),

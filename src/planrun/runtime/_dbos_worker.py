@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from planrun.core import Registry, StoreError, Task, TaskContext, UsageError, redact
@@ -329,11 +329,33 @@ class DBOSWorker:
                               attempt=task.token, worker=self.name, skill=1.0,
                               payload=task.payload, estimate_s=task.estimate_s,
                               inputs=dict(call.get("inputs") or {}), extras=extras)
-            result = await run_attempt(spec, spec.handler, task, ctx, limit)
-        except asyncio.CancelledError:
-            raise
-        except (TimeoutError, asyncio.TimeoutError) as exc:
-            return failed(timed_out(exc, limit))
         except Exception as exc:
             return failed(exc)
-        return succeeded(result, ctx.spawned)
+        with _spent(extras.get("usage"), task.id) as used:
+            try:
+                result = await run_attempt(spec, spec.handler, task, ctx, limit)
+            except asyncio.CancelledError:
+                raise
+            except (TimeoutError, asyncio.TimeoutError) as exc:
+                return {**failed(timed_out(exc, limit)), **used}
+            except Exception as exc:
+                return {**failed(exc), **used}
+            return {**succeeded(result, ctx.spawned), **used}
+
+
+@contextlib.contextmanager
+def _spent(meter: Any, task_id: str) -> Iterator[dict[str, Any]]:
+    """The model requests task ``task_id`` makes in the block, kept as the outcome's
+    ``usage`` (filled once the block ends) for the process running the run."""
+    used: dict[str, Any] = {}
+    if meter is None:
+        yield used
+        return
+    key = f"task:{task_id}"
+    records: list[dict[str, Any]] = []
+    stop = meter.listen(lambda rec: records.append(rec.to_dict()) if key in rec.keys else None)
+    used["usage"] = records
+    try:
+        yield used
+    finally:
+        stop()

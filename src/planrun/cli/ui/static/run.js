@@ -53,7 +53,8 @@
             .map((s, i) => `<option value="${i}">${s}</option>`).join("")}</select>
           <select id="kind-filter"></select></div>
         <div id="list-head"><span>id</span><span>kind</span><span>status</span>
-          <span>tries</span><span>cause / error</span></div>
+          <span>tries</span><span class="num">tokens</span><span class="num">cost</span>
+          <span>cause / error</span></div>
         <div id="list"><div id="spacer"></div></div>
       </div>
       <div class="panel"><div id="detail"><p class="muted">Click a task in the graph or
@@ -118,11 +119,11 @@
     buttons.forEach((b) => { b.disabled = true; });
     const bar = el("note-bar");
     try {
-      const answer = await fetch(`/api/runs/${encodeURIComponent(runId)}/tasks/` +
-        `${encodeURIComponent(taskId)}/${approve ? "approve" : "reject"}`, {
+      const answer = await fetch(`/api/${approve ? "approve" : "reject"}`, {
         method: "POST", credentials: "same-origin",
         headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ by: who() || null, note: note || null }) });
+        body: JSON.stringify({ run: runId, task: taskId, by: who() || null,
+          note: note || null }) });
       const body = await answer.json();
       if (answer.ok) {
         bar.innerHTML = `<span class="ok">${esc(taskId)} ${esc(body.decision)}
@@ -290,6 +291,8 @@
   function fit() {
     const r = svg.getBoundingClientRect(), aspect = r.width / Math.max(1, r.height);
     let { x, y, w, h } = full;
+    const least = r.width / 1.5;  // a small plan is not blown up past 1.5 times its size
+    if (w < least) { x -= (least - w) / 2; w = least; }
     if (w / h < aspect) { const w2 = h * aspect; x -= (w2 - w) / 2; w = w2; }
     else { const h2 = w / aspect; y -= (h2 - h) / 2; h = h2; }
     setBox({ x, y, w, h });
@@ -395,8 +398,9 @@
       rows.push(`<div class="row${i === selected ? " sel" : ""}" data-i="${i}"
         style="top:${k * ROW_H}px"><span class="mono">${esc(t[0])}</span>
         <span>${esc(data.kinds[t[1]])}</span><span><span class="badge s-${s}">${s}</span>
-        </span><span>${t[3]}</span><span class="${t[7] ? "error" : "muted"}">${esc(why)}
-        </span></div>`);
+        </span><span>${t[3]}</span><span class="num">${t[11] == null ? "" : t[11]}</span>
+        <span class="num">${t[12] == null ? "" : "$" + t[12].toFixed(4)}</span>
+        <span class="${t[7] ? "error" : "muted"}">${esc(why)}</span></div>`);
     }
     spacer.innerHTML = rows.join("");
   }
@@ -426,7 +430,7 @@
   }
   async function showDetail(taskId) {
     detailFor = taskId;
-    const answer = await fetch(`/api/runs/${encodeURIComponent(runId)}/tasks/` +
+    const answer = await fetch(`/api/task?run=${encodeURIComponent(runId)}&id=` +
       encodeURIComponent(taskId), { credentials: "same-origin" });
     const t = await answer.json();
     if (detailFor !== taskId) return;
@@ -448,7 +452,9 @@
       ${field("spawned by", esc(t.parent))}${field("started", esc(when(t.started_at)))}
       ${field("finished", esc(when(t.finished_at)))}
       ${field("took", t.started_at && t.finished_at ? secs(t.finished_at - t.started_at) : "")}
-      ${field("effect", t.effect ? esc(t.effect.state) : "")}</dl>
+      ${field("effect", t.effect ? esc(t.effect.state) : "")}
+      ${field("spent", t.spent ? `${t.spent.tokens} tokens, $${t.spent.cost_usd.toFixed(6)}
+        in ${t.spent.requests} model request${t.spent.requests === 1 ? "" : "s"}` : "")}</dl>
       <details><summary>result</summary><pre>${json(t.result)}</pre></details>
       <details><summary>payload</summary><pre>${json(t.payload)}</pre></details>
       <h2>Ledger events (${t.events.length})</h2>
@@ -488,23 +494,20 @@
         .filter((s) => s.points.some(([, y]) => y));
       parts.push(plot("tasks by status (from the ledger)", series, 0, null));
     }
-    const sm = data.samples || [], st = data.status;
-    if (sm.length > 1 && st.spend) {
-      const t0 = sm[0][0], sp = st.spend;
-      const money = sp.max_cost != null || sp.cost_usd > 0;
-      parts.push(plot(money ? "spent, USD (budget dashed)" : "tokens spent (budget dashed)",
-        [{ name: "spent", color: "#1c7ed6", points: sm.map((p) => [p[0] - t0,
-          (money ? p[1] : p[2]) || 0]) }], 0, money ? sp.max_cost : sp.max_tokens));
-    }
-    if (sm.length > 1 && st.limiter && st.limiter.recent_rpm != null) {
-      const t0 = sm[0][0];
-      parts.push(plot("requests in the last minute (limit dashed)",
-        [{ name: "rpm", color: "#f59f00", points: sm.map((p) => [p[0] - t0, p[3] || 0]) }],
-        0, st.limiter.rpm));
+    const sp = data.spend, st = data.status, budget = st.spend || {};
+    if (sp.length > 1) {
+      const money = budget.max_cost != null || sp[sp.length - 1][2] > 0;
+      parts.push(plot(money ? "spent by the tasks, USD (budget dashed)"
+        : "tokens spent by the tasks (budget dashed)",
+        [{ name: "spent", color: "#1c7ed6",
+          points: sp.map((p) => [p[0], money ? p[2] : p[1]]) }],
+        0, money ? budget.max_cost : budget.max_tokens));
+      parts.push(plot("model requests in the minute before (rate limit dashed)",
+        [{ name: "requests per minute", color: "#f59f00",
+          points: sp.map((p) => [p[0], p[3]]) }],
+        0, st.limiter ? st.limiter.rpm : null));
     }
     if (!parts.length) parts.push(`<p class="muted">Nothing to plot yet.</p>`);
-    if ((st.spend || st.limiter) && sm.length < 2) parts.push(`<p class="muted">Spend and
-      rate are sampled while this page is open.</p>`);
     el("plots").innerHTML = parts.join("");
   }
 
@@ -519,12 +522,10 @@
   async function poll(now) {
     clearTimeout(timer);
     try {
-      const answer = await fetch(`/api/runs/${encodeURIComponent(runId)}?since=` +
+      const answer = await fetch(`/api/run?id=${encodeURIComponent(runId)}&since=` +
         encodeURIComponent(data.version), { credentials: "same-origin" });
       const fresh = await answer.json();
-      if (answer.ok && fresh.unchanged) {
-        data.samples = fresh.samples; renderPlots();
-      } else if (answer.ok) {
+      if (answer.ok && !fresh.unchanged) {
         const relayout = fresh.tasks.length !== data.tasks.length ||
           fresh.kinds.length !== data.kinds.length;
         data = fresh;

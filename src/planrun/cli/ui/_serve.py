@@ -82,7 +82,7 @@ class UIServer:
             UsageError: the port is in use, or the host cannot be listened on.
         """
         uvicorn = _require_extra()
-        from planrun.ui._app import make_app
+        from planrun.cli.ui._app import make_app
 
         _on_a_thread(_check_store(self.db))  # this thread may run a loop (a notebook)
         sock = _bind(self.host, self.port)

@@ -11,18 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from planrun.cli._read import read_status
 from planrun.core import FINAL, Status, Task, UsageError, redact
-from planrun.obs import timeline
+from planrun.obs import spend_timeline, spent_by_task, timeline
 from planrun.stores import RunState, Store, shown_status
 from planrun.stores.base import FINISHED_RUN
 
-__all__ = ["PAGE_SIZE", "STATUSES", "Loaded", "Samples", "clean", "decide", "decision_text",
+__all__ = ["PAGE_SIZE", "STATUSES", "Loaded", "clean", "decide", "decision_text",
            "run_view", "runs_page", "task_view"]
 
 PAGE_SIZE = 25
@@ -125,32 +124,11 @@ class Loaded:
         return state
 
 
-class Samples:
-    """The run's spend and rate-limit use, sampled each time the viewer reads the run (at
-    most once a second): the store keeps only their current value."""
-
-    def __init__(self, keep: int = 600) -> None:
-        self._runs: dict[str, deque[list[float | None]]] = {}
-        self._keep = keep
-
-    def add(self, run_id: str, now: float, status: Mapping[str, Any]) -> list[list[float | None]]:
-        """Record the spend and rate of ``status`` (``RunStatus.to_dict()``) at ``now``;
-        return the run's samples, oldest first: ``[at, cost_usd, tokens, recent_rpm]``."""
-        series = self._runs.setdefault(run_id, deque(maxlen=self._keep))
-        spend = status.get("spend") or {}
-        limiter = status.get("limiter") or {}
-        point = [now, spend.get("cost_usd"), spend.get("total_tokens"), limiter.get("recent_rpm")]
-        if not series or now - (series[-1][0] or 0.0) >= 1.0:
-            series.append(point)
-        elif series[-1][1:] != point[1:]:
-            series[-1] = point
-        return list(series)
-
-
-async def run_view(runs: Loaded, run_id: str, now: float, samples: Samples | None = None,
+async def run_view(runs: Loaded, run_id: str, now: float,
                    since: str | None = None) -> dict[str, Any]:
     """The run's page data: the run, what ``planrun status`` shows of it, its tasks as
-    compact rows (see :func:`_rows`), the ledger's timeline and the sampled spend.
+    compact rows (see :func:`_rows`), and over time (from the ledger) its tasks by status,
+    what they spent and the request rate.
 
     ``since``: the ``version`` the caller has; when nothing changed, only
     ``{"version", "unchanged": True}`` comes back.
@@ -161,11 +139,10 @@ async def run_view(runs: Loaded, run_id: str, now: float, samples: Samples | Non
     state = await runs.load(run_id)
     status = (await read_status(runs.store, state, now)).to_dict()
     kinds = list(dict.fromkeys(t.kind for t in state.tasks))
-    rows = _rows(state.tasks, kinds)
+    rows = _rows(state.tasks, kinds, spent_by_task(state.events))
     version = _version(state, status, rows)
-    series = samples.add(run_id, now, status) if samples is not None else []
     if since is not None and since == version:
-        return {"version": version, "unchanged": True, "samples": series}
+        return {"version": version, "unchanged": True}
     finished = status["run_status"] in ("finished", "aborted") or all(
         t.status in FINAL for t in state.tasks)
     samples_of_timeline = timeline(state.events, points=60)
@@ -183,15 +160,18 @@ async def run_view(runs: Loaded, run_id: str, now: float, samples: Samples | Non
         "timeline": {"start": started,
                      "at": [round(s.at, 3) for s in samples_of_timeline],
                      "counts": [[s.counts[k] for k in STATUSES] for s in samples_of_timeline]},
-        "samples": series,
+        "spend": [[round(s.at, 3), s.tokens, s.cost_usd, s.requests_per_minute]
+                  for s in spend_timeline(state.events, points=60)],
         "now": now,
     })
 
 
-def _rows(tasks: Sequence[Task], kinds: list[str]) -> list[list[Any]]:
+def _rows(tasks: Sequence[Task], kinds: list[str],
+          spent: Mapping[str, Mapping[str, float]]) -> list[list[Any]]:
     """One compact row per task, in task order: ``[id, kind index, status index, attempts,
     dependency indices, parent index (-1: none), cause, error (its first 300 characters),
-    started_at, finished_at, joined indices]``."""
+    started_at, finished_at, joined indices, tokens, cost_usd]`` (tokens and cost: None
+    when the ledger records no model request of the task)."""
     index = {t.id: i for i, t in enumerate(tasks)}
     kind_index = {k: i for i, k in enumerate(kinds)}
     rows = []
@@ -200,8 +180,13 @@ def _rows(tasks: Sequence[Task], kinds: list[str]) -> list[list[Any]]:
         rows.append([t.id, kind_index[t.kind], _STATUS_INDEX[t.status.value], t.attempts,
                      [index[d] for d in t.depends_on if d in index],
                      index.get(t.parent, -1) if t.parent else -1, t.cause, error,
-                     t.started_at, t.finished_at, [index[j] for j in t.joins if j in index]])
+                     t.started_at, t.finished_at, [index[j] for j in t.joins if j in index],
+                     *_spent(spent.get(t.id))])
     return rows
+
+
+def _spent(row: Mapping[str, float] | None) -> tuple[int | None, float | None]:
+    return (None, None) if row is None else (int(row["tokens"]), row["cost_usd"])
 
 
 def _version(state: RunState, status: Mapping[str, Any], rows: list[list[Any]]) -> str:
@@ -226,8 +211,9 @@ async def task_view(runs: Loaded, run_id: str, task_id: str) -> dict[str, Any]:
     record = {name: getattr(task, name) for name in (
         "id", "kind", "attempts", "max_attempts", "error", "error_class", "cause",
         "assigned_to", "created_at", "started_at", "finished_at", "parent", "not_before")}
+    spent = spent_by_task([e for e in state.events if e.task == task_id]).get(task_id)
     return clean_view({
-        **record, "status": task.status.value, "depends_on": list(task.depends_on),
+        **record, "status": task.status.value, "spent": spent, "depends_on": list(task.depends_on),
         "joins": list(task.joins), "payload": dict(task.payload), "result": task.result,
         "events": [e.to_dict() for e in state.events if e.task == task_id],
         "effect": None if task_id not in state.effects else {

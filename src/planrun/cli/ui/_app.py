@@ -25,9 +25,9 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from planrun.cli.ui._data import Loaded, decide, run_view, runs_page, task_view
 from planrun.core import PlanrunError, StoreError, UnknownRun, UsageError, redact
-from planrun.stores import Store, open_store
-from planrun.ui._data import Loaded, Samples, decide, run_view, runs_page, task_view
+from planrun.stores import open_store
 
 __all__ = ["make_app"]
 
@@ -121,111 +121,136 @@ def make_app(db: str, token: str, *, cookie: str = "planrun_ui",
 
     The store is opened when the server starts and closed when it stops.
     """
-    state: dict[str, Any] = {"samples": Samples()}
+    viewer = _Viewer(db, on_startup_error)
+    return Starlette(
+        routes=[
+            Route("/", viewer.runs),
+            Route("/runs/{run_id:path}", viewer.run_page),
+            Route("/api/runs", viewer.api_runs),
+            Route("/api/run", viewer.api_run),
+            Route("/api/task", viewer.api_task),
+            Route("/api/approve", viewer.api_decide, methods=["POST"]),
+            Route("/api/reject", viewer.api_decide, methods=["POST"]),
+            Mount("/static", StaticFiles(packages=[("planrun.cli.ui", "static")]),
+                  name="static"),
+        ],
+        middleware=[Middleware(_TokenCheck, token=token, cookie=cookie)],
+        exception_handlers={UsageError: viewer.usage_error, StoreError: viewer.store_error,
+                            PlanrunError: viewer.store_error},
+        lifespan=viewer.lifespan,
+    )
+
+
+class _Viewer:
+    """The pages and the API over one store, opened for the server's lifetime."""
+
+    def __init__(self, db: str,
+                 on_startup_error: Callable[[BaseException], None] | None) -> None:
+        self.db = db
+        self.on_startup_error = on_startup_error
+        self._runs: Loaded | None = None
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        store = open_store(db)
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        store = open_store(self.db)
         try:
             await store.open()
         except BaseException as exc:
-            if on_startup_error is not None:
-                on_startup_error(exc)
+            if self.on_startup_error is not None:
+                self.on_startup_error(exc)
             raise
-        state["store"] = store
-        state["runs"] = Loaded(store)
+        self._runs = Loaded(store)
         try:
             yield
         finally:
             await store.close()
 
-    def store() -> Store:
-        opened: Store = state["store"]
-        return opened
+    @property
+    def loaded(self) -> Loaded:
+        assert self._runs is not None, "the store opens when the server starts"
+        return self._runs
 
-    def where() -> str:
-        return str(store().url)
+    @property
+    def where(self) -> str:
+        return str(self.loaded.store.url)
 
-    async def runs(request: Request) -> Response:
+    async def runs(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        data = await runs_page(state["runs"], page, time.time())
-        return _page("runs", "planrun runs", where(), data)
+        data = await runs_page(self.loaded, page, time.time())
+        return _page("runs", "planrun runs", self.where, data)
 
-    async def api_runs(request: Request) -> Response:
+    async def api_runs(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        return JSONResponse(await runs_page(state["runs"], page, time.time()))
+        return JSONResponse(await runs_page(self.loaded, page, time.time()))
 
-    async def run_page(request: Request) -> Response:
+    async def run_page(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
-            data = await run_view(state["runs"], run_id, time.time(), state["samples"])
+            data = await run_view(self.loaded, run_id, time.time())
         except UnknownRun:
-            return _message("No such run", f"the store {where()} holds no run {run_id!r}",
-                            404, where())
-        return _page("run", f"run {run_id}", where(), data)
+            return _message("No such run", self._no_run(run_id), 404, self.where)
+        return _page("run", f"run {run_id}", self.where, data)
 
-    async def api_run(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
-        data = await run_view(state["runs"], run_id, time.time(), state["samples"],
-                              since=request.query_params.get("since"))
+    def _no_run(self, run_id: str) -> str:
+        return f"the store {self.where} holds no run {run_id!r}"
+
+    async def api_run(self, request: Request) -> Response:
+        q = request.query_params
+        run_id = q.get("id", "")
+        try:
+            data = await run_view(self.loaded, run_id, time.time(), since=q.get("since"))
+        except UnknownRun:
+            return JSONResponse({"error": self._no_run(run_id)}, status_code=404)
         return JSONResponse(data)
 
-    async def api_task(request: Request) -> Response:
-        p = request.path_params
-        return JSONResponse(await task_view(state["runs"], p["run_id"], p["task_id"]))
-
-    async def api_decide(request: Request) -> Response:
-        p = request.path_params
-        if p["decision"] not in ("approve", "reject"):
-            return JSONResponse({"error": "approve or reject"}, status_code=404)
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return JSONResponse({"error": "the request is too large"}, status_code=413)
+    async def api_task(self, request: Request) -> Response:
+        q = request.query_params
+        run_id = q.get("run", "")
         try:
-            given = json.loads(body or b"{}")
-        except ValueError:
-            return JSONResponse({"error": "the request is not JSON"}, status_code=400)
-        if not isinstance(given, dict) or not all(
-                isinstance(given.get(k), str | type(None)) for k in ("by", "note")):
-            return JSONResponse({"error": "send {\"by\": name, \"note\": text}"},
-                                status_code=400)
-        approve = p["decision"] == "approve"
-        task = await decide(store(), p["run_id"], p["task_id"], approve, given.get("by"),
-                            given.get("note"), time.time())
-        return JSONResponse({"task": task.id, "decision": p["decision"] + "d",
-                             "note": redact(task.error or ""),
-                             "status": task.status.value})
+            return JSONResponse(await task_view(self.loaded, run_id, q.get("id", "")))
+        except UnknownRun:
+            return JSONResponse({"error": self._no_run(run_id)}, status_code=404)
 
-    async def usage_error(request: Request, exc: Exception) -> Response:
+    async def api_decide(self, request: Request) -> Response:
+        given = await _decision_body(request)
+        if isinstance(given, Response):
+            return given
+        decision = request.url.path.rsplit("/", 1)[-1]
+        try:
+            task = await decide(self.loaded.store, given["run"], given["task"],
+                                decision == "approve", given.get("by"), given.get("note"),
+                                time.time())
+        except UnknownRun:
+            return JSONResponse({"error": self._no_run(given["run"])}, status_code=404)
+        return JSONResponse({"task": task.id, "decision": decision + "d",
+                             "note": redact(task.error or ""), "status": task.status.value})
+
+    async def usage_error(self, request: Request, exc: Exception) -> Response:
         code = 409 if request.method == "POST" else 404
         return JSONResponse({"error": redact(str(exc))}, status_code=code)
 
-    async def unknown_run(request: Request, exc: Exception) -> Response:
-        text = f"the store {where()} holds no run {request.path_params.get('run_id')!r}"
-        return JSONResponse({"error": text}, status_code=404)
-
-    async def store_error(request: Request, exc: Exception) -> Response:
+    async def store_error(self, request: Request, exc: Exception) -> Response:
         text = redact(" ".join(str(exc).split())) or type(exc).__name__
         if _wants_json(request):
             return JSONResponse({"error": text}, status_code=503)
-        return _message("The store did not answer", text, 503, where())
+        return _message("The store did not answer", text, 503, self.where)
 
-    return Starlette(
-        routes=[
-            Route("/", runs),
-            Route("/runs/{run_id}", run_page),
-            Route("/api/runs", api_runs),
-            Route("/api/runs/{run_id}", api_run),
-            Route("/api/runs/{run_id}/tasks/{task_id}", api_task),
-            Route("/api/runs/{run_id}/tasks/{task_id}/{decision:str}", api_decide,
-                  methods=["POST"]),
-            Mount("/static", StaticFiles(packages=[("planrun.ui", "static")]), name="static"),
-        ],
-        middleware=[Middleware(_TokenCheck, token=token, cookie=cookie)],
-        exception_handlers={UnknownRun: unknown_run, UsageError: usage_error,
-                            StoreError: store_error, PlanrunError: store_error},
-        lifespan=lifespan,
-    )
+
+async def _decision_body(request: Request) -> dict[str, Any] | Response:
+    """A decision's JSON body (``run``, ``task``, ``by``, ``note``), or the answer that
+    refuses it."""
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        return JSONResponse({"error": "the request is too large"}, status_code=413)
+    try:
+        given = json.loads(body or b"{}")
+    except ValueError:
+        return JSONResponse({"error": "the request is not JSON"}, status_code=400)
+    if not isinstance(given, dict) or not all(
+            isinstance(given.get(k), str) for k in ("run", "task")) or not all(
+            isinstance(given.get(k), str | type(None)) for k in ("by", "note")):
+        return JSONResponse({"error": 'send {"run", "task", "by", "note"}'}, status_code=400)
+    return given
 
 
 def _int(text: str | None, default: int) -> int:
