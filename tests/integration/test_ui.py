@@ -127,6 +127,17 @@ def _until_waiting(url: str, run_id: str, job: subprocess.Popen[str]) -> RunStat
     raise TimeoutError("the run never waited for approval")
 
 
+def _left_waiting(url: str, run_id: str) -> None:
+    """A run left waiting for approval of ``pay``: its process killed once it waits (a
+    decision then stays written on the row; the run shows as interrupted)."""
+    job = _start_job(url, run_id)
+    try:
+        _until_waiting(url, run_id, job)
+    finally:
+        job.kill()
+        job.communicate()
+
+
 def _finish(job: subprocess.Popen[str]) -> dict[str, str]:
     out, err = job.communicate(timeout=60)
     assert job.returncode == 0, err[-2000:]
@@ -199,10 +210,7 @@ def test_a_click_on_approve_lets_the_waiting_run_finish_without_a_reload(
 
 def test_the_graph_shows_every_task_in_its_status_and_spawned_ones_where_they_joined(
         sqlite_url: str, page: Any) -> None:
-    job = _start_job(sqlite_url, "r-graph")
-    _until_waiting(sqlite_url, "r-graph", job)
-    job.kill()
-    job.communicate()
+    _left_waiting(sqlite_url, "r-graph")
     state = _load(sqlite_url, "r-graph")
     with UIServer(sqlite_url, port=0) as ui:
         page.goto(ui.url)
@@ -228,10 +236,7 @@ def test_the_graph_shows_every_task_in_its_status_and_spawned_ones_where_they_jo
 
 def test_a_task_shows_its_result_and_ledger_events_and_no_secret(
         sqlite_url: str, page: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    job = _start_job(sqlite_url, "r-leak")
-    _until_waiting(sqlite_url, "r-leak", job)
-    job.kill()
-    job.communicate()
+    _left_waiting(sqlite_url, "r-leak")
     own_key = "sk-the-viewers-own-key-000000000000"
     monkeypatch.setenv("OPENAI_API_KEY", own_key)
     _write_result(sqlite_url, "r-leak", "a", {"echo": f"called with {own_key}"})
@@ -277,10 +282,7 @@ def _write_result(url: str, run_id: str, task_id: str, result: Any) -> None:
 def test_the_runs_list_shows_newest_first_with_status_counts_and_spend(
         sqlite_url: str, page: Any) -> None:
     for run_id in ("r-one", "r-two"):
-        job = _start_job(sqlite_url, run_id)
-        _until_waiting(sqlite_url, run_id, job)
-        job.kill()
-        job.communicate()
+        _left_waiting(sqlite_url, run_id)
     with UIServer(sqlite_url, port=0) as ui:
         page.goto(ui.url)
         page.wait_for_selector("html[data-ready]")
@@ -296,10 +298,7 @@ def test_the_runs_list_shows_newest_first_with_status_counts_and_spend(
 
 def test_a_request_without_the_token_is_refused_and_changes_nothing(
         sqlite_url: str) -> None:
-    job = _start_job(sqlite_url, "r-token")
-    _until_waiting(sqlite_url, "r-token", job)
-    job.kill()
-    job.communicate()
+    _left_waiting(sqlite_url, "r-token")
     before = _load(sqlite_url, "r-token")
     with UIServer(sqlite_url, port=0) as ui:
         target, body = f"{ui.base}/api/approve", {"run": "r-token", "task": "pay"}
@@ -325,10 +324,7 @@ def test_a_request_without_the_token_is_refused_and_changes_nothing(
 
 def test_a_second_decision_is_refused_in_one_line_and_changes_nothing(
         sqlite_url: str, page: Any) -> None:
-    job = _start_job(sqlite_url, "r-twice")
-    _until_waiting(sqlite_url, "r-twice", job)
-    job.kill()  # nobody carries the decision out: it stays written on the row
-    job.communicate()
+    _left_waiting(sqlite_url, "r-twice")
     with UIServer(sqlite_url, port=0) as ui:
         page.goto(ui.url)
         page.goto(f"{ui.base}/runs/r-twice")
@@ -351,10 +347,7 @@ def test_a_second_decision_is_refused_in_one_line_and_changes_nothing(
 
 def test_an_unknown_run_in_the_address_is_one_clear_message(sqlite_url: str,
                                                            page: Any) -> None:
-    job = _start_job(sqlite_url, "r-known")
-    _until_waiting(sqlite_url, "r-known", job)
-    job.kill()
-    job.communicate()
+    _left_waiting(sqlite_url, "r-known")
     with UIServer(sqlite_url, port=0) as ui:
         page.goto(ui.url)
         answer = page.goto(f"{ui.base}/runs/nope")
