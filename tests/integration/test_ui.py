@@ -169,7 +169,8 @@ def _post(url: str, cookie: str | None = None, body: Any = None,
         with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+        with exc:  # its socket closed
+            return exc.code, json.loads(exc.read() or b"{}")
 
 
 def _cookie(ui: UIServer) -> str:
@@ -254,8 +255,9 @@ def test_a_task_shows_its_result_and_ledger_events_and_no_secret(
         page.click("#detail summary:text('result')")
         task_a = page.text_content("#detail")
         whole = page.content()
-        api = urllib.request.urlopen(urllib.request.Request(
-            f"{ui.base}/api/task?run=r-leak&id=a", headers={"Cookie": _cookie(ui)})).read()
+        with urllib.request.urlopen(urllib.request.Request(
+                f"{ui.base}/api/task?run=r-leak&id=a", headers={"Cookie": _cookie(ui)})) as got:
+            api = got.read()
     assert leaky is not None and "sk-[redacted]" in leaky and LEAKED not in leaky
     assert "Ledger events" in leaky and "dead" in leaky
     assert task_a is not None and "[redacted]" in task_a and own_key not in task_a
@@ -311,6 +313,7 @@ def test_a_request_without_the_token_is_refused_and_changes_nothing(
         ]
         with pytest.raises(urllib.error.HTTPError) as read:
             urllib.request.urlopen(f"{ui.base}/runs/r-token")
+        read.value.close()
     assert [code for code, _ in refused] == [401, 401, 403, 403]
     assert all(body["error"] for _, body in refused)
     assert read.value.code == 401
