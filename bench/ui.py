@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import shutil
 import statistics
 import tempfile
@@ -114,6 +115,11 @@ def compare_layout(page: Any, address: str, dagre: Path) -> None:
           f"({theirs / max(own, 0.001):.0f}x)")
 
 
+def _seconds(value: float, width: int) -> str:
+    """``value`` in seconds, right-aligned; ``-`` for a figure not measured (NaN)."""
+    return f"{value:>{width - 2}.3f} s" if not math.isnan(value) else f"{'-':>{width}}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 tasks, one load")
@@ -147,7 +153,7 @@ def main() -> None:
                 print(f"{n:>6} {name:>5} {int(figures['nodes']):>11} "
                       f"{figures['dcl_s']:>15.3f} s {figures['ready_s']:>11.3f} s "
                       f"{figures['ready_s'] / TARGET_S:>8.2f}x {figures['detail_s']:>6.3f} s "
-                      f"{figures['every_s']:>15.3f} s")
+                      + _seconds(figures["every_s"], 17))
         if args.dagre is not None and 2000 in sizes:
             compare_layout(page, f"{ui.base}/runs/run-2000", args.dagre)
         browser.close()
