@@ -771,7 +771,7 @@ def test_sqlite_a_new_file_opened_by_many_processes_at_once(tmp_path: Path) -> N
 
 
 def test_sqlite_switching_to_wal_waits_out_a_lock_and_nothing_else() -> None:
-    from planrun.stores._sqlite_rows import _enable_wal
+    from planrun.stores.sqlite import _enable_wal
 
     class Conn:
         def __init__(self, errors: list[str]) -> None:
@@ -1000,13 +1000,13 @@ async def test_sqlite_close_returns_before_the_checkpoint_and_loses_nothing(
     store = SQLiteStore(str(path))
     await store.open()
     run_id = await make_run(store, [Task(f"t{i}", "k", {"pad": "x" * 500}) for i in range(400)])
-    closing = store._executor
+    closing = store.connector._executor
     await store.close()
-    assert store._closing is not None and closing is not None
+    assert store.connector._closing is not None and closing is not None
     with sqlite3.connect(path) as other:  # the commits are in the log already
         assert other.execute("SELECT count(*) FROM planrun_tasks").fetchone() == (400,)
     await store.open()  # waits for the checkpoint of the last close
-    assert store._closing is None and len((await store.load(run_id)).tasks) == 400
+    assert store.connector._closing is None and len((await store.load(run_id)).tasks) == 400
     await store.close()
     script = (f"import asyncio\nfrom planrun.stores import SQLiteStore\n"
               f"from planrun.stores.base import RunInfo\n"

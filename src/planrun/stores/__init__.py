@@ -5,7 +5,9 @@
     ...
     await store.close()
 
-Every backend implements :class:`Store`; :func:`open_store` picks one from a URL.
+Every store is one SQL store over a connector (SQLite, PostgreSQL, or SQLite in memory): it
+implements :class:`Store`, what a run needs, and :class:`planrun.core.SharedLimits`, the
+limits every process of a run shares. :func:`open_store` picks one from a URL.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ from planrun.core import ConfigError, UsageError
 from planrun.stores.base import (
     SCHEMA_VERSION,
     EffectRecord,
-    LimiterState,
     RunInfo,
     RunOwner,
     RunState,
     RunSummary,
-    SpendState,
     Store,
     mask_url,
     shown_status,
@@ -35,14 +35,12 @@ __all__ = [
     "SCHEMA_VERSION",
     "EffectRecord",
     "InMemoryStore",
-    "LimiterState",
     "PostgresStore",
     "RunInfo",
     "RunOwner",
     "RunState",
     "RunSummary",
     "SQLiteStore",
-    "SpendState",
     "Store",
     "mask_url",
     "open_store",
