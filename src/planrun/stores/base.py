@@ -413,7 +413,7 @@ def last_per_task(changes: Sequence[tuple[Task, Event]]) -> list[Task]:
 
 
 TASK_ROW_KEYS: tuple[str, ...] = ("run_id", *TASK_COLUMNS)
-"""The keys of :func:`task_row`, in the order of :func:`task_values`."""
+"""The columns of a task row, in the order of :func:`task_values`."""
 
 _STATUS_TEXT: dict[str, str] = {s.value: s.value for s in Status}
 """A status (a :class:`Status` hashes and compares as its value) -> its plain text."""
@@ -434,7 +434,7 @@ def _field_json(value: Any, task: Task, name: str) -> str:
 def task_values(run_id: str, task: Task, null_text: Any = None,
                 null_real: Any = None) -> tuple[Any, ...]:
     """The row of ``task`` in run ``run_id`` as a tuple in :data:`TASK_ROW_KEYS` order: JSON
-    columns encoded, status as text (the values of :func:`task_row`).
+    columns encoded, status as text.
 
     ``null_text`` and ``null_real`` stand for a missing value of a nullable text column
     (``assigned_to``, ``error``, ``error_class``, ``cause``, ``parent``) and of a nullable
@@ -483,11 +483,6 @@ def task_values(run_id: str, task: Task, null_text: Any = None,
         null_text if parent is None else parent,
         "[]" if joins == () else _field_json(list(joins), task, "joins"),
     )
-
-
-def task_row(run_id: str, task: Task) -> dict[str, Any]:
-    """The row of ``task`` in run ``run_id``: JSON columns encoded, status as text."""
-    return dict(zip(TASK_ROW_KEYS, task_values(run_id, task), strict=False))
 
 
 def decision_row(run_id: str, task: Task | None, task_id: str, approve: bool,
@@ -542,13 +537,13 @@ def task_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Task:
 
 EVENT_ROW_KEYS: tuple[str, ...] = (
     "run_id", "seq", "at", "task", "event", "worker", "attempt", "detail")
-"""The keys of :func:`event_row`, in the order of :func:`event_values`."""
+"""The columns of an event row, in the order of :func:`event_values`."""
 
 
 def event_values(run_id: str, event: Event, seq: int | None = None,
                  null_text: Any = None) -> tuple[Any, ...]:
-    """The row of ``event`` as a tuple in :data:`EVENT_ROW_KEYS` order (the values of
-    :func:`event_row`); ``null_text`` stands for a missing worker (see :func:`task_values`)."""
+    """The row of ``event`` as a tuple in :data:`EVENT_ROW_KEYS` order; ``seq`` replaces the
+    event's own; ``null_text`` stands for a missing worker (see :func:`task_values`)."""
     detail = event.detail
     worker = event.worker
     return (
@@ -574,11 +569,6 @@ def row_values(run_id: str, row: EventRow, null_text: Any = None) -> tuple[Any, 
         row[5],
         "{}" if not detail else dump_json(_redacted(detail), f"event {row[3]!r} detail"),
     )
-
-
-def event_row(run_id: str, event: Event, seq: int | None = None) -> dict[str, Any]:
-    """The row of ``event``; ``seq`` replaces the event's own when the store assigns it."""
-    return dict(zip(EVENT_ROW_KEYS, event_values(run_id, event, seq), strict=False))
 
 
 def _redacted(detail: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from tenacity import (
@@ -73,10 +73,11 @@ if TYPE_CHECKING:
     from psycopg import AsyncConnection, AsyncCursor
     from psycopg.rows import DictRow
     from psycopg_pool import AsyncConnectionPool
+    from typing_extensions import Unpack
 
     Cursor = AsyncCursor[DictRow]
 
-__all__ = ["PostgresConnector", "PostgresStore"]
+__all__ = ["PostgresConnector", "PostgresOptions", "PostgresStore"]
 
 log = logging.getLogger("planrun.stores")
 
@@ -88,6 +89,28 @@ LOCK_TIMEOUT = 5.0
 """Default ``lock_timeout`` of every connection, in seconds."""
 IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 """Default ``idle_in_transaction_session_timeout`` of every connection, in seconds."""
+
+
+
+class PostgresOptions(TypedDict, total=False):
+    """The settings of a :class:`PostgresStore` (see its arguments)."""
+
+    min_size: int
+    max_size: int
+    connect_timeout: float
+    pool_timeout: float
+    attempts: int
+    application_name: str
+    lock_timeout: float | None
+    idle_in_transaction_timeout: float | None
+
+
+DEFAULTS: PostgresOptions = {
+    "min_size": 1, "max_size": 8, "connect_timeout": 5.0, "pool_timeout": 10.0,
+    "attempts": 4, "application_name": "planrun", "lock_timeout": LOCK_TIMEOUT,
+    "idle_in_transaction_timeout": IDLE_IN_TRANSACTION_TIMEOUT,
+}
+"""What a setting not given is."""
 
 _FLOATS = frozenset(
     {"estimate_s", "lease", "not_before", "created_at", "started_at", "finished_at", "at"}
@@ -144,27 +167,16 @@ def _arrays(columns: Sequence[str], values: list[Any]) -> dict[str, Any]:
 class PostgresConnector:
     """PostgreSQL for :class:`~planrun.stores._sql.SQLStore`: a pool, retried transactions.
 
-    Arguments as for :class:`PostgresStore`.
+    Arguments as for :class:`PostgresStore`; a setting not given is its :data:`DEFAULTS`.
     """
 
     null_text = None
     null_real = None
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        min_size: int = 1,
-        max_size: int = 8,
-        connect_timeout: float = 5.0,
-        pool_timeout: float = 10.0,
-        attempts: int = 4,
-        application_name: str = "planrun",
-        lock_timeout: float | None = LOCK_TIMEOUT,
-        idle_in_transaction_timeout: float | None = IDLE_IN_TRANSACTION_TIMEOUT,
-    ) -> None:
-        for name, value in (("lock_timeout", lock_timeout),
-                            ("idle_in_transaction_timeout", idle_in_transaction_timeout)):
+    def __init__(self, url: str, **options: Unpack[PostgresOptions]) -> None:
+        settings: PostgresOptions = {**DEFAULTS, **options}
+        for name in ("lock_timeout", "idle_in_transaction_timeout"):
+            value = settings[name]
             if value is not None and not value > 0:
                 raise UsageError(f"{name} must be a positive number of seconds or None, "
                                  f"not {value!r}")
@@ -173,14 +185,14 @@ class PostgresConnector:
         self._secret = _password(url)
         self.url = mask_url(url)
         self.decode: Decoder = keep_json
-        self.min_size = min_size
-        self.max_size = max_size
-        self.connect_timeout = connect_timeout
-        self.pool_timeout = pool_timeout
-        self.attempts = attempts
-        self.application_name = application_name
-        self.lock_timeout = lock_timeout
-        self.idle_in_transaction_timeout = idle_in_transaction_timeout
+        self.min_size: int = settings["min_size"]
+        self.max_size: int = settings["max_size"]
+        self.connect_timeout: float = settings["connect_timeout"]
+        self.pool_timeout: float = settings["pool_timeout"]
+        self.attempts: int = settings["attempts"]
+        self.application_name: str = settings["application_name"]
+        self.lock_timeout: float | None = settings["lock_timeout"]
+        self.idle_in_transaction_timeout: float | None = settings["idle_in_transaction_timeout"]
         self._pool: AsyncConnectionPool[Any] | None = None
 
     # --- errors and retries -----------------------------------------------------------------
@@ -339,20 +351,5 @@ class PostgresStore(SQLStore):
 
     connector: PostgresConnector
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        min_size: int = 1,
-        max_size: int = 8,
-        connect_timeout: float = 5.0,
-        pool_timeout: float = 10.0,
-        attempts: int = 4,
-        application_name: str = "planrun",
-        lock_timeout: float | None = LOCK_TIMEOUT,
-        idle_in_transaction_timeout: float | None = IDLE_IN_TRANSACTION_TIMEOUT,
-    ) -> None:
-        super().__init__(PostgresConnector(
-            url, min_size=min_size, max_size=max_size, connect_timeout=connect_timeout,
-            pool_timeout=pool_timeout, attempts=attempts, application_name=application_name,
-            lock_timeout=lock_timeout, idle_in_transaction_timeout=idle_in_transaction_timeout))
+    def __init__(self, url: str, **options: Unpack[PostgresOptions]) -> None:
+        super().__init__(PostgresConnector(url, **options))
