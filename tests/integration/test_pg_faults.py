@@ -25,9 +25,8 @@ from pgtest import fresh_schema
 
 from planrun.core._ledger import Event
 from planrun.core._task import Status, Task, transition
-from planrun.stores import PostgresStore, RunInfo
+from planrun.stores import PostgresStore, RunInfo, SQLStore
 from planrun.stores._connector import Mode
-from planrun.stores._sql import SQLStore
 from planrun.stores.postgres import PostgresConnector
 
 if TYPE_CHECKING:

@@ -20,13 +20,13 @@ from planrun.stores import (
     PostgresStore,
     RunInfo,
     SQLiteStore,
+    SQLStore,
     Store,
     mask_url,
     open_store,
 )
 from planrun.stores import postgres as postgres_module
 from planrun.stores._connector import load_queries, pyformat
-from planrun.stores._sql import SQLStore
 from planrun.stores.base import TASK_COLUMNS
 
 

@@ -5,9 +5,9 @@
     ...
     await store.close()
 
-Every store is one SQL store over a connector (SQLite, PostgreSQL, or SQLite in memory): it
-implements :class:`Store`, what a run needs, and :class:`planrun.core.SharedLimits`, the
-limits every process of a run shares. :func:`open_store` picks one from a URL.
+Every store is one :class:`SQLStore` over a connector (SQLite, PostgreSQL, or SQLite in
+memory): it implements :class:`Store`, what a run needs, and
+:class:`planrun.core.SharedLimits`, the limits every process of a run shares. :func:`open_store` picks one from a URL.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from planrun.core import ConfigError, UsageError
+from planrun.stores._sql import SQLStore
 from planrun.stores.base import (
     SCHEMA_VERSION,
     EffectRecord,
@@ -40,6 +41,7 @@ __all__ = [
     "RunOwner",
     "RunState",
     "RunSummary",
+    "SQLStore",
     "SQLiteStore",
     "Store",
     "mask_url",
@@ -51,7 +53,7 @@ __all__ = [
 ENV_VAR = "PLANRUN_DB"
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None) -> SQLStore:
     """Make the store a URL names; call ``await store.open()`` before using it.
 
     ``memory://``; ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``;

@@ -26,8 +26,8 @@ class InMemoryStore(SQLStore):
 
     def __init__(self) -> None:
         connector = SQLiteConnector(":memory:", inline=True, record=True)
+        connector.url = "memory://"
         super().__init__(connector)
-        self.url = "memory://"
         # Usable at once, opened or not: a test may hand it to a run that opens it.
         connector.open_here(self._migrate)
         assert connector.calls is not None
