@@ -7,7 +7,8 @@
 
 Every store is one :class:`SQLStore` over a connector (SQLite, PostgreSQL, or SQLite in
 memory): it implements :class:`Store`, what a run needs, and
-:class:`planrun.core.SharedLimits`, the limits every process of a run shares. :func:`open_store` picks one from a URL.
+:class:`planrun.core.SharedLimits`, the limits every process of a run shares.
+:func:`open_store` picks one from a URL.
 """
 
 from __future__ import annotations

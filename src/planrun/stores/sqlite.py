@@ -22,7 +22,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -51,6 +51,9 @@ Q = load_queries("sqlite")
 
 _CLOCKED = frozenset(name for name, sql in Q.items() if ":wall_clock" in sql)
 """The queries that read this machine's clock (the dialect's ``now``)."""
+
+_LISTS = frozenset(name for name, sql in Q.items() if "json_each(" in sql)
+"""The queries that take a list (bound as JSON text)."""
 
 _BEGIN: dict[Mode, str | None] = {"write": "BEGIN IMMEDIATE", "read": "BEGIN", "single": None}
 
@@ -115,11 +118,6 @@ def _statements(script: str) -> Iterator[str]:
 def _rows_statement(name: str, fragment: str, count: int) -> str:
     """Query ``name`` with its ``{rows}`` made ``count`` rows of ``fragment``."""
     return Q[name].replace("{rows}", ", ".join([Q[fragment]] * count))
-
-
-def _bound(args: Mapping[str, Any]) -> dict[str, Any]:
-    """Arguments as sqlite3 binds them: a list as JSON text (``json_each`` reads it)."""
-    return {k: json.dumps(v) if isinstance(v, list) else v for k, v in args.items()}
 
 
 class SQLiteConnector:
@@ -278,9 +276,11 @@ class SQLiteConnector:
             for part in _statements(sql):
                 conn.execute(part)
             return NOTHING
-        args = _bound(statement.args)
+        args = statement.args
+        if statement.name in _LISTS:
+            args = {k: json.dumps(v) if isinstance(v, list) else v for k, v in args.items()}
         if statement.name in _CLOCKED:
-            args["wall_clock"] = time.time()
+            args = {**args, "wall_clock": time.time()}
         cursor = conn.execute(sql, args)
         return Result(cursor.fetchall(), cursor.rowcount)
 
