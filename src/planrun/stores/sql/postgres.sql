@@ -21,6 +21,11 @@ SELECT set_config(:name, :value, false);
 -- The server's clock, which every machine shares (fixed for the statement).
 extract(epoch FROM statement_timestamp())::float8
 
+-- name: commit_unsynced
+-- In a limiter's take and give (run on their own): the commit does not wait for the disk.
+-- A limiter's state lives a minute; a server crash may lose the last few takes.
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unsynced
+
 -- name: task_order
 pos
 

@@ -52,6 +52,7 @@ UPDATE planrun_limits SET
                       ELSE 0 END,
     minute_count = CASE WHEN floor({now} / 60) = minute THEN minute_count + 1 ELSE 1 END,
     minute = floor({now} / 60)
+{commit_unsynced}
 WHERE key = :key AND {limiter_ready_at} <= {now} + 1e-6;
 
 -- name: limiter_wait
@@ -63,6 +64,7 @@ SELECT {limiter_ready_at} - {now} AS wait FROM planrun_limits WHERE key = :key;
 UPDATE planrun_limits
 SET tokens_full_at = greatest({now}, greatest(tokens_full_at, {now})
                                      - CAST(:tokens AS DOUBLE PRECISION) * 60.0 / tpm)
+{commit_unsynced}
 WHERE key = :key AND tpm IS NOT NULL;
 
 -- name: limiter_defer

@@ -10,6 +10,9 @@
 -- only processes of one machine share a SQLite file.
 :wall_clock
 
+-- name: commit_unsynced
+-- Nothing: a SQLite commit in WAL mode with synchronous=NORMAL does not wait for the disk.
+
 -- name: task_order
 rowid
 
