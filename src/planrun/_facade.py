@@ -28,6 +28,7 @@ from planrun.core import (
     Plan,
     Registry,
     RunResult,
+    SharedLimits,
     Status,
     Task,
     UsageError,
@@ -503,7 +504,7 @@ async def _shared_budget(
 
     With a store, the budget and what was spent live with the run there, so a resume
     continues from it."""
-    if store is None:
+    if not isinstance(store, SharedLimits):  # no store, or one that keeps no limits
         return None
     from planrun.model import SharedBudget
 

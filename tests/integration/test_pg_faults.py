@@ -8,25 +8,29 @@ longer than the server lets it hold its transaction fails the test instead of ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psycopg
 import pytest
 from pgtest import fresh_schema
 
 from planrun.core._ledger import Event
 from planrun.core._task import Status, Task, transition
-from planrun.stores import PostgresStore, RunInfo
+from planrun.stores import PostgresStore, RunInfo, SQLStore
+from planrun.stores._connector import Mode
+from planrun.stores.postgres import PostgresConnector
 
 if TYPE_CHECKING:
-    from planrun.stores._postgres_rows import Cursor
+    from planrun.stores.postgres import Cursor
 
 pytestmark = pytest.mark.postgres
 
@@ -54,15 +58,12 @@ def state_of(pid: int) -> str:
     return text[text.rindex(")") + 2]
 
 
-async def sessions(store: PostgresStore, name: str) -> list[str]:
+async def sessions(pg_url: str, name: str) -> list[str]:
     """The states of the server sessions named ``name``."""
-
-    async def go(cur: Cursor) -> list[str]:
-        await cur.execute("SELECT state FROM pg_stat_activity WHERE application_name = %s",
-                          (name,))
-        return [r["state"] for r in await cur.fetchall()]
-
-    return await store._tx(go)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT state FROM pg_stat_activity WHERE application_name = %s", (name,))
+        return [row[0] for row in await cur.fetchall()]
 
 
 def completed(task: Task, worker: str) -> Task:
@@ -104,7 +105,7 @@ async def test_a_writer_stopped_inside_its_transaction_holds_the_run_only_until_
         assert await bounded(asyncio.to_thread(child.stdout.readline), "the child") == "holding\n"
         while state_of(child.pid) != "T":
             await asyncio.sleep(0.01)
-        assert await sessions(store, name) == ["idle in transaction"]
+        assert await sessions(pg_url, name) == ["idle in transaction"]
 
         # While it is stopped, holding t0's row, seq 11 and the run's row, what needs none
         # of them goes on at once: effects and their store-numbered events, workers' beats,
@@ -128,7 +129,7 @@ async def test_a_writer_stopped_inside_its_transaction_holds_the_run_only_until_
         seen = await bounded(store.load(run_id), "load")
         assert await bounded(store.run_owner(run_id), "run_owner") is None
         # Nothing above waited for the server to cut the stopped session off.
-        assert await sessions(store, name) == ["idle in transaction"]
+        assert await sessions(pg_url, name) == ["idle in transaction"]
         assert seen.tasks[0].status is Status.PENDING  # its write is not committed
         assert [e.task for e in seen.events if e.event == "effect"] == [
             f"t{i}" for i in range(1, 6)]
@@ -143,7 +144,7 @@ async def test_a_writer_stopped_inside_its_transaction_holds_the_run_only_until_
         await bounded(store.acquire_run(run_id, "p2", 30.0, time.time()), "acquire_run",
                       4 * IDLE)
         assert time.monotonic() - started < 3 * IDLE
-        assert await sessions(store, name) == [] and state_of(child.pid) == "T"
+        assert await sessions(pg_url, name) == [] and state_of(child.pid) == "T"
         state = await store.load(run_id)
         assert [t.status for t in state.tasks] == [Status.PENDING] + [Status.COMPLETED] * 10
         assert sum(e.event == "completed" for e in state.events) == 10
@@ -167,29 +168,25 @@ async def test_a_writer_stopped_inside_its_transaction_holds_the_run_only_until_
         await store.close()
 
 
-class HeldOpen(PostgresStore):
-    """A store whose write transactions wait, after their statements and before COMMIT,
+class HeldOpen(PostgresConnector):
+    """A connector whose write transactions wait, after their statements and before COMMIT,
     for ``hold`` (a coroutine): commits then finish in whatever order the test picks."""
 
     hold: Callable[[], Awaitable[None]] | None = None
 
-    async def _tx(self, fn: Callable[[Cursor], Awaitable[Any]],
-                  snapshot: bool = False) -> Any:
-        hold = None if snapshot else self.hold
-
-        async def held(cur: Cursor) -> Any:
-            out = await fn(cur)
-            if hold is not None:
-                await hold()
-            return out
-
-        return await super()._tx(held, snapshot)
+    @contextlib.asynccontextmanager
+    async def _transaction(self, conn: Any, mode: Mode) -> AsyncIterator[Cursor]:
+        async with super()._transaction(conn, mode) as cur:
+            yield cur
+            if mode == "write" and self.hold is not None:
+                await self.hold()
 
 
 async def test_an_event_numbered_first_may_commit_last_and_nobody_waits_for_it(
     pg_url: str,
 ) -> None:
-    slow, fast, reader = HeldOpen(pg_url), PostgresStore(pg_url), PostgresStore(pg_url)
+    held = HeldOpen(pg_url)
+    slow, fast, reader = SQLStore(held), PostgresStore(pg_url), PostgresStore(pg_url)
     for store in (slow, fast, reader):
         await store.open()
     try:
@@ -205,7 +202,7 @@ async def test_an_event_numbered_first_may_commit_last_and_nobody_waits_for_it(
         def effect(task_id: str) -> Event:
             return Event(-1, 3.0, task_id, "effect", None, 1, {"key": f"key-{task_id}"})
 
-        slow.hold = hold
+        held.hold = hold
         first = asyncio.create_task(slow.effect_done(run_id, "t0", 1, 3.0, effect("t0")))
         await bounded(holding.wait(), "the slow writer")  # numbered, not committed
         assert await bounded(fast.effect_done(run_id, "t1", 2, 3.0, effect("t1")),

@@ -21,6 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from pgtest import PG_URL, fresh_schema
@@ -588,6 +589,62 @@ async def test_reopening_keeps_the_data_and_the_schema(store_url: str) -> None:
         await again.close()
 
 
+DATA = Path(__file__).parent.parent / "data" / "stores"
+
+
+def restore_schema_6(store_url: str) -> None:
+    """Fill the empty store at ``store_url`` with a run as planrun wrote it at schema 6
+    (``tests/data/stores``: every kind of row, made by the store before it was one store
+    over connectors)."""
+    if store_url.startswith("sqlite"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            conn.executescript((DATA / "schema6_sqlite.sql").read_text())
+        return
+    import psycopg
+
+    schema = unquote(store_url).rsplit("search_path=", 1)[1]
+    script = (DATA / "schema6_postgres.sql").read_text()
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute(script.replace("planrun_fixture_schema6", schema).encode())
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_a_store_written_at_schema_6_opens_and_carries_on(store_url: str) -> None:
+    restore_schema_6(store_url)
+    store = open_store(store_url)
+    await store.open()
+    try:
+        state = await store.load("old")
+        assert (state.run.goal, state.run.meta, state.run.owner) == (
+            "written before", {"limits": {"rpm": 60}}, "p1")
+        assert [(t.id, t.status, t.result) for t in state.tasks] == [
+            ("a", Status.COMPLETED, {"ok": True}), ("b", Status.PENDING, None),
+            ("w", Status.PENDING, None)]
+        assert state.tasks[1].depends_on == ("a",)
+        assert [(e.seq, e.event) for e in state.events][:4] == [
+            (0, "created"), (1, "created"), (2, "created"), (3, "completed")]
+        assert state.events[4].event == "effect" and state.events[4].seq > 3
+        assert (state.effects["a"].state, state.effects["a"].result) == ("applied", {"sent": 1})
+        assert [w["name"] for w in await store.list_workers("old")] == ["w1"]
+        limiter = await store.limiter_state("gpt")
+        assert limiter is not None and (limiter.rpm, limiter.acquired) == (60.0, 1)
+        spent = await store.spend("old")
+        assert spent is not None and (spent.requests, spent.total_tokens) == (1, 60)
+
+        # It carries on: a caller's batch, a store-numbered event after every seq, limits.
+        b = transition(state.tasks[1], Status.ASSIGNED, assigned_to="w1", token=1)
+        await store.write("old", [(b, Event(6, 5.0, "b", "assigned", "w1", 1))])
+        await store.append_event("old", Event(-1, 5.0, "w", "effect"))
+        assert await store.spend_reserve("old", 10, 0.0) is None
+        await store.limiter_configure("gpt", 120.0, None, 1.0, 1.0)
+        seqs = [e.seq for e in (await store.load("old")).events]
+        assert seqs[:4] == [0, 1, 2, 3] and seqs[5] == 6 and len(seqs) == 7 and seqs[6] > 6
+        assert [t.status for t in (await store.load("old")).tasks][1] is Status.ASSIGNED
+    finally:
+        await store.close()
+    assert schema_version(store_url) == SCHEMA_VERSION == 6
+
+
 UNDO_3_SQLITE = ["ALTER TABLE planrun_runs DROP COLUMN owner",
                  "ALTER TABLE planrun_runs DROP COLUMN owner_until"]
 UNDO_3_POSTGRES = [
@@ -771,7 +828,7 @@ def test_sqlite_a_new_file_opened_by_many_processes_at_once(tmp_path: Path) -> N
 
 
 def test_sqlite_switching_to_wal_waits_out_a_lock_and_nothing_else() -> None:
-    from planrun.stores._sqlite_rows import _enable_wal
+    from planrun.stores.sqlite import _enable_wal
 
     class Conn:
         def __init__(self, errors: list[str]) -> None:
@@ -1000,13 +1057,13 @@ async def test_sqlite_close_returns_before_the_checkpoint_and_loses_nothing(
     store = SQLiteStore(str(path))
     await store.open()
     run_id = await make_run(store, [Task(f"t{i}", "k", {"pad": "x" * 500}) for i in range(400)])
-    closing = store._executor
+    closing = store.connector._executor
     await store.close()
-    assert store._closing is not None and closing is not None
+    assert store.connector._closing is not None and closing is not None
     with sqlite3.connect(path) as other:  # the commits are in the log already
         assert other.execute("SELECT count(*) FROM planrun_tasks").fetchone() == (400,)
     await store.open()  # waits for the checkpoint of the last close
-    assert store._closing is None and len((await store.load(run_id)).tasks) == 400
+    assert store.connector._closing is None and len((await store.load(run_id)).tasks) == 400
     await store.close()
     script = (f"import asyncio\nfrom planrun.stores import SQLiteStore\n"
               f"from planrun.stores.base import RunInfo\n"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from planrun.core._errors import StoreError
-from planrun.core._ledger import Event
+from planrun.core._ledger import Event, EventRow, as_event
 from planrun.core._registry import KindSpec, Registry, TaskContext, WorkerSpec
 from planrun.core._task import Status, Task
 from planrun.runtime._clock import VirtualClock
@@ -26,11 +26,13 @@ class Recording(InMemoryStore):
         self.batches: list[list[tuple[Task, Event]]] = []
         self.fail_from = fail_from
 
-    async def write(self, run_id: str, changes: Sequence[tuple[Task, Event]]) -> None:
+    async def write_batch(self, run_id: str, tasks: Sequence[Task],
+                          events: Sequence[EventRow]) -> None:
         if self.fail_from is not None and len(self.batches) >= self.fail_from:
             raise StoreError("the store went away")
-        self.batches.append(list(changes))
-        await super().write(run_id, changes)
+        by_id = {t.id: t for t in tasks}
+        self.batches.append([(by_id[row[2]], as_event(row)) for row in events])
+        await super().write_batch(run_id, tasks, events)
 
 
 def run(store: InMemoryStore, sup: Supervisor) -> Any:

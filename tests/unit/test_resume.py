@@ -174,11 +174,11 @@ class FlakyStore(InMemoryStore):
         super().__init__()
         self.failures = failures
 
-    async def write(self, run_id: str, changes: Any) -> None:
+    async def write_batch(self, run_id: str, tasks: Any, events: Any) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise StoreError("connection refused")
-        await super().write(run_id, changes)
+        await super().write_batch(run_id, tasks, events)
 
 
 def test_a_store_briefly_down_loses_nothing() -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import sys
 
 import pytest
 
+from planrun.core import SharedLimits
 from planrun.core._errors import ConfigError, UnstorableValue, UsageError
 from planrun.core._ledger import Event
 from planrun.core._task import Task
@@ -19,25 +21,36 @@ from planrun.stores import (
     PostgresStore,
     RunInfo,
     SQLiteStore,
+    SQLStore,
     Store,
     mask_url,
     open_store,
 )
-from planrun.stores import _postgres_rows as postgres_module
-from planrun.stores.base import TASK_COLUMNS, load_queries
+from planrun.stores import postgres as postgres_module
+from planrun.stores._connector import load_queries, pyformat
+from planrun.stores.base import TASK_COLUMNS
 
 
-async def test_every_call_is_recorded() -> None:
+async def test_every_statement_is_recorded() -> None:
     store = InMemoryStore()
     await store.open()
     await store.create_run(RunInfo("r", 1.0))
     await store.add_tasks("r", [Task("a", "k")], [Event(0, 1.0, "a", "created")])
     await store.acquire_run("r", "p", ttl=5.0, now=2.0)
 
-    assert [name for name, _ in store.calls] == ["open", "create_run", "add_tasks",
-                                                 "acquire_run"]
-    assert store.calls_to("acquire_run") == [{"run_id": "r", "owner": "p", "ttl": 5.0,
-                                              "now": 2.0}]
+    assert [name for name, _ in store.calls] == [
+        "create_run", "get_run", "insert_tasks", "insert_events", "raise_next_seq",
+        "acquire_run"]
+    assert store.calls_to("acquire_run") == [{"run_id": "r", "owner": "p", "until": 7.0,
+                                              "now": 2.0, "take_from": None}]
+
+
+async def test_the_memory_store_keeps_its_rows_when_closed() -> None:
+    store = InMemoryStore()
+    await store.create_run(RunInfo("r", 1.0))
+    await store.close()
+    await store.open()
+    assert [run.id for run in await store.list_runs()] == ["r"]
 
 
 async def test_records_read_back_are_copies() -> None:
@@ -60,56 +73,54 @@ async def test_a_nan_is_refused_like_a_database_would() -> None:
         await store.add_tasks("r", [Task("a", "k", {"x": float("nan")})], [])
 
 
-def test_every_backend_has_the_protocols_methods_with_the_same_signatures() -> None:
-    wanted = {
-        name: inspect.signature(member)
-        for name, member in vars(Store).items()
-        if inspect.iscoroutinefunction(member)
-    }
-    assert len(wanted) == 33  # runs, the owner lease, tasks, events, effects and workers
-    # (22), the limiter_* and spend* methods (11)
-    for cls in (InMemoryStore, SQLiteStore, PostgresStore):
+def test_the_store_has_both_protocols_methods_with_the_same_signatures() -> None:
+    for protocol, count in ((Store, 22), (SharedLimits, 11)):
+        wanted = {
+            name: inspect.signature(member)
+            for name, member in vars(protocol).items()
+            if inspect.iscoroutinefunction(member)
+        }
+        # Store: runs, the owner lease, tasks, events, effects, decisions and workers;
+        # SharedLimits: the limiter_* and spend* methods.
+        assert len(wanted) == count
         for name, signature in wanted.items():
-            assert inspect.signature(getattr(cls, name)) == signature, (cls, name)
+            assert inspect.signature(getattr(SQLStore, name)) == signature, name
+    for cls in (InMemoryStore, SQLiteStore, PostgresStore):  # nothing overridden
+        assert all(getattr(cls, name) is getattr(SQLStore, name)
+                   for name in vars(SQLStore) if not name.startswith("_"))
 
 
 def test_the_row_mapping_covers_every_task_field() -> None:
     assert tuple(f.name for f in dataclasses.fields(Task)) == TASK_COLUMNS
 
 
-@pytest.mark.parametrize(
-    ("backend", "writes"),
-    [
-        ("sqlite", ("insert_tasks_rows", "upsert_tasks_rows")),
-        ("postgres", ("insert_tasks", "upsert_tasks")),
-    ],
-)
-def test_the_sql_files_write_every_task_column(backend: str, writes: tuple[str, ...]) -> None:
-    queries = load_queries(backend)
-    for name in writes:
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_the_sql_files_write_every_task_column(dialect: str) -> None:
+    queries = load_queries(dialect)
+    for name in ("insert_tasks", "upsert_tasks"):
         missing = [c for c in TASK_COLUMNS if c not in queries[name]]
         assert not missing, (name, missing)
-    assert all(sql and not sql.startswith("--") for sql in queries.values())
+    assert not any(sql.startswith("--") for sql in queries.values())
+
+
+def test_every_query_the_store_runs_is_whole_in_each_dialect() -> None:
+    """Every fragment a query names is defined, and psycopg's placeholders come out of
+    the ``:name`` ones (casts kept)."""
+    for dialect in ("sqlite", "postgres"):
+        for name, sql in load_queries(dialect).items():
+            leftover = re.findall(r"\{(?!rows\})\w+\}", sql)  # {rows}: the connector's
+            assert not leftover, (dialect, name, leftover)
+    assert pyformat("x = :a::jsonb AND y::text = ':b' AND 5 % 2 -- :c") == (
+        "x = %(a)s::jsonb AND y::text = ':b' AND 5 %% 2 -- :c")
+    assert all(c in load_queries("postgres")["task_rows"] for c in TASK_COLUMNS)
 
 
 def test_the_sqlite_rows_of_many_row_statements_hold_one_value_per_column() -> None:
     queries = load_queries("sqlite")
-    assert queries["task_values_row"].count("?") == 1 + len(TASK_COLUMNS)  # run_id first
-    assert queries["event_values_row"].count("?") == 8
-    for name in ("insert_tasks_rows", "upsert_tasks_rows", "insert_events_rows"):
+    assert queries["task_row"].count("?") == 1 + len(TASK_COLUMNS)  # run_id first
+    assert queries["event_row"].count("?") == 8
+    for name in ("insert_tasks", "upsert_tasks", "insert_events"):
         assert queries[name].count("{rows}") == 1 and "?" not in queries[name]
-
-
-def test_both_sql_files_share_their_core_queries() -> None:
-    core = {
-        "schema_table", "schema_version", "clear_version", "stamp_version", "migrate_1",
-        "create_run", "set_run_status", "get_run", "list_runs", "count_tasks",
-        "get_tasks", "get_tasks_by_ids", "get_events", "record_decision",
-        "raise_next_seq", "take_seqs", "effect_begin", "effect_done",
-        "get_effect", "get_effects", "register_worker", "heartbeat_worker", "list_workers",
-    }
-    assert core <= set(load_queries("sqlite"))
-    assert core <= set(load_queries("postgres"))
 
 
 # --- open_store and URLs --------------------------------------------------------------------

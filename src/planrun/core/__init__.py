@@ -45,6 +45,7 @@ from planrun.core._ledger import (
     audit_when_read,
     read_jsonl,
 )
+from planrun.core._limits import LimiterState, SharedLimits, SpendState
 from planrun.core._plan import (
     NOT_JSON,
     PROBLEM_CODES,
@@ -99,6 +100,7 @@ __all__ = [
     "InvalidPlan",
     "KindSpec",
     "Ledger",
+    "LimiterState",
     "ModelRefused",
     "Need",
     "Node",
@@ -114,7 +116,9 @@ __all__ = [
     "RunAborted",
     "RunInUse",
     "RunResult",
+    "SharedLimits",
     "SpawnRequest",
+    "SpendState",
     "StallError",
     "Status",
     "StoreError",

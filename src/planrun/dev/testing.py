@@ -1,6 +1,6 @@
 """Test doubles that ship with planrun: a fake OpenAI endpoint and an in-memory store.
 
-:class:`InMemoryStore` is the store interface over dicts, recording every call.
+:class:`InMemoryStore` is the SQL store over SQLite in memory, recording every statement.
 
 :class:`FakeOpenAI` answers ``POST /chat/completions`` the way the OpenAI API does (ids,
 ``usage`` with token details, ``x-request-id`` and rate-limit headers, error bodies), with

@@ -22,8 +22,8 @@ processes of one machine), so every process of the run draws on the same ones:
     the run, so a resumed run continues from it. A request that would fit in what is left
     but not beside the reservations of calls in flight waits for them to settle.
 
-Both work through three methods of the store (:meth:`~planrun.stores.base.Store.limiter_take`
-and friends), one short transaction each.
+Both work through :class:`~planrun.core.SharedLimits`, a few calls each one short
+transaction, which the stores implement: the model layer imports no store.
 
 **Why not a library.** pyrate-limiter has SQLite and PostgreSQL buckets, but they are
 sliding-window *logs*: one row per unit of weight in a window (a 3,000-token request is
@@ -56,14 +56,11 @@ import hashlib
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from planrun.core import BudgetExceeded, UsageError
+from planrun.core import BudgetExceeded, LimiterState, SharedLimits, SpendState, UsageError
 from planrun.model._budget import Budget, Tally
 from planrun.model._limiter import ProviderLimits, behind, check_rates, token_capacity
-
-if TYPE_CHECKING:
-    from planrun.stores.base import LimiterState, SpendState, Store
 
 __all__ = [
     "Limiter",
@@ -131,7 +128,7 @@ class SharedRateLimiter:
 
     def __init__(
         self,
-        store: Store,
+        store: SharedLimits,
         key: str,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
@@ -255,7 +252,7 @@ class SharedBudget:
     was used: one store call per request instead of two.
     """
 
-    def __init__(self, store: Store, run_id: str, *, enforce: bool = True,
+    def __init__(self, store: SharedLimits, run_id: str, *, enforce: bool = True,
                  poll: float = 0.05, patience: float = 120.0) -> None:
         self.store = store
         self.run_id = run_id

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from planrun.core import FINAL, Event, Status
-from planrun.stores.base import LimiterState, RunState, SpendState, shown_status
+from planrun.core import FINAL, Event, LimiterState, SpendState, Status
+from planrun.stores.base import RunState, shown_status
 
 __all__ = ["RunStatus", "Sample", "SpendSample", "run_status", "spend_timeline",
            "spent_by_task", "timeline"]

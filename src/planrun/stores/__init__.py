@@ -5,7 +5,10 @@
     ...
     await store.close()
 
-Every backend implements :class:`Store`; :func:`open_store` picks one from a URL.
+Every store is one :class:`SQLStore` over a connector (SQLite, PostgreSQL, or SQLite in
+memory): it implements :class:`Store`, what a run needs, and
+:class:`planrun.core.SharedLimits`, the limits every process of a run shares.
+:func:`open_store` picks one from a URL.
 """
 
 from __future__ import annotations
@@ -13,15 +16,14 @@ from __future__ import annotations
 import os
 
 from planrun.core import ConfigError, UsageError
+from planrun.stores._sql import SQLStore
 from planrun.stores.base import (
     SCHEMA_VERSION,
     EffectRecord,
-    LimiterState,
     RunInfo,
     RunOwner,
     RunState,
     RunSummary,
-    SpendState,
     Store,
     mask_url,
     shown_status,
@@ -35,14 +37,13 @@ __all__ = [
     "SCHEMA_VERSION",
     "EffectRecord",
     "InMemoryStore",
-    "LimiterState",
     "PostgresStore",
     "RunInfo",
     "RunOwner",
     "RunState",
     "RunSummary",
+    "SQLStore",
     "SQLiteStore",
-    "SpendState",
     "Store",
     "mask_url",
     "open_store",
@@ -53,7 +54,7 @@ __all__ = [
 ENV_VAR = "PLANRUN_DB"
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None) -> SQLStore:
     """Make the store a URL names; call ``await store.open()`` before using it.
 
     ``memory://``; ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``;

@@ -1,24 +1,22 @@
-"""The store interface, its records, and the row mapping every backend shares.
+"""The store interface, its records, and the row mapping every database shares.
 
 A store keeps the durable side of a run: the run itself, one row per task (every field of
 :class:`planrun.Task`), the append-only ledger events, the side-effect records and,
 for multi-process runs, the registered workers. It knows nothing about policy: the
 supervisor decides what a change means; the store writes it in one transaction.
 
-The three backends (:class:`~planrun.stores.memory.InMemoryStore`,
-:class:`~planrun.stores.sqlite.SQLiteStore`, :class:`~planrun.stores.postgres.PostgresStore`)
-implement :class:`Store` structurally and share the mapping below, so a task row means the
-same thing everywhere.
+:class:`Store` is what a run needs of one. The limits shared by every process of a run are
+a second, separate interface, :class:`planrun.core.SharedLimits`. Both are implemented once,
+by :class:`~planrun.stores._sql.SQLStore` over a connector (SQLite, PostgreSQL, SQLite in
+memory); the mapping below makes a task row mean the same thing everywhere.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -39,12 +37,10 @@ __all__ = [
     "INTERRUPTED",
     "SCHEMA_VERSION",
     "EffectRecord",
-    "LimiterState",
     "RunInfo",
     "RunOwner",
     "RunState",
     "RunSummary",
-    "SpendState",
     "Store",
     "mask_url",
     "shown_status",
@@ -67,10 +63,6 @@ FINISHED_RUN = frozenset({"finished", "aborted"})
 
 INTERRUPTED = "interrupted"
 """The status shown for a run that is not over and has no live owner: resume it."""
-
-EFFECT_STARTED = "started"
-EFFECT_APPLIED = "applied"
-
 
 @dataclass(frozen=True)
 class RunInfo:
@@ -155,73 +147,6 @@ class RunState:
     """Ordered by ``seq``."""
     effects: dict[str, EffectRecord]
     """By task id."""
-
-
-@dataclass(frozen=True)
-class LimiterState:
-    """A shared rate limiter's row, as :meth:`Store.limiter_state` returns it."""
-
-    key: str
-    rpm: float | None
-    tpm: float | None
-    request_burst: float
-    token_burst: float
-    acquired: int
-    """Requests let through since the row was made."""
-    penalties: int
-    """429 answers reported (each paused every caller)."""
-    paused_for: float
-    """Seconds the pause after a 429 still lasts (0: not paused)."""
-    recent_rpm: float
-    """Requests let through in the last minute (a sliding-window estimate)."""
-    tokens_available: float | None
-    """Tokens the token bucket holds now (negative while a large request is paid back)."""
-    learned: bool = False
-    """True when the rates are the ones the provider's ``x-ratelimit-*`` headers reported."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class SpendState:
-    """What a run has spent and may still spend, as :meth:`Store.spend` returns it."""
-
-    run_id: str
-    max_tokens: int | None
-    max_cost: float | None
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    cost_usd: float
-    reserved_tokens: int
-    reserved_cost: float
-
-    @property
-    def total_tokens(self) -> int:
-        """Prompt plus completion tokens spent."""
-        return self.prompt_tokens + self.completion_tokens
-
-    @property
-    def tokens_left(self) -> int | None:
-        """Tokens the budget still allows (None: no token limit)."""
-        if self.max_tokens is None:
-            return None
-        return max(0, self.max_tokens - self.total_tokens)
-
-    @property
-    def cost_left(self) -> float | None:
-        """USD the budget still allows (None: no money limit)."""
-        if self.max_cost is None:
-            return None
-        return max(0.0, self.max_cost - self.cost_usd)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {**self.__dict__, "total_tokens": self.total_tokens,
-                "tokens_left": self.tokens_left, "cost_left": self.cost_left}
 
 
 class Store(Protocol):
@@ -360,106 +285,6 @@ class Store(Protocol):
         ``last_heartbeat``."""
         ...
 
-    # --- limits shared by every process (schema 4) ---------------------------------------
-
-    async def limiter_configure(
-        self, key: str, rpm: float | None, tpm: float | None, request_burst: float,
-        token_burst: float, *, learned: bool = False,
-    ) -> None:
-        """Create the limiter row of ``key``, or set its rates (what it spent is kept).
-
-        ``learned=True``: the rates are the provider's (from its headers) and replace any.
-        Otherwise they are configured ones, which replace configured rates but never rates
-        the provider reported.
-        """
-        ...
-
-    async def limiter_take(self, key: str, tokens: float) -> float:
-        """Take one request and ``tokens`` now if the buckets allow it and no pause holds:
-        return 0. Otherwise take nothing and return the seconds to wait before trying again.
-        """
-        ...
-
-    async def limiter_give(self, key: str, tokens: float) -> None:
-        """Give ``tokens`` back to the token bucket (negative: take more)."""
-        ...
-
-    async def limiter_defer(self, key: str, requests: float | None,
-                            tokens: float | None) -> None:
-        """Make each bucket full again no sooner than ``requests`` / ``tokens`` seconds from
-        now (None: leave it): the provider said less remains than the bucket holds."""
-        ...
-
-    async def limiter_pause(self, key: str, seconds: float) -> None:
-        """Nobody takes anything from ``key`` for ``seconds`` (the server answered 429)."""
-        ...
-
-    async def limiter_state(self, key: str) -> LimiterState | None:
-        """The limiter row of ``key`` (None when there is none)."""
-        ...
-
-    async def spend_open(self, run_id: str, max_tokens: int | None,
-                         max_cost: float | None) -> None:
-        """Create the spend row of a run (a limit given replaces the stored one)."""
-        ...
-
-    async def spend_reserve(self, run_id: str, tokens: int, cost: float) -> SpendState | None:
-        """Hold back ``tokens`` and ``cost`` if spent + reserved + them fits the budget:
-        return None. Otherwise reserve nothing and return the spend row that refused."""
-        ...
-
-    async def spend_settle(
-        self, run_id: str, reserved_tokens: int, reserved_cost: float, requests: int,
-        prompt_tokens: int, cached_tokens: int, completion_tokens: int, cost_usd: float,
-    ) -> None:
-        """Give a reservation back and add what the request really used."""
-        ...
-
-    async def spend_release_all(self, run_id: str) -> None:
-        """Drop every reservation of a run (none of its calls is in flight)."""
-        ...
-
-    async def spend(self, run_id: str) -> SpendState | None:
-        """The spend row of a run (None when it has none)."""
-        ...
-
-
-def limiter_from_row(row: Mapping[str, Any]) -> LimiterState:
-    """A :class:`LimiterState` from a ``planrun_limits`` row read with its ``now``."""
-    now = float(row["now"])
-    minute = int(now // 60)
-    count, prev = int(row["minute_count"]), int(row["prev_count"])
-    if int(row["minute"]) == minute - 1:
-        count, prev = 0, count
-    elif int(row["minute"]) != minute:
-        count, prev = 0, 0
-    recent = count + prev * (1.0 - (now / 60 - minute))
-    tpm = None if row["tpm"] is None else float(row["tpm"])
-    tokens = None
-    if tpm is not None:
-        owed = max(0.0, float(row["tokens_full_at"]) - now) * tpm / 60
-        tokens = float(row["token_burst"]) - owed
-    return LimiterState(
-        key=row["key"], rpm=None if row["rpm"] is None else float(row["rpm"]), tpm=tpm,
-        request_burst=float(row["request_burst"]), token_burst=float(row["token_burst"]),
-        acquired=int(row["acquired"]), penalties=int(row["penalties"]),
-        paused_for=max(0.0, float(row["paused_until"]) - now), recent_rpm=round(recent, 3),
-        tokens_available=tokens, learned=bool(row["learned"]),
-    )
-
-
-def spend_from_row(row: Mapping[str, Any]) -> SpendState:
-    """A :class:`SpendState` from a ``planrun_spend`` row."""
-    return SpendState(
-        run_id=row["run_id"],
-        max_tokens=None if row["max_tokens"] is None else int(row["max_tokens"]),
-        max_cost=None if row["max_cost"] is None else float(row["max_cost"]),
-        requests=int(row["requests"]), prompt_tokens=int(row["prompt_tokens"]),
-        cached_tokens=int(row["cached_tokens"]),
-        completion_tokens=int(row["completion_tokens"]), cost_usd=float(row["cost_usd"]),
-        reserved_tokens=int(row["reserved_tokens"]), reserved_cost=float(row["reserved_cost"]),
-    )
-
 
 def mask_url(url: str) -> str:
     """Return ``url`` with its password (in the netloc or a ``password=`` query) as ``***``."""
@@ -588,7 +413,7 @@ def last_per_task(changes: Sequence[tuple[Task, Event]]) -> list[Task]:
 
 
 TASK_ROW_KEYS: tuple[str, ...] = ("run_id", *TASK_COLUMNS)
-"""The keys of :func:`task_row`, in the order of :func:`task_values`."""
+"""The columns of a task row, in the order of :func:`task_values`."""
 
 _STATUS_TEXT: dict[str, str] = {s.value: s.value for s in Status}
 """A status (a :class:`Status` hashes and compares as its value) -> its plain text."""
@@ -609,7 +434,7 @@ def _field_json(value: Any, task: Task, name: str) -> str:
 def task_values(run_id: str, task: Task, null_text: Any = None,
                 null_real: Any = None) -> tuple[Any, ...]:
     """The row of ``task`` in run ``run_id`` as a tuple in :data:`TASK_ROW_KEYS` order: JSON
-    columns encoded, status as text (the values of :func:`task_row`).
+    columns encoded, status as text.
 
     ``null_text`` and ``null_real`` stand for a missing value of a nullable text column
     (``assigned_to``, ``error``, ``error_class``, ``cause``, ``parent``) and of a nullable
@@ -658,11 +483,6 @@ def task_values(run_id: str, task: Task, null_text: Any = None,
         null_text if parent is None else parent,
         "[]" if joins == () else _field_json(list(joins), task, "joins"),
     )
-
-
-def task_row(run_id: str, task: Task) -> dict[str, Any]:
-    """The row of ``task`` in run ``run_id``: JSON columns encoded, status as text."""
-    return dict(zip(TASK_ROW_KEYS, task_values(run_id, task), strict=False))
 
 
 def decision_row(run_id: str, task: Task | None, task_id: str, approve: bool,
@@ -717,13 +537,13 @@ def task_from_row(row: Mapping[str, Any], decode: Decoder = load_json) -> Task:
 
 EVENT_ROW_KEYS: tuple[str, ...] = (
     "run_id", "seq", "at", "task", "event", "worker", "attempt", "detail")
-"""The keys of :func:`event_row`, in the order of :func:`event_values`."""
+"""The columns of an event row, in the order of :func:`event_values`."""
 
 
 def event_values(run_id: str, event: Event, seq: int | None = None,
                  null_text: Any = None) -> tuple[Any, ...]:
-    """The row of ``event`` as a tuple in :data:`EVENT_ROW_KEYS` order (the values of
-    :func:`event_row`); ``null_text`` stands for a missing worker (see :func:`task_values`)."""
+    """The row of ``event`` as a tuple in :data:`EVENT_ROW_KEYS` order; ``seq`` replaces the
+    event's own; ``null_text`` stands for a missing worker (see :func:`task_values`)."""
     detail = event.detail
     worker = event.worker
     return (
@@ -749,11 +569,6 @@ def row_values(run_id: str, row: EventRow, null_text: Any = None) -> tuple[Any, 
         row[5],
         "{}" if not detail else dump_json(_redacted(detail), f"event {row[3]!r} detail"),
     )
-
-
-def event_row(run_id: str, event: Event, seq: int | None = None) -> dict[str, Any]:
-    """The row of ``event``; ``seq`` replaces the event's own when the store assigns it."""
-    return dict(zip(EVENT_ROW_KEYS, event_values(run_id, event, seq), strict=False))
 
 
 def _redacted(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -853,38 +668,3 @@ def newer_schema(url: str, found: int) -> StoreError:
         f"{url}: schema version {found} is newer than this planrun understands "
         f"({SCHEMA_VERSION}); upgrade planrun"
     )
-
-
-# --- named queries --------------------------------------------------------------------------
-
-
-@functools.cache
-def load_queries(backend: str) -> dict[str, str]:
-    """Parse ``stores/sql/<backend>.sql`` into ``{name: sql}``.
-
-    A query starts at a ``-- name: <name>`` line and runs to the next one; the comment
-    lines right after the name document it in the file and are not sent.
-    """
-    source = resources.files("planrun.stores").joinpath("sql").joinpath(f"{backend}.sql")
-    queries: dict[str, str] = {}
-    name: str | None = None
-    lines: list[str] = []
-    for line in source.read_text(encoding="utf-8").splitlines():
-        if line.startswith("-- name:"):
-            if name is not None:
-                queries[name] = "\n".join(lines).strip()
-            name, lines = line.split(":", 1)[1].strip(), []
-        elif name is not None:
-            lines.append(line)
-    if name is not None:
-        queries[name] = "\n".join(lines).strip()
-    return {key: _strip_doc(sql) for key, sql in queries.items()}
-
-
-def _strip_doc(sql: str) -> str:
-    """Drop a query's leading comment lines: they document the file, not the statement."""
-    lines = sql.splitlines()
-    while lines and lines[0].lstrip().startswith("--"):
-        lines.pop(0)
-    return "\n".join(lines).strip()
-

@@ -1,23 +1,47 @@
-"""The in-memory store: the same interface over dicts, for tests and simulation.
+"""The in-memory store: the SQL store over a SQLite database in this process's memory.
 
-It keeps the same rows the SQL stores keep (JSON columns encoded), so a value that could
-not be stored in a database fails here too, and a record read back is a copy, never the
-caller's object. Every call is recorded in :attr:`InMemoryStore.calls`, the way
-procrastinate's ``InMemoryConnector`` records its queries, so a test can assert on what the
-supervisor asked of its store. Nothing awaits inside a call, so each is atomic on its loop.
+It runs the same queries over the same schema as a SQLite file, so it refuses, keeps and
+returns exactly what the databases do, and a record read back is a copy, never the
+caller's object. Transactions run on the event loop's thread (nothing awaits inside one,
+and a :class:`planrun.VirtualClock` does not advance while one runs). Every statement is
+recorded in :attr:`InMemoryStore.calls`, the way procrastinate's ``InMemoryConnector``
+records its queries, so a test can assert on what the run asked of its store. The
+database lives as long as the object: :meth:`~InMemoryStore.close` keeps it.
 """
 
 from __future__ import annotations
 
-from planrun.stores._memory_rows import (
-    Call,
-)
-from planrun.stores._memory_shared import _MemoryShared
+from typing import Any
+
+from planrun.stores._sql import SQLStore
+from planrun.stores.sqlite import Call, SQLiteConnector
 
 __all__ = ["Call", "InMemoryStore"]
 
 
-class InMemoryStore(_MemoryShared):
-    """A :class:`~planrun.stores.base.Store` over dicts; nothing survives the process."""
+class InMemoryStore(SQLStore):
+    """A :class:`~planrun.stores.base.Store` in memory; nothing survives the process."""
 
-    url = "memory://"
+    connector: SQLiteConnector
+
+    def __init__(self) -> None:
+        connector = SQLiteConnector(":memory:", inline=True, record=True)
+        connector.url = "memory://"
+        super().__init__(connector)
+        # Usable at once, opened or not: a test may hand it to a run that opens it.
+        connector.open_here(self._migrate)
+        assert connector.calls is not None
+        connector.calls.clear()  # the schema's statements are not the run's
+
+    def __repr__(self) -> str:
+        return "InMemoryStore()"
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every statement run, oldest first: the query's name and its arguments."""
+        assert self.connector.calls is not None
+        return self.connector.calls
+
+    def calls_to(self, name: str) -> list[dict[str, Any]]:
+        """The arguments of every statement of query ``name`` run so far."""
+        return [args for called, args in self.calls if called == name]
