@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from planrun.obs import RunStatus, run_status
-from planrun.stores import RunState, Store
+from planrun.stores import RunState, SQLStore
 
 __all__ = ["read_status"]
 
 
-async def read_status(store: Store, state: RunState, now: float) -> RunStatus:
+async def read_status(store: SQLStore, state: RunState, now: float) -> RunStatus:
     """The status of the run ``state`` holds at ``now``, with its spend row and its rate
     limit: the shared limiter's row, or the rates the run recorded when one process keeps
     its limiter in memory."""

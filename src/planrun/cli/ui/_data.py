@@ -18,7 +18,7 @@ from typing import Any
 from planrun.cli._read import read_status
 from planrun.core import FINAL, Status, Task, UsageError, redact
 from planrun.obs import spend_timeline, spent_by_task, timeline
-from planrun.stores import RunState, Store, shown_status
+from planrun.stores import RunState, SQLStore, shown_status
 from planrun.stores.base import FINISHED_RUN
 
 __all__ = ["PAGE_SIZE", "STATUSES", "Loaded", "clean", "decide", "decision_text",
@@ -91,7 +91,7 @@ class Loaded:
     and its tasks' details are not read again from the store, whose full read of a large
     run takes the longest part of showing it."""
 
-    def __init__(self, store: Store, keep: int = 4) -> None:
+    def __init__(self, store: SQLStore, keep: int = 4) -> None:
         self.store = store
         self._finished: dict[str, RunState] = {}
         self._durations: dict[str, float | None] = {}
@@ -230,7 +230,7 @@ def decision_text(who: str | None, note: str | None, at: float) -> str:
     return f"{text}: {note}" if note else text
 
 
-async def decide(store: Store, run_id: str, task_id: str, approve: bool, who: str | None,
+async def decide(store: SQLStore, run_id: str, task_id: str, approve: bool, who: str | None,
                  note: str | None, now: float) -> Task:
     """Approve or reject a waiting task as ``planrun approve``/``reject`` do, the note
     saying who decided and when (:func:`decision_text`).
