@@ -20,7 +20,6 @@ the command line.
 
 from importlib import metadata as _metadata
 
-from planrun import _moved
 from planrun._facade import (
     App,
     RunReport,
@@ -101,18 +100,14 @@ from planrun.model import (
 )
 from planrun.runtime import (
     Clock,
-    Coordinator,
     RealClock,
     Supervisor,
     VirtualClock,
-    WorkerProcess,
     approve_task,
     hold_run,
     reject_task,
 )
 from planrun.stores import open_store
-
-_moved.install()
 
 try:
     __version__ = _metadata.version("planrun")
@@ -132,7 +127,6 @@ __all__ = [
     "Clock",
     "Completion",
     "ConfigError",
-    "Coordinator",
     "DispatchError",
     "EvalReport",
     "Event",
@@ -187,7 +181,6 @@ __all__ = [
     "UsageError",
     "VirtualClock",
     "WorkerError",
-    "WorkerProcess",
     "WorkerSpec",
     "__version__",
     "adecompose",

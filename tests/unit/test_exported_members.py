@@ -19,7 +19,7 @@ PINNED = {
     "StoreError", "Supervisor", "Task", "TaskContext", "TaskReport", "TransientError", "Usage",
     "UsageError", "VirtualClock", "WorkerError", "WorkerSpec", "__version__", "adecompose",
     "analyze", "aplan_and_run", "decompose", "plan_and_run", "plan_schema", "read_jsonl",
-    "simulate", "validate_plan", "Coordinator", "WorkerProcess", "FixtureMiss", "record", "redact",
+    "simulate", "validate_plan", "FixtureMiss", "record", "redact",
     "replay", "aresume_run", "resume_run", "open_store", "RunInUse", "UnknownRun",
     "UnstorableValue", "hold_run", "EvalReport", "evaluate",
     "aevaluate",
