@@ -275,7 +275,6 @@ def test_a_killed_worker_process_is_reclaimed_and_its_tasks_finished_by_another(
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (["--mode", "peer"], "--mode peer is not offered"),
     (["--kinds", "triage,nope"], "unknown kind(s) ['nope']"),
     (["--concurrency", "0"], "--concurrency"),
     (["--concurrency", "many"], "--concurrency"),
