@@ -18,6 +18,9 @@ from planrun.model import Model, RetryPolicy
 REPO = Path(__file__).resolve().parents[1]
 """The repository root."""
 
+pytest_plugins = ["planrun.testing.pytest_plugin"]
+"""planrun's pytest plugin (``planrun_cassette``, ``--planrun-record``) is opt-in."""
+
 
 # ---- model calls: nothing leaves the machine -------------------------------------------------
 

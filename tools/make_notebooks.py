@@ -93,10 +93,10 @@ DECOMPOSE_PROMPT = [
         import matplotlib.pyplot as plt
         from IPython.display import HTML, Image, display
 
-        from planrun import Model, Usage, decompose, validate_plan
+        from planrun import Model, decompose, validate_plan
         from planrun.dev.fixtures import FixtureMiss, check, record
         from planrun.examples import brief
-        from planrun.model import PromptLibrary, default_prompt_dir, describe_kinds
+        from planrun.model import PromptLibrary, Usage, default_prompt_dir, describe_kinds
         from planrun.testing import replay, shipped_cassette
 
         LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
@@ -629,8 +629,8 @@ STRATEGIES = [
         %matplotlib inline
         import matplotlib.pyplot as plt
 
-        from planrun import Scenario, simulate
         from planrun.core import STRATEGIES
+        from planrun.dev.sim import Scenario, simulate
 
         DURATIONS = [10, 2, 2, 10, 2, 2, 10, 2, 2]
         WORKERS = 3
@@ -731,8 +731,8 @@ PROMPT_EVAL = [
         from IPython.display import Image, display
 
         import planrun.model._prompts
-        from planrun import FixtureMiss
         from planrun.dev.eval import evaluate, load_goals, shipped
+        from planrun.testing import FixtureMiss
 
         LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
         GOALS, CASSETTE = shipped("examples")

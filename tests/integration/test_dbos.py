@@ -30,8 +30,16 @@ from dist_app import registry as dist_registry
 from dist_app import triage
 from pgtest import fresh_schema
 
-from planrun import KindSpec, Registry, Task, TaskContext
-from planrun.core import PermanentError, RunResult, Status, TransientError, UsageError
+from planrun import Registry, TaskContext
+from planrun.core import (
+    KindSpec,
+    PermanentError,
+    RunResult,
+    Status,
+    Task,
+    TransientError,
+    UsageError,
+)
 from planrun.core.scheduling import RetryPolicy
 from planrun.runtime import DBOSWorker
 from planrun.runtime._dbos_wire import dbos_url

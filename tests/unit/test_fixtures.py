@@ -37,7 +37,6 @@ from planrun.dev.fixtures import (
     replay,
     scrub,
 )
-from planrun.dev.pytest_plugin import CassetteFixture
 from planrun.dev.scenarios import RETRY_AFTER_S, SCENARIOS, get_scenario
 from planrun.examples import brief, release, tickets
 from planrun.examples.ticket_data import generate_tickets
@@ -45,6 +44,7 @@ from planrun.model import Model, RetryPolicy
 from planrun.model._prompts import PromptLibrary
 from planrun.model._workers import ModelWorker
 from planrun.runtime._clock import VirtualClock
+from planrun.testing.pytest_plugin import CassetteFixture
 
 FIXTURES = REPO / "fixtures"
 SINGLE_CHAIN = ["release", "rate_limited", "server_error", "refusal", "bad_request"]

@@ -1163,7 +1163,7 @@ def check(paths: Iterable[str | os.PathLike[str]]) -> list[Stale]:
     """Every interaction of these cassettes that the current code no longer reproduces.
 
     Each cassette's scenario (``about.scenario``, see :mod:`planrun.dev.scenarios`) runs
-    against it under :class:`~planrun.VirtualClock` in check mode: a request without
+    against it under :class:`~planrun.runtime.VirtualClock` in check mode: a request without
     an exact recording is a ``changed`` :class:`Stale` (with the reason, e.g. the template
     whose render changed) and gets the closest recording as its answer so the run goes on;
     a recording never asked for is ``unplayed``; a scenario that raises is ``failed``; a
