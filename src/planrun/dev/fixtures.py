@@ -33,17 +33,16 @@ batch (identical requests) are served in the order they were recorded.
 * :func:`replay` serves a cassette through httpx2's own ``MockTransport``, put in place of
   the transport of every httpx2 client (the HTTP stack the ``openai`` SDK sends through)
   for the block: nothing reaches the network, and no test library is needed. A request
-  matches a recording
-  by method, path and canonical body (sorted keys); identical requests are served in
-  recorded order (a queue per key), so concurrency may reorder different requests freely.
-  A request with no recording raises :class:`FixtureMiss` at once, naming the closest
-  recording and what differs (the prompt template whose render changed, the first
-  differing message as a diff, the response schema, a parameter) and the command that
+  matches a recording by method, path and canonical body (sorted keys); identical requests
+  are served in recorded order (a queue per key), so concurrency may reorder different
+  requests freely. A request with no recording raises :class:`FixtureMiss` at once, naming
+  the closest recording and what differs (the prompt template whose render changed, the
+  first differing message as a diff, the response schema, a parameter) and the command that
   re-records the cassette. The ``openai`` SDK wraps transport exceptions into
   ``APIConnectionError``; :class:`~planrun.model.Model` recognises a planrun error inside
-  it and re-raises it unchanged, so a miss is never retried as a connection problem. A
-  miss swallowed further up (a worker's task dies of it) is raised again when the
-  ``with replay(...)`` block exits.
+  it and re-raises it unchanged, so a miss is never retried as a connection problem. A miss
+  swallowed further up (a worker's task dies of it) is raised again when the ``with
+  replay(...)`` block exits.
 * :func:`check` finds stale cassettes by running each cassette's scenario
   (:mod:`planrun.dev.scenarios`) against it in *check* mode: the current code renders its
   prompts and schemas and sends its requests; each request with no exact recording is
