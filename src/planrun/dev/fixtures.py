@@ -110,7 +110,7 @@ FORMAT = 1
 """Version of the cassette layout."""
 
 SYNTHESIZED_NOTE = (
-    "Produced by planrun's own recorder (planrun.fixtures.record) running the real client "
+    "Produced by planrun's own recorder (planrun.testing.record) running the real client "
     "against the local stand-in server (tools/standin.py, synthetic answers from "
     "planrun.examples.answers), not against the OpenAI API."
 )
@@ -1137,7 +1137,7 @@ def _about(recorder: Recorder, *, base_url: str | None, model: str | None,
         "format": FORMAT,
         "made": made,
         "note": note or (SYNTHESIZED_NOTE if made == "synthesized" else
-                         "Recorded from a live endpoint with planrun.fixtures.record."),
+                         "Recorded from a live endpoint with planrun.testing.record."),
         "base_url": base_url or (_base_url_of(first_url) if first_url else None),
         "model": model or first_model,
         "date": datetime.now(timezone.utc).date().isoformat(),
