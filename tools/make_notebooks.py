@@ -352,7 +352,7 @@ DECOMPOSE_PROMPT = [
     md("""
         ## 4. `planrun fixtures check` flags the stale recording
 
-        `planrun.fixtures.check(paths)` re-runs each cassette's scenario (here `brief`:
+        `planrun.dev.fixtures.check(paths)` re-runs each cassette's scenario (here `brief`:
         decompose the goal, run the plan) against the cassette: every request the current
         code sends that has no exact recording is reported as `changed`, with the same
         explanation a miss gives, and answered with the closest recording so the rest of the
