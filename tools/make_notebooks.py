@@ -437,7 +437,7 @@ TICKET_RUN = [
         a time.
 
         The supervisor-worker article names three numbers to instrument in such a run, and
-        `planrun.status.timeline` computes them from the run's ledger:
+        `planrun.obs.timeline` computes them from the run's ledger:
 
         * **tasks by status**: is the run converging?
         * **active tasks per worker**: is the load spread, or is one worker pinned while the
