@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from planrun import App, KindSpec, Registry, TaskContext
+from planrun import App, Registry, TaskContext
+from planrun.core import KindSpec
 
 
 async def noop(payload: dict[str, Any], ctx: TaskContext) -> int:

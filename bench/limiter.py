@@ -4,14 +4,14 @@
 
 For each store (SQLite file; PostgreSQL when a server answers) and each number of
 processes P in 1, 4 and 8, P processes with 4 callers each draw on one
-:class:`~planrun.SharedRateLimiter` key:
+:class:`~planrun.model.SharedRateLimiter` key:
 
 * **rate**: at ``--rpm`` for ``--seconds``; the achieved rate is the grants over the window
   from the first to the last, as a share of the configured rate (it must not pass 100 %
   by more than the burst of 2, nor fall far below it);
 * **cost**: at a rate no caller ever waits for, the wall time of one ``acquire`` per
   process (P processes at once), and its ratio to the in-memory
-  :class:`~planrun.RateLimiter`'s ``acquire`` measured in the same run.
+  :class:`~planrun.model.RateLimiter`'s ``acquire`` measured in the same run.
 
 PostgreSQL is measured in a temporary schema (dropped afterwards) at ``--pg`` (default
 ``PLANRUN_BENCH_PG``, then ``PLANRUN_TEST_PG``, then the local server).

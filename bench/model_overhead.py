@@ -3,10 +3,11 @@
     python bench/model_overhead.py --quick     # 300 calls per side
     python bench/model_overhead.py             # 2,000 calls per side, best of three
 
-Both sides are served by the same in-process respx mock of ``/chat/completions`` (the same
-reply), so the difference is planrun's own work: structured-output schema, parsing and
-validation into the result model, the usage meter and budget check, the retry wrapper,
-and the shared rate limiter (configured high enough never to wait).
+Both sides are served by the same in-process fake of ``/chat/completions`` (the same reply,
+through httpx2's ``MockTransport``: :func:`planrun.testing.answered_by`), so the difference
+is planrun's own work: structured-output schema, parsing and validation into the result
+model, the usage meter and budget check, the retry wrapper, and the shared rate limiter
+(configured high enough never to wait).
 
 The limiter part runs 40 concurrent callers through one ``RateLimiter`` in virtual time
 and reports the achieved request rate against the configured one.
@@ -21,8 +22,6 @@ import time
 from pathlib import Path
 
 import openai
-import pytest_httpx2  # noqa: F401  (registers respx's httpcore2 mocker)
-import respx
 from pydantic import BaseModel
 
 from planrun.dev.testing import FakeOpenAI
@@ -30,6 +29,7 @@ from planrun.model import Model
 from planrun.model._limiter import RateLimiter
 from planrun.model._usage import Budget, Usage
 from planrun.runtime._clock import VirtualClock
+from planrun.testing import answered_by
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -79,8 +79,7 @@ async def planrun_calls(n: int) -> float:
 def timed(fn: object, n: int, rounds: int) -> float:
     best = float("inf")
     for _ in range(rounds):
-        with respx.mock(using="httpcore2", base_url=BASE) as router:
-            router.post("/chat/completions").mock(side_effect=_fake())
+        with answered_by(_fake()):
             best = min(best, asyncio.run(fn(n)))  # type: ignore[operator]
     return best
 

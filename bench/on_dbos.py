@@ -26,8 +26,9 @@ from pathlib import Path
 
 import psycopg
 
-from planrun import App, Supervisor, Task, WorkerSpec
-from planrun.runtime import DBOSAttempts
+from planrun import App
+from planrun.core import Task, WorkerSpec
+from planrun.runtime import DBOSAttempts, Supervisor
 from planrun.stores import open_store
 
 HERE = Path(__file__).resolve().parent

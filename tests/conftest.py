@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx2
 import pytest
 import pytest_httpx2  # noqa: F401  (registers respx's "httpcore2" mocker: openai sends via httpx2)
 import respx
@@ -17,6 +19,9 @@ from planrun.model import Model, RetryPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 """The repository root."""
+
+pytest_plugins = ["planrun.testing.pytest_plugin"]
+"""planrun's pytest plugin (``planrun_cassette``, ``--planrun-record``) is opt-in."""
 
 
 # ---- model calls: nothing leaves the machine -------------------------------------------------
@@ -35,13 +40,29 @@ def _no_real_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_PROJECT_ID", raising=False)
 
 
+def via_respx(
+    answer: Callable[[httpx2.Request], httpx2.Response],
+) -> Callable[[httpx.Request], httpx.Response]:
+    """A planrun double (it speaks httpx2, the openai SDK's HTTP stack) as a respx side
+    effect (respx speaks httpx)."""
+
+    def side_effect(request: httpx.Request) -> httpx.Response:
+        reply = answer(httpx2.Request(request.method, str(request.url),
+                                      headers=request.headers.multi_items(),
+                                      content=request.content))
+        return httpx.Response(reply.status_code, headers=reply.headers.multi_items(),
+                              content=reply.content)
+
+    return side_effect
+
+
 @pytest.fixture
 def fake_openai() -> Iterator[FakeOpenAI]:
     """A deterministic OpenAI endpoint at FAKE_BASE_URL, served through respx (httpcore2)."""
     fake = FakeOpenAI()
     with respx.mock(using="httpcore2", base_url=FAKE_BASE_URL, assert_all_called=False,
                     assert_all_mocked=True) as router:
-        router.post("/chat/completions").mock(side_effect=fake)
+        router.post("/chat/completions").mock(side_effect=via_respx(fake))
         yield fake
 
 

@@ -6,7 +6,7 @@
     python tools/make_fixtures.py --eval                       # the eval goal sets' cassettes
     OPENAI_API_KEY=sk-... python tools/make_fixtures.py --eval --live taskbench
 
-Either way it is planrun's own recorder (:func:`planrun.record`) around the real
+Either way it is planrun's own recorder (:func:`planrun.testing.record`) around the real
 :class:`planrun.Model` and the scenario's real entry (:mod:`planrun.dev.scenarios`). Without
 ``--live`` the model talks to ``tools/standin.py`` on 127.0.0.1 with a placeholder key and
 the cassette is marked ``"synthesized"``; with ``--live`` it talks to ``OPENAI_BASE_URL``
@@ -18,7 +18,7 @@ once through the same entry to prove it reproduces the run.
 ``--eval`` makes the cassettes of the shipped eval goal sets (``src/planrun/evals``):
 it writes the goal files (``examples.jsonl`` from the worked examples and a few more
 goals over their kinds, ``taskbench.jsonl`` from the TaskBench samples in
-``tests/data/taskbench``), then records :func:`planrun.evaluate` for the ``default``
+``tests/data/taskbench``), then records :func:`planrun.dev.eval.evaluate` for the ``default``
 and ``strict`` prompt versions, against the stand-in's synthetic planner
 (:func:`standin.eval_planner`) or, with ``--live``, the real API; and replays it once.
 """

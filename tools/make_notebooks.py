@@ -93,10 +93,10 @@ DECOMPOSE_PROMPT = [
         import matplotlib.pyplot as plt
         from IPython.display import HTML, Image, display
 
-        from planrun import Model, Usage, decompose, validate_plan
+        from planrun import Model, decompose, validate_plan
         from planrun.dev.fixtures import FixtureMiss, check, record
         from planrun.examples import brief
-        from planrun.model import PromptLibrary, default_prompt_dir, describe_kinds
+        from planrun.model import PromptLibrary, Usage, default_prompt_dir, describe_kinds
         from planrun.testing import replay, shipped_cassette
 
         LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
@@ -352,7 +352,7 @@ DECOMPOSE_PROMPT = [
     md("""
         ## 4. `planrun fixtures check` flags the stale recording
 
-        `planrun.fixtures.check(paths)` re-runs each cassette's scenario (here `brief`:
+        `planrun.dev.fixtures.check(paths)` re-runs each cassette's scenario (here `brief`:
         decompose the goal, run the plan) against the cassette: every request the current
         code sends that has no exact recording is reported as `changed`, with the same
         explanation a miss gives, and answered with the closest recording so the rest of the
@@ -437,7 +437,7 @@ TICKET_RUN = [
         a time.
 
         The supervisor-worker article names three numbers to instrument in such a run, and
-        `planrun.status.timeline` computes them from the run's ledger:
+        `planrun.obs.timeline` computes them from the run's ledger:
 
         * **tasks by status**: is the run converging?
         * **active tasks per worker**: is the load spread, or is one worker pinned while the
@@ -629,8 +629,8 @@ STRATEGIES = [
         %matplotlib inline
         import matplotlib.pyplot as plt
 
-        from planrun import Scenario, simulate
         from planrun.core import STRATEGIES
+        from planrun.dev.sim import Scenario, simulate
 
         DURATIONS = [10, 2, 2, 10, 2, 2, 10, 2, 2]
         WORKERS = 3
@@ -731,8 +731,8 @@ PROMPT_EVAL = [
         from IPython.display import Image, display
 
         import planrun.model._prompts
-        from planrun import FixtureMiss
         from planrun.dev.eval import evaluate, load_goals, shipped
+        from planrun.testing import FixtureMiss
 
         LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
         GOALS, CASSETTE = shipped("examples")

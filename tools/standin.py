@@ -65,7 +65,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
+import httpx2
 
 from planrun.dev.scenarios import get_scenario
 from planrun.dev.testing import (
@@ -276,8 +276,8 @@ class StandIn:
                               "key at https://platform.openai.com/account/api-keys.",
                               "invalid_api_key")
             if path.startswith(BATCH_PATHS):  # the Batch API's own pool: no rate limit
-                response = self.batch_api(httpx.Request(method, f"http://standin{path}",
-                                                        headers=headers, content=body))
+                response = self.batch_api(httpx2.Request(method, f"http://standin{path}",
+                                                         headers=headers, content=body))
                 return (response.status_code,
                         {k: v for k, v in response.headers.items()
                          if k.lower() != "content-length"}, response.content)
@@ -306,8 +306,8 @@ class StandIn:
                                     "retry-after-ms": f"{wait * 1000:.0f}"}, content
                 self.admitted.append(now)
                 self.counted.append(cost)
-            request = httpx.Request(method, f"http://standin{path}", headers=headers,
-                                    content=body)
+            request = httpx2.Request(method, f"http://standin{path}", headers=headers,
+                                     content=body)
             response = self.fake(request)
             out = {k: v for k, v in response.headers.items()
                    if k.lower() not in ("content-length", "content-type")}

@@ -11,16 +11,20 @@ what is permanent, reclaims what goes silent, and applies side effects once.
     report = plan_and_run(brief.GOAL, brief.app, model=Model())
     print(report.summary())
 
-Everything public is importable from here. The subpackages are laid out by role:
-:mod:`planrun.core` decides (plans, records, the scheduling core), :mod:`planrun.runtime`
-carries out, :mod:`planrun.stores` keeps, :mod:`planrun.model` talks to models,
-:mod:`planrun.obs` observes, :mod:`planrun.dev` holds development tools and :mod:`planrun.cli._main`
-the command line.
+The top level holds what a user calls or catches: running a goal or a plan, the app and
+its registry, the model, budgets and limits, approvals, the report and the errors. The
+rest is imported from its subpackage, laid out by role: :mod:`planrun.core` decides (the
+task record, the ledger, kinds and workers, the other errors), :mod:`planrun.runtime`
+carries out (the :class:`~planrun.runtime.Supervisor`, clocks, run ownership),
+:mod:`planrun.stores` keeps (:func:`~planrun.stores.open_store`), :mod:`planrun.model`
+talks to models (usage, prices, rate limiters, prompts), :mod:`planrun.obs` observes,
+:mod:`planrun.testing` replays and records model traffic and holds the test doubles, and
+:mod:`planrun.dev` holds the development tools (:mod:`planrun.dev.eval`,
+:mod:`planrun.dev.sim`, ...).
 """
 
 from importlib import metadata as _metadata
 
-from planrun import _moved
 from planrun._facade import (
     App,
     RunReport,
@@ -31,88 +35,37 @@ from planrun._facade import (
     resume_run,
 )
 from planrun.core import (
-    CONTRACT_CODES,
-    PROBLEM_CODES,
-    Audit,
     BudgetExceeded,
-    ConfigError,
-    DispatchError,
-    Event,
-    IllegalTransition,
     InvalidPlan,
-    KindSpec,
-    Ledger,
-    ModelRefused,
     PermanentError,
     Plan,
-    PlanError,
     PlanrunError,
-    PlanTask,
     Problem,
-    RateLimited,
     Registry,
     RunAborted,
     RunInUse,
-    RunResult,
     SpawnRequest,
-    StallError,
     Status,
     StoreError,
-    Task,
     TaskContext,
     TransientError,
     UnknownRun,
-    UnstorableValue,
     UsageError,
-    WorkerError,
-    WorkerSpec,
-    analyze,
-    plan_schema,
-    read_jsonl,
-    redact,
     validate_plan,
 )
-from planrun.core.scheduling import Approval, Backoff, SpawnLimits
-from planrun.dev.eval import EvalReport, aevaluate, evaluate
-from planrun.dev.fixtures import FixtureMiss, record, replay
-from planrun.dev.sim import Scenario, SimResult, simulate
+from planrun.core.scheduling import Approval, SpawnLimits
 from planrun.model import (
     Batching,
     Budget,
-    Completion,
-    Limiter,
     Model,
     ModelWorker,
-    OutputTruncated,
-    Price,
     PriceTable,
-    PromptLibrary,
-    ProviderLimits,
-    RateLimiter,
-    RenderedPrompt,
     RetryPolicy,
     RunLimits,
-    SharedBudget,
-    SharedRateLimiter,
-    Usage,
     adecompose,
     decompose,
-    limit_key,
 )
-from planrun.runtime import (
-    Clock,
-    Coordinator,
-    RealClock,
-    Supervisor,
-    VirtualClock,
-    WorkerProcess,
-    approve_task,
-    hold_run,
-    reject_task,
-)
-from planrun.stores import open_store
-
-_moved.install()
+from planrun.runtime import approve_task, reject_task
 
 try:
     __version__ = _metadata.version("planrun")
@@ -120,95 +73,42 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
     __version__ = "0.0.0"
 
 __all__ = [
-    "CONTRACT_CODES",
-    "PROBLEM_CODES",
     "App",
     "Approval",
-    "Audit",
-    "Backoff",
     "Batching",
     "Budget",
     "BudgetExceeded",
-    "Clock",
-    "Completion",
-    "ConfigError",
-    "Coordinator",
-    "DispatchError",
-    "EvalReport",
-    "Event",
-    "FixtureMiss",
-    "IllegalTransition",
     "InvalidPlan",
-    "KindSpec",
-    "Ledger",
-    "Limiter",
     "Model",
-    "ModelRefused",
     "ModelWorker",
-    "OutputTruncated",
     "PermanentError",
     "Plan",
-    "PlanError",
-    "PlanTask",
     "PlanrunError",
-    "Price",
     "PriceTable",
     "Problem",
-    "PromptLibrary",
-    "ProviderLimits",
-    "RateLimited",
-    "RateLimiter",
-    "RealClock",
     "Registry",
-    "RenderedPrompt",
     "RetryPolicy",
     "RunAborted",
     "RunInUse",
     "RunLimits",
     "RunReport",
-    "RunResult",
-    "Scenario",
-    "SharedBudget",
-    "SharedRateLimiter",
-    "SimResult",
     "SpawnLimits",
     "SpawnRequest",
-    "StallError",
     "Status",
     "StoreError",
-    "Supervisor",
-    "Task",
     "TaskContext",
     "TaskReport",
     "TransientError",
     "UnknownRun",
-    "UnstorableValue",
-    "Usage",
     "UsageError",
-    "VirtualClock",
-    "WorkerError",
-    "WorkerProcess",
-    "WorkerSpec",
     "__version__",
     "adecompose",
-    "aevaluate",
-    "analyze",
     "aplan_and_run",
     "approve_task",
     "aresume_run",
     "decompose",
-    "evaluate",
-    "hold_run",
-    "limit_key",
-    "open_store",
     "plan_and_run",
-    "plan_schema",
-    "read_jsonl",
-    "record",
-    "redact",
     "reject_task",
-    "replay",
     "resume_run",
-    "simulate",
     "validate_plan",
 ]

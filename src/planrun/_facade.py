@@ -88,7 +88,7 @@ __all__ = [
 
 
 class SupervisorOptions(TypedDict, total=False):
-    """The :class:`~planrun.Supervisor` keywords a run passes on (see its arguments)."""
+    """The :class:`~planrun.runtime.Supervisor` keywords a run passes on (see its arguments)."""
 
     max_attempts: int | None
     retry: RetryPolicy | None
@@ -184,7 +184,7 @@ class App:
         if self.workers is not None:
             bad = [w for w in self.workers if not isinstance(w, WorkerSpec)]
             if isinstance(self.workers, str | bytes) or bad:
-                raise UsageError("App.workers must be a list of planrun.WorkerSpec, got "
+                raise UsageError("App.workers must be a list of planrun.core.WorkerSpec, got "
                                  f"{type(bad[0] if bad else self.workers).__name__}")
         for name, table in (("effects", self.effects), ("approvals", self.approvals)):
             if not isinstance(table, Mapping):
@@ -533,7 +533,7 @@ async def aresume_run(
 ) -> RunReport:
     """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
 
-    The run is resumed under its owner lease (:func:`planrun.hold_run`). An owner that is a
+    The run is resumed under its owner lease (:func:`planrun.runtime.hold_run`). An owner that is a
     process of this host that no longer exists is taken over at once. Another owner is
     waited for until its lease runs out (``wait=True``; ``on_wait(owner, seconds_left)``
     is called about once a second meanwhile); a live owner keeps renewing it, and then (or

@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from planrun import Approval, KindSpec, Registry, Supervisor, Task, TaskContext, open_store
+from planrun import Approval, Registry, TaskContext
+from planrun.core import KindSpec, Task
+from planrun.runtime import Supervisor
+from planrun.stores import open_store
 
 
 async def work(payload: Any, ctx: TaskContext) -> str:

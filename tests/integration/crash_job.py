@@ -24,8 +24,10 @@ import sqlite3
 import sys
 from typing import Any
 
-from planrun import KindSpec, Registry, RetryPolicy, Supervisor, Task, TaskContext, WorkerSpec
+from planrun import Registry, RetryPolicy, TaskContext
+from planrun.core import KindSpec, Task, WorkerSpec
 from planrun.core._errors import TransientError
+from planrun.runtime import Supervisor
 from planrun.stores import open_store
 
 CHAINS, LENGTH = 100, 5

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from planrun import App, Registry, Supervisor, Task
-from planrun.core import RunResult
-from planrun.runtime import DBOSAttempts, EffectFn
+from planrun import App, Registry
+from planrun.core import RunResult, Task
+from planrun.runtime import DBOSAttempts, EffectFn, Supervisor
 from planrun.stores import open_store
 
 HERE = Path(__file__).resolve().parent

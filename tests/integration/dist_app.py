@@ -14,7 +14,8 @@ import os
 import random
 from typing import Any
 
-from planrun import App, KindSpec, Registry, TaskContext
+from planrun import App, Registry, TaskContext
+from planrun.core import KindSpec
 
 
 async def triage(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:

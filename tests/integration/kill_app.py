@@ -14,7 +14,8 @@ import random
 import sqlite3
 from typing import Any
 
-from planrun import App, KindSpec, Registry, Task, TaskContext
+from planrun import App, Registry, TaskContext
+from planrun.core import KindSpec, Task
 
 
 async def step(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from planrun import App, KindSpec, PermanentError, Registry, TaskContext
+from planrun import App, PermanentError, Registry, TaskContext
+from planrun.core import KindSpec
 
 OTHER_KEY = "sk-svcacct-Vb7Nm6Mq5Wn4Eb3Rv2Tt9Yy8Uu7Ii6Oo5Pp4"
 """A key-shaped string the run was never told about."""

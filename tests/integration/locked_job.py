@@ -15,7 +15,9 @@ import sys
 import time
 from typing import Any
 
-from planrun import KindSpec, Registry, Supervisor, Task, TaskContext
+from planrun import Registry, TaskContext
+from planrun.core import KindSpec, Task
+from planrun.runtime import Supervisor
 from planrun.stores.sqlite import SQLiteStore
 
 TASKS = 400

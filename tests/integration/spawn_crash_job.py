@@ -18,7 +18,9 @@ from typing import Any
 
 from crash_job import Crash, CrashingStore
 
-from planrun import KindSpec, Registry, RetryPolicy, Supervisor, Task, TaskContext, WorkerSpec
+from planrun import Registry, RetryPolicy, TaskContext
+from planrun.core import KindSpec, Task, WorkerSpec
+from planrun.runtime import Supervisor
 from planrun.stores import open_store
 
 FETCHES, FAN = 20, 10

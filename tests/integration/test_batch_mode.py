@@ -29,7 +29,6 @@ from planrun import (
     BudgetExceeded,
     Model,
     RetryPolicy,
-    Usage,
     aplan_and_run,
     plan_and_run,
     resume_run,
@@ -39,7 +38,7 @@ from planrun.dev.testing import FakeBatchAPI, FakeOpenAI
 from planrun.examples.answers import answers
 from planrun.examples.ticket_data import generate_tickets
 from planrun.examples.tickets import make_app, ticket_plan
-from planrun.model import Batcher
+from planrun.model import Batcher, Usage
 from planrun.stores import open_store
 
 HERE = Path(__file__).resolve().parent

@@ -30,8 +30,16 @@ from dist_app import registry as dist_registry
 from dist_app import triage
 from pgtest import fresh_schema
 
-from planrun import KindSpec, Registry, Task, TaskContext
-from planrun.core import PermanentError, RunResult, Status, TransientError, UsageError
+from planrun import Registry, TaskContext
+from planrun.core import (
+    KindSpec,
+    PermanentError,
+    RunResult,
+    Status,
+    Task,
+    TransientError,
+    UsageError,
+)
 from planrun.core.scheduling import RetryPolicy
 from planrun.runtime import DBOSWorker
 from planrun.runtime._dbos_wire import dbos_url
@@ -275,7 +283,6 @@ def test_a_killed_worker_process_is_reclaimed_and_its_tasks_finished_by_another(
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (["--mode", "peer"], "--mode peer is not offered"),
     (["--kinds", "triage,nope"], "unknown kind(s) ['nope']"),
     (["--concurrency", "0"], "--concurrency"),
     (["--concurrency", "many"], "--concurrency"),

@@ -11,7 +11,8 @@ from planrun.dev.sim import Scenario, simulate
 
 APP = '''
 import time
-from planrun import App, KindSpec, Registry
+from planrun import App, Registry
+from planrun.core import KindSpec
 
 def nap(payload, ctx):
     time.sleep(float(payload["s"]))

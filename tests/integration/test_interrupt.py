@@ -36,8 +36,9 @@ app.register("slow", slow)
 ASYNC_APP = """
 import asyncio, os
 from pathlib import Path
-from planrun import Registry, WorkerSpec
+from planrun import Registry
 from planrun._facade import App
+from planrun.core import WorkerSpec
 
 async def slow(payload, ctx):
     Path(os.environ["MARKS"], ctx.task_id).write_text("started")

@@ -25,8 +25,10 @@ from dist_app import registry
 from pgtest import PG_URL, fresh_schema
 from tcpproxy import TcpProxy
 
-from planrun import KindSpec, Registry, Supervisor, Task, TaskContext
+from planrun import Registry, TaskContext
+from planrun.core import KindSpec, Task
 from planrun.core._task import Status
+from planrun.runtime import Supervisor
 from planrun.stores import open_store
 
 OUTAGE_S = 12.0

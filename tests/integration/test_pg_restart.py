@@ -28,8 +28,7 @@ import pytest
 from dbos_support import run_on_dbos, spawn_worker, stop_workers
 from dist_app import registry
 
-from planrun import Task
-from planrun.core import Status
+from planrun.core import Status, Task
 from planrun.stores import open_store
 
 LEASE = 30.0  # longer than the restart: no attempt is reclaimed for it

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,28 @@ def test_standin_serves_a_scenario_script_in_the_wire_format(tmp_path: Path) -> 
     assert errors[0].body["error"]["type"] == "server_error"
 
 
+def test_the_pytest_plugin_is_inactive_until_a_suite_asks_for_it(tmp_path: Path) -> None:
+    """Installing planrun adds nothing to a test run: no entry point, no option, no fixture;
+    ``-p planrun.testing.pytest_plugin`` brings all three."""
+    assert not [e for e in entry_points(group="pytest11") if e.value.startswith("planrun")]
+    (tmp_path / "test_plain.py").write_text(
+        "def test_fixture(planrun_cassette):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+
+    def pytest_run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+        return done.stdout + done.stderr
+
+    plain = pytest_run("--help")
+    assert "--planrun-record" not in plain and "planrun_fixtures" not in plain, plain
+    assert "fixture 'planrun_cassette' not found" in pytest_run("test_plain.py")
+    opted_in = pytest_run("-p", "planrun.testing.pytest_plugin", "--help")
+    assert "--planrun-record" in opted_in and "planrun_fixtures" in opted_in, opted_in
+    assert "no cassette" in pytest_run("-p", "planrun.testing.pytest_plugin", "test_plain.py")
+
+
 def test_pytest_plugin_replays_and_fails_on_unplayed_interactions(tmp_path: Path) -> None:
     (tmp_path / "fixtures").mkdir()
     shutil.copy(FIXTURES / "release.json", tmp_path / "fixtures" / "release.json")
@@ -182,8 +205,8 @@ def test_pytest_plugin_replays_and_fails_on_unplayed_interactions(tmp_path: Path
     """))
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:planrun",
-         "-p", "planrun.dev.pytest_plugin", "-rA", str(tmp_path / "test_cassettes.py")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "planrun.testing.pytest_plugin", "-rA", str(tmp_path / "test_cassettes.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     out = result.stdout + result.stderr
@@ -192,8 +215,8 @@ def test_pytest_plugin_replays_and_fails_on_unplayed_interactions(tmp_path: Path
     assert "ERROR at teardown of test_half_of_it" in out and "never played (#0, #2)" in out, out
     assert "no cassette" in out and "--planrun-record" in out, out
     record_run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:planrun",
-         "-p", "planrun.dev.pytest_plugin", "--planrun-record",
+        [sys.executable, "-m", "pytest", "-q", "-p", "planrun.testing.pytest_plugin",
+         "--planrun-record",
          str(tmp_path / "test_cassettes.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )

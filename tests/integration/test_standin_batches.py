@@ -1,4 +1,4 @@
-"""The stand-in's Batch API, through the real openai SDK over HTTP (and through respx): what
+"""The stand-in's Batch API, through the real openai SDK over HTTP (and in process): what
 planrun's batch mode and its tests rely on, in the API's wire format."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any, Final
 
 import openai
 import pytest
-import respx
 from openai.types import Batch, FileObject
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from planrun.dev.testing import FakeBatchAPI, FakeOpenAI
+from planrun.testing import answered_by
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
@@ -312,13 +312,11 @@ def test_the_batch_api_has_its_own_pool_outside_the_live_rate_limit() -> None:
     assert server.batch_api.submitted == 3 and len(fake.requests) == 7
 
 
-def test_as_a_respx_side_effect_with_the_same_ids_every_time() -> None:
+def test_served_in_process_with_the_same_ids_every_time() -> None:
     async def once() -> tuple[str, str, bytes, FileObject]:
         fake = FakeOpenAI()
         api = FakeBatchAPI(fake, clock=Clock())
-        with respx.mock(using="httpcore2", assert_all_mocked=True) as router:
-            router.route(url__regex=r"^https://api\.test/v1/(files|batches)").mock(
-                side_effect=api)
+        with answered_by(api):
             async with openai.AsyncOpenAI(api_key="sk-test", base_url="https://api.test/v1",
                                           max_retries=0) as client:
                 batch = await client.batches.retrieve((await submit(client, lines(2))).id)

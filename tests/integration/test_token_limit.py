@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from planrun import Model, OutputTruncated, RateLimiter, RetryPolicy, Usage
-from planrun.model import output_bound
+from planrun import Model, RetryPolicy
+from planrun.model import OutputTruncated, RateLimiter, Usage, output_bound
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))

@@ -13,19 +13,11 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, field_validator
 
-from planrun import (
-    PROBLEM_CODES,
-    App,
-    InvalidPlan,
-    Plan,
-    Registry,
-    Status,
-    Usage,
-    aplan_and_run,
-)
+from planrun import App, InvalidPlan, Plan, Registry, Status, aplan_and_run
+from planrun.core import PROBLEM_CODES
 from planrun.dev import fixtures
 from planrun.dev.eval import EVALS_DIR, aevaluate, load_goals
-from planrun.model import Model, ModelWorker, adecompose
+from planrun.model import Model, ModelWorker, Usage, adecompose
 
 pytestmark = pytest.mark.realmodel
 

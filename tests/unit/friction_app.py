@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from planrun import App, KindSpec, PermanentError, Registry, TaskContext
+from planrun import App, PermanentError, Registry, TaskContext
+from planrun.core import KindSpec
 
 running = {"now": 0, "most": 0}
 

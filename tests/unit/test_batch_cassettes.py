@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 from pydantic import BaseModel
@@ -167,7 +167,7 @@ def test_an_upload_matches_whatever_boundary_the_sdk_chose() -> None:
     cassette = Cassette([Interaction(
         RecordedRequest.from_http("POST", "/v1/files", form("recorded-boundary"), None),
         answer)])
-    served = cassette.serve(httpx.Request(
+    served = cassette.serve(httpx2.Request(
         "POST", "http://x/v1/files", content=form("another-boundary-0123"),
         headers={"content-type": "multipart/form-data; boundary=another-boundary-0123"}))
     assert served.json() == {"id": "file-1", "object": "file"} and not cassette.misses
@@ -177,8 +177,8 @@ def test_an_upload_of_other_lines_is_a_miss() -> None:
     cassette = Cassette([Interaction(
         RecordedRequest.from_http("POST", "/v1/files", form("b1"), None),
         RecordedResponse(200, {}, {"id": "file-1"}))])
-    request = httpx.Request("POST", "http://x/v1/files",
-                            content=form("b2", '{"custom_id": "z"}\n'))
+    request = httpx2.Request("POST", "http://x/v1/files",
+                             content=form("b2", '{"custom_id": "z"}\n'))
     with pytest.raises(FixtureMiss):
         cassette.serve(request)
 

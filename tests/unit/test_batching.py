@@ -122,6 +122,7 @@ def test_a_batch_that_takes_hours_is_no_stall_and_keeps_its_tasks_leases() -> No
     (15 min) and lease (90 s), yet nothing is reclaimed and the run completes."""
     import pytest_httpx2  # noqa: F401  (registers respx's "httpcore2" mocker)
     import respx
+    from conftest import via_respx
 
     from planrun import Model, plan_and_run
     from planrun.core import EventName
@@ -138,8 +139,9 @@ def test_a_batch_that_takes_hours_is_no_stall_and_keeps_its_tasks_leases() -> No
     plan = ticket_plan(generate_tickets(3, 0), app.registry)
     with respx.mock(using="httpcore2", assert_all_mocked=True,
                     assert_all_called=False) as router:
-        router.route(url__regex=r"^https://api\.test/v1/(files|batches)").mock(side_effect=api)
-        router.post("https://api.test/v1/chat/completions").mock(side_effect=fake)
+        router.route(url__regex=r"^https://api\.test/v1/(files|batches)").mock(
+            side_effect=via_respx(api))
+        router.post("https://api.test/v1/chat/completions").mock(side_effect=via_respx(fake))
         model = Model("gpt-4o-mini", api_key="sk-test-batch-hours-0000",
                       base_url="https://api.test/v1")
         report = plan_and_run(plan, app, model=model, clock=clock,

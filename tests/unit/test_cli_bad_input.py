@@ -176,7 +176,6 @@ def test_help_still_prints_and_exits_0(capsys: pytest.CaptureFixture[str]) -> No
     ("extra", "needle"),
     [
         (["--db", ""], "--db is empty"),
-        (["--mode", "peer"], "--mode peer is not offered"),
         (["--stale-after", "5"], "--stale-after applies to --workers external"),
         (["--batch-poll", "5"], "--batch-size, --batch-wait and --batch-poll need --batch"),
         (["--batch", "--batch-size", "0"], "--batch-size"),

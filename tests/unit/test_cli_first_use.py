@@ -16,9 +16,10 @@ from pathlib import Path
 import friction_app
 import pytest
 
-from planrun import App, KindSpec, Registry, TransientError, UsageError, WorkerSpec
+from planrun import App, Registry, TransientError, UsageError
 from planrun.cli import main
 from planrun.cli._main import looks_like_a_file
+from planrun.core import KindSpec, WorkerSpec
 from planrun.model import Model
 
 HERE = Path(__file__).parent
@@ -154,7 +155,7 @@ def test_concurrency_at_the_command_line(tmp_path: Path, capsys: pytest.CaptureF
     ({"effects": {"nope": print}}, "App.effects names kind(s) ['nope']"),
     ({"effects": {"k": "send"}}, "App.effects['k'] must be a function"),
     ({"approvals": {"k": "later"}}, "an approval is 'start', 'effect'"),
-    ({"workers": ["w1"]}, "App.workers must be a list of planrun.WorkerSpec"),
+    ({"workers": ["w1"]}, "App.workers must be a list of planrun.core.WorkerSpec"),
 ])
 def test_an_app_refuses_bad_settings_when_built(options: dict[str, object], names: str) -> None:
     with pytest.raises(UsageError, match=re.escape(names)):

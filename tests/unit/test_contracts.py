@@ -10,18 +10,8 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from planrun import (
-    CONTRACT_CODES,
-    InvalidPlan,
-    KindSpec,
-    Plan,
-    Registry,
-    SpawnLimits,
-    Task,
-    UsageError,
-    plan_schema,
-    validate_plan,
-)
+from planrun import InvalidPlan, Plan, Registry, SpawnLimits, UsageError, validate_plan
+from planrun.core import CONTRACT_CODES, KindSpec, Task, plan_schema
 from planrun.core.scheduling import expand
 from planrun.examples import brief
 from planrun.examples.answers import BRIEF_PLAN, PIX_FIRST_PLAN, PIX_PLAN

@@ -6,13 +6,13 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import shutil
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import httpx2
 import openai
 import pytest
@@ -37,7 +37,6 @@ from planrun.dev.fixtures import (
     replay,
     scrub,
 )
-from planrun.dev.pytest_plugin import CassetteFixture
 from planrun.dev.scenarios import RETRY_AFTER_S, SCENARIOS, get_scenario
 from planrun.examples import brief, release, tickets
 from planrun.examples.ticket_data import generate_tickets
@@ -45,6 +44,7 @@ from planrun.model import Model, RetryPolicy
 from planrun.model._prompts import PromptLibrary
 from planrun.model._workers import ModelWorker
 from planrun.runtime._clock import VirtualClock
+from planrun.testing.pytest_plugin import CassetteFixture
 
 FIXTURES = REPO / "fixtures"
 SINGLE_CHAIN = ["release", "rate_limited", "server_error", "refusal", "bad_request"]
@@ -472,7 +472,7 @@ class WrappingSDK:
     async def create(self, **params: Any) -> Any:
         self.calls += 1
         body = {k: v for k, v in params.items() if k in ("model", "messages", "response_format")}
-        request = httpx.Request("POST", f"{self.base_url}/chat/completions", json=body)
+        request = httpx2.Request("POST", f"{self.base_url}/chat/completions", json=body)
         try:
             return self.cassette.serve(request)
         except FixtureMiss as miss:
@@ -533,3 +533,50 @@ def test_brief_replan_replay_replaces_the_dead_research_and_its_steps() -> None:
     assert set(kept) < set(brief.depends_on)
     plans = [i for i in cassette.interactions if i.request.schema_name == "plan"]
     assert len(plans) == 3 and "timed out" in json.dumps(plans[-1].request.messages)
+
+
+ONE_HTTP_STACK = """
+import importlib.abc, sys
+
+class Blocked(importlib.abc.MetaPathFinder):
+    '''Test libraries and the second HTTP stack cannot be imported.'''
+
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in {"respx", "httpx", "httpcore", "pytest_httpx2"}:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocked())
+"""
+
+
+def test_a_replay_needs_no_test_library_and_one_http_stack(tmp_path: Path) -> None:
+    """``planrun demo``, a replay from Python and the fakes, with respx, httpx and httpcore
+    (respx's stack) unimportable: only httpx2, the openai SDK's, is used."""
+    import subprocess
+    import sys
+
+    code = ONE_HTTP_STACK + """
+from planrun.cli import main
+from planrun import plan_and_run
+from planrun.examples import release
+from planrun.testing import FakeOpenAI, answered_by, replay
+
+assert main(["demo"]) == 0
+with replay("release") as cassette:
+    report = plan_and_run(release.RELEASE_PLAN, release.make_app(), model=cassette.model())
+assert report.ok and not cassette.unused()
+with answered_by(FakeOpenAI()):
+    pass
+gone = {"respx", "httpx", "httpcore"} & set(sys.modules)
+assert not gone, gone
+print("replayed", cassette.stats.played)
+"""
+    blocked = subprocess.run([sys.executable, "-c", ONE_HTTP_STACK + "import respx"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert "No module named 'respx' (blocked)" in blocked.stderr, blocked.stderr
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "audit: clean" in done.stdout and "replayed 3" in done.stdout, done.stdout[-2000:]

@@ -49,7 +49,6 @@ def test_no_private_module_is_imported_from_outside_its_package() -> None:
         if imported.rpartition(".")[2].startswith("_")
         and not imported.endswith("__init__")
         and not (importer + ".").startswith(_package(imported) + ".")
-        and importer != "planrun._moved"
     )
     assert wrong == []
 
@@ -100,43 +99,18 @@ def test_the_import_contracts_hold() -> None:
     assert done.returncode == 0, done.stdout[-3000:]
 
 
-def test_an_old_module_path_still_works_and_says_it_is_deprecated() -> None:
+def test_the_old_flat_module_paths_are_gone() -> None:
+    """No import hook: an old flat path is an import error, and the package is a plain
+    module."""
     import importlib
-    import warnings
-
-    from planrun import _moved
-
-    for old, new in sorted(_moved.MOVED.items()):
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new), old
-        assert [w.category for w in caught] == [DeprecationWarning], old
-        assert old in str(caught[0].message) and "deprecated" in str(caught[0].message)
-
-
-def test_a_name_that_never_existed_is_still_an_import_error() -> None:
-    import importlib
-
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("planrun.no_such_module")
-
-
-def test_an_old_module_path_does_not_shadow_a_public_name() -> None:
-    """``import planrun.decompose`` (the old module) leaves ``planrun.decompose`` the
-    function: importing a submodule would otherwise set it on the package."""
-    import importlib
-    import warnings
+    import types
 
     import planrun
 
-    function = planrun.decompose
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        module = importlib.import_module("planrun.decompose")
-    assert planrun.decompose is function and callable(planrun.decompose)
-    assert module.decompose is function
+    for old in ("planrun.supervisor", "planrun.errors", "planrun.fixtures", "planrun.distributed"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    assert type(planrun) is types.ModuleType
 
 
 MAX_CLASS_LINES, MAX_FUNCTION_LINES = 400, 60

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from planrun import RunInUse, UsageError, hold_run
+from planrun import RunInUse, UsageError
+from planrun.runtime import hold_run
 from planrun.runtime._ownership import default_ttl
 from planrun.stores import InMemoryStore, RunInfo
 
@@ -66,7 +67,9 @@ def test_the_ttl_comes_from_the_environment_when_set(monkeypatch: pytest.MonkeyP
 
 
 async def test_resume_run_and_a_wrapped_supervisor_are_refused_while_the_owner_lives() -> None:
-    from planrun import KindSpec, Registry, Supervisor, Task, aresume_run
+    from planrun import Registry, aresume_run
+    from planrun.core import KindSpec, Task
+    from planrun.runtime import Supervisor
 
     ran: list[str] = []
 

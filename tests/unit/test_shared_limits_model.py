@@ -135,8 +135,6 @@ def test_run_records_its_limits_and_status_shows_the_spend(
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mode", "peer"], "--mode peer is not offered"),
-    (["--mode", "push"], "--mode applies to --workers external only"),
     (["--stale-after", "5"], "--stale-after applies to --workers external"),
     (["--workers", "external", "--db", "sqlite:///x.db", "--strategy", "balanced"],
      "--strategy routes local workers"),

@@ -51,7 +51,7 @@ def test_scenario_file_with_dependencies_failures_and_speeds(tmp_path: Path) -> 
             {"id": "x", "kind": "a", "estimate": 4, "fail": {"fast": 1}},
             {"id": "y", "kind": "a", "estimate": 4, "depends_on": ["x"]},
         ],
-        "options": {"backoff": None, "max_attempts": 3},
+        "options": {"max_attempts": 3},
     }))
     result = simulate(Scenario.load(path))
     run = result.run

@@ -126,7 +126,7 @@ def test_the_default_backoff_jitter_takes_up_to_25_percent_off_and_caps() -> Non
 
 
 def test_the_old_backoff_spelling_warns_and_still_works() -> None:
-    from planrun import Backoff
+    from planrun.core.scheduling import Backoff
 
     with pytest.warns(DeprecationWarning, match="RetryPolicy"):
         old = Backoff(base=2.0, cap=60.0, jitter=0.0)

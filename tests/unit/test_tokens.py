@@ -12,16 +12,18 @@ import pytest
 from conftest_model import Server, chat_completion, make_model, mock_api, ok, run
 from pydantic import BaseModel, Field
 
-from planrun import (
+from planrun import Registry, TaskContext
+from planrun.core import InvalidPlan, Plan, UsageError
+from planrun.model import (
+    DEFAULT_COMPLETION_ESTIMATE,
+    ModelWorker,
     OutputTruncated,
     ProviderLimits,
     RateLimiter,
-    Registry,
     SharedRateLimiter,
-    TaskContext,
+    Usage,
+    adecompose,
 )
-from planrun.core import InvalidPlan, Plan, UsageError
-from planrun.model import DEFAULT_COMPLETION_ESTIMATE, ModelWorker, Usage, adecompose
 from planrun.model._decompose import plan_bound
 from planrun.model._limiter import behind, duration_seconds
 from planrun.model._schema import (

@@ -6,7 +6,9 @@ import asyncio
 import datetime
 from typing import Any
 
-from planrun import KindSpec, Registry, Supervisor, Task, TaskContext, WorkerSpec
+from planrun import Registry, TaskContext
+from planrun.core import KindSpec, Task, WorkerSpec
+from planrun.runtime import Supervisor
 from planrun.stores import InMemoryStore
 
 

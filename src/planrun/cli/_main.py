@@ -584,9 +584,6 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--workers", choices=["local", "external"], default="local",
                         help="external: worker processes (planrun worker) do the tasks; "
                         "this process only coordinates (needs --db)")
-    parser.add_argument("--mode", choices=["push", "peer"],
-                        help="external workers: push (the only mode: attempts go to the "
-                        "DBOS queues of their kinds); peer is refused")
     parser.add_argument("--stale-after", type=_seconds, metavar="S",
                         help="external workers: reclaim an attempt whose worker process has "
                         "not heartbeat for this long "
@@ -671,10 +668,6 @@ def _refuse_unhonoured(args: argparse.Namespace) -> None:
         if args.batch:
             raise _CliError("--batch runs with local workers; worker processes on DBOS call "
                             "the model live (drop --batch or --workers external)")
-        return
-    for flag, value in (("--mode", args.mode), ("--stale-after", args.stale_after)):
-        if value is not None:
-            raise _CliError(f"{flag} applies to --workers external only")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -726,9 +719,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _execute(source, app, options, args)
 
 
-PEER_REFUSED = ("--mode peer is not offered: worker processes take attempts from DBOS "
-                "queues (the articles' peer protocol is shown by planrun compare)")
-
 LEASE_S = 30.0
 """The lease of an attempt a worker process holds, unless ``--stale-after`` says."""
 
@@ -752,8 +742,6 @@ def _check_run_flags(args: argparse.Namespace) -> None:
     """Refuse flags the chosen mode cannot use, rather than ignore them."""
     if args.db is not None:
         _check_db(args.db)
-    if args.mode == "peer":
-        raise _CliError(PEER_REFUSED)
     if args.workers != "external" and args.stale_after is not None:
         raise _CliError("--stale-after applies to --workers external; local runs notice "
                         "a stuck attempt by its timeout")
@@ -1170,9 +1158,6 @@ def _add_worker(subparsers: _Subparsers) -> None:
     parser.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
                         help="attempts this worker runs at once")
     parser.add_argument("--name", help="unique worker name (default host-pid)")
-    parser.add_argument("--mode", choices=["push", "peer"], default="push",
-                        help="push (the only mode): take the attempts the run puts on the "
-                        "queues; peer is refused")
     parser.add_argument("--lease", type=_seconds, default=30.0, metavar="S",
                         help="seconds a taken task is held between heartbeats (default 30)")
     parser.add_argument("--idle-exit", type=_seconds, metavar="S",
@@ -1192,8 +1177,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from planrun.runtime import DBOSWorker, import_dbos
 
     _check_db(args.db)
-    if args.mode == "peer":
-        raise _CliError(PEER_REFUSED)
     import_dbos()  # the [dbos] extra, before anything else is looked at
     app = load_app(args.app)
     model = _model(args) if app.needs_model() else None

@@ -120,7 +120,7 @@ _new_object = object.__new__
 
 _SLOTS = tuple(Event.__dict__[name].__set__ for name in Event.__slots__)
 if Event.__slots__ != ("seq", "at", "task", "event", "worker", "attempt", "detail"):
-    raise ImportError("planrun.ledger._event must set every field of Event, in order")
+    raise ImportError("planrun.core._ledger._event must set every field of Event, in order")
 (_set_seq, _set_at, _set_task, _set_event, _set_worker, _set_attempt, _set_detail) = _SLOTS
 
 

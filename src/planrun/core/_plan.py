@@ -270,7 +270,7 @@ class Plan:
     def to_tasks(self, id_prefix: str = "t", **defaults: Any) -> list[Task]:
         """Task records for this plan, in index order, with ``depends_on`` as ids.
 
-        ``defaults`` sets other :class:`~planrun.Task` fields on every record
+        ``defaults`` sets other :class:`~planrun.core.Task` fields on every record
         (``max_attempts=5``, ``estimate_s=2.0``, ...).
 
         Raises:

@@ -4,8 +4,9 @@
 ``GET /v1/files/{id}`` and ``GET /v1/files/{id}/content``, ``POST /v1/batches``,
 ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel`` and ``GET /v1/batches`` (newest
 first, cursor pages with ``first_id``, ``last_id`` and ``has_more``) the way the API does.
-It is called with an ``httpx.Request`` and returns an ``httpx.Response``, like
-:class:`~planrun.dev.testing.FakeOpenAI`: a respx side effect, or behind the stand-in server
+It is called with an ``httpx2.Request`` and returns an ``httpx2.Response`` (httpx2 is the
+HTTP stack the ``openai`` SDK sends through), like :class:`~planrun.dev.testing.FakeOpenAI`:
+served with :func:`~planrun.testing.answered_by`, or behind the stand-in server
 (``tools/standin.py``).
 
 Each line of a batch is answered by the :class:`~planrun.dev.testing.FakeOpenAI` given
@@ -43,11 +44,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 
 __all__ = ["LATE_HEADER", "FakeBatchAPI", "LineFailure", "LineFailures", "json_object"]
 
-Answerer = Callable[[httpx.Request], httpx.Response]
+Answerer = Callable[[httpx2.Request], httpx2.Response]
 """What answers one line as a live request: a :class:`~planrun.dev.testing.FakeOpenAI`."""
 LineFailure = Callable[[str, Mapping[str, Any]], "tuple[int, Mapping[str, Any]] | None"]
 """``(custom_id, body) -> (status, error body)`` to fail that line, or None to answer it."""
@@ -159,7 +160,7 @@ class FakeBatchAPI:
         return status, {"error": {"message": message or default, "type": kind,
                                   "param": None, "code": code or default_code}}
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         """Answer one request to a files or batches endpoint."""
         self._served += 1
         response = self._route(request)
@@ -167,7 +168,7 @@ class FakeBatchAPI:
             "req", f"{self._served}:{request.method}:{request.url.path}")
         return response
 
-    def _route(self, request: httpx.Request) -> httpx.Response:
+    def _route(self, request: httpx2.Request) -> httpx2.Response:
         parts = [p for p in request.url.path.removeprefix("/v1").split("/") if p]
         method = request.method
         if parts == ["files"] and method == "POST":
@@ -186,7 +187,7 @@ class FakeBatchAPI:
 
     # -- files
 
-    def _upload(self, request: httpx.Request) -> httpx.Response:
+    def _upload(self, request: httpx2.Request) -> httpx2.Response:
         fields = multipart_fields(request.content)
         upload = fields.get("file")
         if not isinstance(upload, tuple):
@@ -199,16 +200,16 @@ class FakeBatchAPI:
         fid = self._id("file", content)
         created = int(self.clock())
         self.files[fid] = (name, purpose, content, created)
-        return httpx.Response(200, json=_file_object(fid, name, purpose, len(content), created))
+        return httpx2.Response(200, json=_file_object(fid, name, purpose, len(content), created))
 
-    def _file(self, fid: str, *, content: bool) -> httpx.Response:
+    def _file(self, fid: str, *, content: bool) -> httpx2.Response:
         if fid not in self.files:
             return _error(404, f"No such File object: {fid}", param="id")
         name, purpose, data, created = self.files[fid]
         if content:
-            return httpx.Response(200, content=data,
-                                  headers={"content-type": "application/octet-stream"})
-        return httpx.Response(200, json=_file_object(fid, name, purpose, len(data), created))
+            return httpx2.Response(200, content=data,
+                                   headers={"content-type": "application/octet-stream"})
+        return httpx2.Response(200, json=_file_object(fid, name, purpose, len(data), created))
 
     def _new_file(self, name: str, lines: list[dict[str, Any]]) -> str | None:
         if not lines:
@@ -220,7 +221,7 @@ class FakeBatchAPI:
 
     # -- batches
 
-    def _create(self, request: httpx.Request) -> httpx.Response:
+    def _create(self, request: httpx2.Request) -> httpx2.Response:
         body = json_object(request.content)
         fid = body.get("input_file_id")
         if not isinstance(fid, str) or fid not in self.files:
@@ -250,15 +251,15 @@ class FakeBatchAPI:
         self._batches[bid] = _Batch(data, lines, now)
         late = ({LATE_HEADER: f"{self.answer_create_after:g}"} if self.answer_create_after
                 else None)
-        return httpx.Response(200, json=data, headers=late)
+        return httpx2.Response(200, json=data, headers=late)
 
-    def _retrieve(self, bid: str) -> httpx.Response:
+    def _retrieve(self, bid: str) -> httpx2.Response:
         if bid not in self._batches:
             return _error(404, f"No batch found with id '{bid}'.", param="batch_id")
         self.retrieves += 1
-        return httpx.Response(200, json=self._advance(self._batches[bid]))
+        return httpx2.Response(200, json=self._advance(self._batches[bid]))
 
-    def _cancel(self, bid: str) -> httpx.Response:
+    def _cancel(self, bid: str) -> httpx2.Response:
         if bid not in self._batches:
             return _error(404, f"No batch found with id '{bid}'.", param="batch_id")
         batch = self._batches[bid]
@@ -268,9 +269,9 @@ class FakeBatchAPI:
         self.cancelled += 1
         batch.cancelled = True  # the lines done by now are all it does
         data.update(status="cancelling", cancelling_at=int(self.clock()))
-        return httpx.Response(200, json=data)
+        return httpx2.Response(200, json=data)
 
-    def _list(self, request: httpx.Request) -> httpx.Response:
+    def _list(self, request: httpx2.Request) -> httpx2.Response:
         limit = int(request.url.params.get("limit") or 20)
         if not 1 <= limit <= 100:
             return _error(400, f"Invalid 'limit': {limit}; it must be between 1 and 100.",
@@ -280,7 +281,7 @@ class FakeBatchAPI:
         start = ordered.index(after) + 1 if after in ordered else 0
         page = ordered[start:start + limit]
         data = [self._advance(self._batches[bid]) for bid in page]
-        return httpx.Response(200, json={
+        return httpx2.Response(200, json={
             "object": "list", "data": data, "first_id": page[0] if page else None,
             "last_id": page[-1] if page else None,
             "has_more": start + limit < len(ordered)})
@@ -336,9 +337,9 @@ class FakeBatchAPI:
                 batch.failed[cid] = _result(cid, {"status_code": status, "request_id":
                                                   _hex("req", cid), "body": dict(body)}, None)
                 continue
-            request = httpx.Request("POST", f"http://batch{line['url']}",
-                                    content=json.dumps(line["body"]).encode(),
-                                    headers={"content-type": "application/json"})
+            request = httpx2.Request("POST", f"http://batch{line['url']}",
+                                     content=json.dumps(line["body"]).encode(),
+                                     headers={"content-type": "application/json"})
             reply = self.fake(request)
             response = {"status_code": reply.status_code,
                         "request_id": reply.headers.get("x-request-id") or _hex("req", cid),
@@ -530,9 +531,9 @@ def _batch_object(bid: str, body: Mapping[str, Any], fid: str, now: int,
     }
 
 
-def _error(status: int, message: str, param: str | None = None) -> httpx.Response:
+def _error(status: int, message: str, param: str | None = None) -> httpx2.Response:
     """The API's error answer: the body :func:`planrun.dev.testing.error_body` makes (that
     module imports this one, so its shape is written here)."""
     kind = "conflict_error" if status == 409 else "invalid_request_error"
-    return httpx.Response(status, json={"error": {"message": message, "type": kind,
-                                                  "param": param, "code": None}})
+    return httpx2.Response(status, json={"error": {"message": message, "type": kind,
+                                                   "param": param, "code": None}})

@@ -13,14 +13,14 @@ goal file); ``--app`` / ``registry=`` gives a default for lines that name none.
 ``expected_kinds`` and ``reference`` are optional.
 
 :func:`evaluate` runs the real decomposer (:func:`planrun.adecompose`) on every goal for
-every prompt version (a :class:`~planrun.PromptLibrary`, a folder, or a ``decompose.md``
+every prompt version (a :class:`~planrun.model.PromptLibrary`, a folder, or a ``decompose.md``
 file) and reports, per version: how often the first plan validated, how often the plan
 validated after repairs, the mean number of repairs, the problem codes seen (with counts),
 the mean plan size, tokens and cost, and, against a reference plan, how close the plan is:
 node (kind) and link (dependency edge between kinds) precision, recall and F1, averaged
 over goals as TaskBench scores its node and link F1. Model calls are recorded and replayed
 like every other (``record=`` / ``replay=``); a prompt edited since its recording is a
-:class:`~planrun.FixtureMiss` naming the template, never a network call.
+:class:`~planrun.testing.FixtureMiss` naming the template, never a network call.
 
     report = evaluate("examples", {"default": None, "strict": "strict"}, replay="examples")
     print(report.table())
@@ -650,7 +650,7 @@ async def aevaluate(
         model: the model (default: from the environment; under ``replay`` the cassette's);
             one passed in is not closed. Its limiter and budget hold for the whole run.
         replay, record: a cassette to answer from (a path or a shipped set's name; a
-            request it has no recording for is a :class:`~planrun.FixtureMiss`), or to write.
+            request with no recording is a :class:`~planrun.testing.FixtureMiss`), or to write.
         registry: the kinds for goal lines that name none (an app ``module:attr``).
         min_tasks, max_tasks, repair_attempts: as for :func:`planrun.decompose`; ``prices``
             the price table for the cost.

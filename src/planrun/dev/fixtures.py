@@ -30,18 +30,19 @@ random) is kept as its fields, ``{"multipart": {"purpose": "batch", "file": {"fi
 its ``text`` with its ``content-type`` and served back byte for byte; the polls of one
 batch (identical requests) are served in the order they were recorded.
 
-* :func:`replay` serves a cassette through respx (``using="httpcore2"``,
-  ``assert_all_mocked=True``): nothing reaches the network. A request matches a recording
-  by method, path and canonical body (sorted keys); identical requests are served in
-  recorded order (a queue per key), so concurrency may reorder different requests freely.
-  A request with no recording raises :class:`FixtureMiss` at once, naming the closest
-  recording and what differs (the prompt template whose render changed, the first
-  differing message as a diff, the response schema, a parameter) and the command that
+* :func:`replay` serves a cassette through httpx2's own ``MockTransport``, put in place of
+  the transport of every httpx2 client (the HTTP stack the ``openai`` SDK sends through)
+  for the block: nothing reaches the network, and no test library is needed. A request
+  matches a recording by method, path and canonical body (sorted keys); identical requests
+  are served in recorded order (a queue per key), so concurrency may reorder different
+  requests freely. A request with no recording raises :class:`FixtureMiss` at once, naming
+  the closest recording and what differs (the prompt template whose render changed, the
+  first differing message as a diff, the response schema, a parameter) and the command that
   re-records the cassette. The ``openai`` SDK wraps transport exceptions into
   ``APIConnectionError``; :class:`~planrun.model.Model` recognises a planrun error inside
-  it and re-raises it unchanged, so a miss is never retried as a connection problem. A
-  miss swallowed further up (a worker's task dies of it) is raised again when the
-  ``with replay(...)`` block exits.
+  it and re-raises it unchanged, so a miss is never retried as a connection problem. A miss
+  swallowed further up (a worker's task dies of it) is raised again when the ``with
+  replay(...)`` block exits.
 * :func:`check` finds stale cassettes by running each cassette's scenario
   (:mod:`planrun.dev.scenarios`) against it in *check* mode: the current code renders its
   prompts and schemas and sends its requests; each request with no exact recording is
@@ -57,7 +58,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
@@ -65,7 +65,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -74,14 +74,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from unittest import mock
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 
 from planrun.core import PlanrunError, UsageError
 from planrun.dev._batch_api import multipart_fields
 
 if TYPE_CHECKING:
-    import httpx2
-
     from planrun.model import Model
 
 __all__ = [
@@ -97,6 +95,7 @@ __all__ = [
     "RecordedResponse",
     "Recorder",
     "Stale",
+    "answered_by",
     "canonical_json",
     "check",
     "explain",
@@ -111,7 +110,7 @@ FORMAT = 1
 """Version of the cassette layout."""
 
 SYNTHESIZED_NOTE = (
-    "Produced by planrun's own recorder (planrun.fixtures.record) running the real client "
+    "Produced by planrun's own recorder (planrun.testing.record) running the real client "
     "against the local stand-in server (tools/standin.py, synthetic answers from "
     "planrun.examples.answers), not against the OpenAI API."
 )
@@ -329,13 +328,13 @@ class RecordedResponse:
             None if is_json else scrub(body, secrets),
         )
 
-    def to_httpx(self) -> httpx.Response:
-        """The response respx serves (a text body: its bytes as they were received)."""
+    def to_httpx(self) -> httpx2.Response:
+        """The response a replay serves (a text body: its bytes as they were received)."""
         if self.text is not None:
             headers = {"content-type": "text/plain; charset=utf-8", **self.headers}
-            return httpx.Response(self.status, headers=headers,
-                                  content=self.text.encode("utf-8"))
-        return httpx.Response(self.status, headers=dict(self.headers), json=self.body)
+            return httpx2.Response(self.status, headers=headers,
+                                   content=self.text.encode("utf-8"))
+        return httpx2.Response(self.status, headers=dict(self.headers), json=self.body)
 
     @property
     def usage(self) -> Mapping[str, Any]:
@@ -453,7 +452,7 @@ class Cassette:
     """Recorded interactions and what is known about how they were made.
 
     Load one with :meth:`load`; during :func:`replay` it serves requests (``serve`` is the
-    respx side effect) and keeps count: :attr:`log`, :attr:`misses`, :meth:`unused`,
+    handler of the replay's transport) and keeps count: :attr:`log`, :attr:`misses`, :meth:`unused`,
     :attr:`stats`.
     """
 
@@ -606,8 +605,8 @@ class Cassette:
             len(self.unused_indices()),
         )
 
-    def serve(self, request: httpx.Request) -> httpx.Response:
-        """Answer ``request`` from the cassette (the respx side effect).
+    def serve(self, request: httpx2.Request) -> httpx2.Response:
+        """Answer ``request`` from the cassette (the handler of the replay's transport).
 
         Raises :class:`FixtureMiss` when nothing matches (in check mode: answers with the
         closest recording and notes a :class:`Stale` instead).
@@ -631,7 +630,7 @@ class Cassette:
                 raise miss
             return self._serve_closest(live, miss)
 
-    def _serve_closest(self, live: RecordedRequest, miss: FixtureMiss) -> httpx.Response:
+    def _serve_closest(self, live: RecordedRequest, miss: FixtureMiss) -> httpx2.Response:
         assert miss.closest is not None
         closest = self.interactions[miss.closest]
         queue = self._queues.get(closest.request.key)
@@ -894,32 +893,35 @@ def _diff(old: str, new: str, old_name: str, new_name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _ensure_httpcore2_mocker() -> None:
-    """Make respx's ``httpcore2`` mocker exist (the ``openai`` SDK sends via httpcore2).
+@contextmanager
+def answered_by(handler: Callable[[httpx2.Request], httpx2.Response]) -> Iterator[None]:
+    """Answer every request made through httpx2's own transports inside the block with
+    ``handler``, through httpx2's ``MockTransport``: nothing reaches the network.
 
-    ``pytest_httpx2`` registers it; when that is installed it is imported (so it can never
-    clash with a second registration), otherwise an equivalent mocker is registered here.
+    The transport takes the place of the one every httpx2 client holds (the ``openai``
+    SDK's included, whichever client a :class:`~planrun.model.Model` makes on each event
+    loop), as :func:`record` takes its place to copy the traffic.
     """
-    from respx.mocks import HTTPCoreMocker, Mocker
+    transport = httpx2.MockTransport(handler)
 
-    if "httpcore2" in Mocker.registry:
-        return
-    if importlib.util.find_spec("pytest_httpx2") is not None:
-        import pytest_httpx2  # noqa: F401  (registers "httpcore2")
+    async def handle_async(_: httpx2.AsyncHTTPTransport,
+                           request: httpx2.Request) -> httpx2.Response:
+        return _unread(await transport.handle_async_request(request))
 
-        if "httpcore2" in Mocker.registry:
-            return
+    def handle(_: httpx2.HTTPTransport, request: httpx2.Request) -> httpx2.Response:
+        return _unread(transport.handle_request(request))
 
-    class HTTPCore2Mocker(HTTPCoreMocker):
-        name = "httpcore2"
-        targets = [  # noqa: RUF012  (respx's own class attribute)
-            "httpcore2._sync.connection.HTTPConnection",
-            "httpcore2._sync.connection_pool.ConnectionPool",
-            "httpcore2._sync.http_proxy.HTTPProxy",
-            "httpcore2._async.connection.AsyncHTTPConnection",
-            "httpcore2._async.connection_pool.AsyncConnectionPool",
-            "httpcore2._async.http_proxy.AsyncHTTPProxy",
-        ]
+    with mock.patch.object(httpx2.AsyncHTTPTransport, "handle_async_request", handle_async), \
+            mock.patch.object(httpx2.HTTPTransport, "handle_request", handle):
+        yield
+
+
+def _unread(response: httpx2.Response) -> httpx2.Response:
+    """``response`` with its body not yet read, as a transport hands one over (a response
+    built from content is read already; whoever holds the transport may stream it)."""
+    return httpx2.Response(response.status_code, headers=response.headers,
+                           stream=httpx2.ByteStream(response.content),
+                           extensions=response.extensions)
 
 
 _SHIPPED = ("fixtures_data", "dev/evals/cassettes")
@@ -977,16 +979,11 @@ def replay(
             report = plan_and_run(RELEASE_PLAN, release.make_app(), model=cassette.model())
         assert not cassette.unused()
     """
-    import respx
-
-    _ensure_httpcore2_mocker()
     cassette = source if isinstance(source, Cassette) else Cassette.load(source)
     cassette.rewind()
     cassette.checking = check
-    router = respx.mock(using="httpcore2", assert_all_mocked=True, assert_all_called=False)
-    router.route().mock(side_effect=cassette.serve)
     try:
-        with router:
+        with answered_by(cassette.serve):
             yield cassette
     except FixtureMiss:
         raise
@@ -1098,8 +1095,6 @@ def record(
             re-run it.
         command: the command that re-records it, quoted in every miss.
     """
-    import httpx2
-
     target = Path(path)
     cassette = Cassette(path=target)
     recorder = Recorder(cassette)
@@ -1142,7 +1137,7 @@ def _about(recorder: Recorder, *, base_url: str | None, model: str | None,
         "format": FORMAT,
         "made": made,
         "note": note or (SYNTHESIZED_NOTE if made == "synthesized" else
-                         "Recorded from a live endpoint with planrun.fixtures.record."),
+                         "Recorded from a live endpoint with planrun.testing.record."),
         "base_url": base_url or (_base_url_of(first_url) if first_url else None),
         "model": model or first_model,
         "date": datetime.now(timezone.utc).date().isoformat(),
@@ -1163,7 +1158,7 @@ def check(paths: Iterable[str | os.PathLike[str]]) -> list[Stale]:
     """Every interaction of these cassettes that the current code no longer reproduces.
 
     Each cassette's scenario (``about.scenario``, see :mod:`planrun.dev.scenarios`) runs
-    against it under :class:`~planrun.VirtualClock` in check mode: a request without
+    against it under :class:`~planrun.runtime.VirtualClock` in check mode: a request without
     an exact recording is a ``changed`` :class:`Stale` (with the reason, e.g. the template
     whose render changed) and gets the closest recording as its answer so the run goes on;
     a recording never asked for is ``unplayed``; a scenario that raises is ``failed``; a

@@ -256,7 +256,7 @@ def _task_id(spec: Mapping[str, Any], index: int) -> str:
 _NUMBER_OPTIONS = ("max_attempts", "retry_budget", "timeout", "stale_after", "max_reclaims",
                    "deadline_s",
                    "stall_after")
-_SUPERVISOR_OPTIONS = frozenset((*_NUMBER_OPTIONS, "on_dead", "goal", "backoff"))
+_SUPERVISOR_OPTIONS = frozenset((*_NUMBER_OPTIONS, "on_dead", "goal"))
 """The supervisor's options a scenario file may set (the ones JSON can say)."""
 
 
@@ -270,8 +270,6 @@ def _check_options(options: Mapping[str, Any]) -> None:
         if value is not None and (not _is_number(value) or value < 0):
             raise UsageError(f"scenario: option {name!r} must be a finite number >= 0, "
                              f"got {value!r}")
-    if options.get("backoff") is not None:
-        raise UsageError("scenario: option 'backoff' can only be null (no backoff) in a file")
     for name in ("on_dead", "goal"):
         if name in options and not isinstance(options[name], str):
             raise UsageError(f"scenario: option {name!r} must be a string")

@@ -9,12 +9,14 @@ function from the request to the JSON the model should return, falling back to a
 synthesised from the response schema. Everything is deterministic: the same request gets
 the same reply, id and token counts, so two runs produce identical ledgers.
 
-It plugs into respx as a side effect (tests) and into the stand-in HTTP server that
-synthesises the project's fixtures (``tools/standin.py``)::
+It takes an ``httpx2.Request`` and returns an ``httpx2.Response`` (httpx2 is the HTTP stack
+the ``openai`` SDK sends through): :func:`~planrun.testing.answered_by` serves it to every
+request made in a block, and the stand-in HTTP server that synthesises the project's
+fixtures (``tools/standin.py``) serves it over HTTP::
 
     fake = FakeOpenAI(answers={"classify_ticket": lambda req: {...}})
-    with respx.mock(using="httpcore2", base_url="https://api.openai.com/v1") as router:
-        router.post("/chat/completions").mock(side_effect=fake)
+    with answered_by(fake):
+        report = plan_and_run(goal, app, model=Model(api_key="sk-test"))
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 
 from planrun.dev._batch_api import LATE_HEADER, FakeBatchAPI, json_object
 from planrun.stores.memory import InMemoryStore
@@ -185,7 +187,7 @@ class Scripted:
 
 
 class FakeOpenAI:
-    """A deterministic OpenAI chat endpoint; call it with an ``httpx.Request``.
+    """A deterministic OpenAI chat endpoint; call it with an ``httpx2.Request``.
 
     Args:
         answers: schema name -> answerer (or a fixed value). Unnamed requests get an instance
@@ -208,7 +210,7 @@ class FakeOpenAI:
         self.requests: list[ChatRequest] = []
         self.headers: list[Mapping[str, str]] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content or b"{}")
         chat = ChatRequest(body)
         self.requests.append(chat)
@@ -229,12 +231,12 @@ class FakeOpenAI:
             headers.update(scripted.headers)
             body = error_body(scripted.status, scripted.error or "error", code=scripted.code,
                               param=scripted.param)
-            return httpx.Response(scripted.status, json=body, headers=headers)
+            return httpx2.Response(scripted.status, json=body, headers=headers)
         if request.url.path.endswith("/responses"):
             reply = self.response(chat, digest, scripted)
         else:
             reply = self.completion(chat, digest, scripted)
-        return httpx.Response(200, json=reply, headers=headers)
+        return httpx2.Response(200, json=reply, headers=headers)
 
     def content_for(self, chat: ChatRequest) -> str:
         """The text the fake model answers ``chat`` with."""

@@ -29,12 +29,12 @@
 * **Loops.** One SDK client (one connection pool) per event loop, closed when the loop shuts
   down, so one ``Model`` serves any number of sync calls, async calls and threads.
 * **Waiting** is ``asyncio.sleep`` on the running loop, so under
-  :class:`planrun.VirtualClock` backoffs and rate limits take no real time.
+  :class:`planrun.runtime.VirtualClock` backoffs and rate limits take no real time.
 * **Batch mode.** :meth:`Model.batched` makes a twin whose calls go to the Batch API through a
   :class:`Batcher` (gathered, uploaded, polled, matched back by ``custom_id``), reserved and
   counted at :data:`BATCH_PRICE`; a call the deadline cannot wait for goes live as above.
 * **Secrets.** The API key is never in ``repr()``, log lines or error messages
-  (:func:`planrun.redact`).
+  (:func:`planrun.core.redact`).
 
 The model layer: ``_schema.py`` (strict and portable schemas), ``_errors.py`` (translation
 and schema-rejection recognition), ``_client.py`` (:class:`Model`, :class:`Completion`),

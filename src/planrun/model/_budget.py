@@ -1,7 +1,7 @@
 """A run's budget and the sums usage is counted in.
 
-Plain values, shared by the meter (:class:`~planrun.Usage`) and the budget shared across
-processes (:class:`~planrun.SharedBudget`).
+Plain values, shared by the meter (:class:`~planrun.model.Usage`) and the budget shared across
+processes (:class:`~planrun.model.SharedBudget`).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class Model(_ModelWire):
     ``PLANRUN_STRUCTURED``, ``PLANRUN_SCHEMA``, ``PLANRUN_COMPAT`` and ``PLANRUN_API``.
     Pass ``client=`` to use a ready ``openai.AsyncOpenAI`` (its SDK retries are switched
     off all the same). A missing key
-    raises :class:`~planrun.ConfigError` now, before any task starts.
+    raises :class:`~planrun.core.ConfigError` now, before any task starts.
 
     Args:
         structured: how a result schema is asked for. ``"strict"`` (alias
@@ -88,10 +88,10 @@ class Model(_ModelWire):
         api: ``"chat"`` (default) for Chat Completions, ``"responses"`` for the Responses API
             (structured output through ``text.format``; same retries, fallback, limiter and
             usage).
-        meter: the default :class:`~planrun.Usage` for calls that pass none.
-        limiter: a :class:`~planrun.RateLimiter` (one process) or a
-            :class:`~planrun.SharedRateLimiter` (every process of a run), awaited
-            before every request (any :class:`~planrun.Limiter`).
+        meter: the default :class:`~planrun.model.Usage` for calls that pass none.
+        limiter: a :class:`~planrun.model.RateLimiter` (one process) or a
+            :class:`~planrun.model.SharedRateLimiter` (every process of a run), awaited
+            before every request (any :class:`~planrun.model.Limiter`).
 
     **Loops and threads.** One ``Model`` serves any number of calls from any event loops and
     threads: it keeps one SDK client per event loop, created on the loop's first call and
@@ -101,7 +101,7 @@ class Model(_ModelWire):
     breaks ("Event loop is closed"). A single long-lived loop thread behind the sync API was
     the alternative; it was not chosen because waits (backoff, ``Retry-After``, the rate
     limiter, timeouts) must run on the caller's loop, where a
-    :class:`~planrun.VirtualClock` can skip them, and a request in flight on another
+    :class:`~planrun.runtime.VirtualClock` can skip them, and a request in flight on another
     thread would be invisible to that clock. A given ``client=`` serves the first loop that
     uses it; other loops get a copy of it (same key, address, headers, timeout) with a fresh
     connection pool.

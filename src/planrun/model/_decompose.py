@@ -96,7 +96,7 @@ async def adecompose(
 
     Each call's output bound is ``max_tokens``, else the Model's ``max_tokens``, else
     :func:`plan_bound` of ``max_tasks``. A reply cut at it raises
-    :class:`~planrun.OutputTruncated`.
+    :class:`~planrun.model.OutputTruncated`.
 
     Raises:
         InvalidPlan: still invalid after ``repair_attempts`` repairs; ``problems`` are the

@@ -28,7 +28,7 @@ client spending on the same key, or an estimate below the provider's count, make
 next callers wait instead of meeting a 429).
 
 Time is ``asyncio.get_running_loop().time()`` and waiting is ``asyncio.sleep``, so the same
-limiter runs instantly under :class:`planrun.VirtualClock`.
+limiter runs instantly under :class:`planrun.runtime.VirtualClock`.
 """
 
 from __future__ import annotations

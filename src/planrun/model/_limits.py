@@ -1,13 +1,13 @@
 """Limits that hold across every process of a run: one rate limit and one budget.
 
-A :class:`~planrun.RateLimiter` is an object of one event loop: eight worker
+A :class:`~planrun.model.RateLimiter` is an object of one event loop: eight worker
 processes, each with its own, would send eight times the configured rate. The limits here
 live in the database the run already uses (PostgreSQL across machines, SQLite between the
 processes of one machine), so every process of the run draws on the same ones:
 
 :class:`SharedRateLimiter`
     requests per minute and tokens per minute for one *limit key* (a model, an API key, a
-    name the user chose), with the semantics of :class:`~planrun.RateLimiter`:
+    name the user chose), with the semantics of :class:`~planrun.model.RateLimiter`:
     ``request_burst`` requests may go back to back (default 1: evenly spaced), a request
     takes what the provider counts for it (its prompt's estimate plus its output bound), a
     request larger than the token bucket waits for a full bucket and borrows,
@@ -32,13 +32,13 @@ sliding-window *logs*: one row per unit of weight in a window (a 3,000-token req
 synchronous. Redis-based limiters need a server the run does not otherwise have. What we
 need is small: each bucket kept as a GCRA "full again at" time in one row per key,
 updated by one ``UPDATE ... SET full_at = max(full_at, now) + cost / rate WHERE <ready>``
-(the same arithmetic as :class:`~planrun.RateLimiter`). It costs one transaction
+(the same arithmetic as :class:`~planrun.model.RateLimiter`). It costs one transaction
 per call; ``bench/limiter.py`` measures it.
 
 **Time.** PostgreSQL uses the server's clock (machines whose clocks differ still agree);
 SQLite, which only processes of one machine share, uses ``time.time()``. Waiting is
 ``asyncio.sleep`` between attempts, so a shared limiter runs in real time only (not under
-:class:`~planrun.VirtualClock`). Inside a process callers queue first come, first
+:class:`~planrun.runtime.VirtualClock`). Inside a process callers queue first come, first
 served; across processes the first to ask when a slot opens gets it.
 
 **Keys.** :func:`limit_key` names the limit the way providers enforce it: per model and per
@@ -120,7 +120,7 @@ class SharedRateLimiter:
         limiter = SharedRateLimiter(store, "gpt-4o-mini", requests_per_minute=600)
         model = Model(limiter=limiter)      # in every worker process: one rate for all
 
-    Arguments as for :class:`~planrun.RateLimiter`, plus the opened ``store`` and
+    Arguments as for :class:`~planrun.model.RateLimiter`, plus the opened ``store`` and
     the ``key`` (see :func:`limit_key`). The rates are written to the key's row on first
     use (what the buckets hold is kept), unless the row holds rates the provider reported:
     those stand until the provider reports others, and this limiter goes by them.
@@ -245,7 +245,7 @@ class SharedRateLimiter:
 class SharedBudget:
     """The budget of one run, kept in its store and drawn on by every process of the run.
 
-    :class:`~planrun.Usage` calls :meth:`reserve` before each request and
+    :class:`~planrun.model.Usage` calls :meth:`reserve` before each request and
     :meth:`settle` after it (``Usage(budget=..., shared=SharedBudget(store, run_id))``).
 
     ``enforce=False`` (a run without a budget) skips the reservation and only adds what

@@ -18,7 +18,7 @@ money budget is never silently trusted for it.
 A :class:`Budget` is checked *before* each request against what was spent, plus what calls
 in flight have reserved, plus a conservative estimate of the next call
 (:func:`estimate_tokens`); when it would be exceeded, :class:`~planrun.BudgetExceeded`
-is raised and no request is made. With ``shared=`` (a :class:`~planrun.SharedBudget`)
+is raised and no request is made. With ``shared=`` (a :class:`~planrun.model.SharedBudget`)
 the check is also made against the run's budget in its store, which every process of the
 run draws on (:meth:`Usage.areserve`), and what was used is added there.
 """

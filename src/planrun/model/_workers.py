@@ -58,7 +58,7 @@ class ModelWorker:
         inputs: the result models this worker reads from its dependencies (its
             ``$inputs``): the kind's contract then asks that each comes from at least one
             dependency, derived from the registry's result models (see
-            :class:`~planrun.KindSpec`).
+            :class:`~planrun.core.KindSpec`).
         max_tokens: the output bound of this kind's calls (default: the Model's
             ``max_tokens``, else derived from ``result``'s schema; see
             :func:`~planrun.model.output_bound`). It is what the rate limiter and the budget

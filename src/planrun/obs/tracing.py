@@ -76,7 +76,7 @@ __all__ = [
 
 
 class _Clock(Protocol):
-    """What a tracer reads of a run's clock (a :class:`planrun.Clock`)."""
+    """What a tracer reads of a run's clock (a :class:`planrun.runtime.Clock`)."""
 
     def now(self) -> float: ...
 

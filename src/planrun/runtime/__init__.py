@@ -14,7 +14,6 @@ from planrun.runtime._dbos_attempts import DBOSAttempts
 from planrun.runtime._dbos_wire import dbos_settings
 from planrun.runtime._dbos_worker import DBOSWorker, import_dbos, register_workflows
 from planrun.runtime._decisions import approve_task, reject_task
-from planrun.runtime._deprecated import Coordinator, WorkerProcess
 from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
 from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
 from planrun.runtime._supervisor_state import STALE_AFTER_S
@@ -23,7 +22,6 @@ from planrun.runtime._usage_journal import UsageJournal
 __all__ = [
     "STALE_AFTER_S",
     "Clock",
-    "Coordinator",
     "DBOSAttempts",
     "DBOSWorker",
     "EffectFn",
@@ -34,7 +32,6 @@ __all__ = [
     "UsageJournal",
     "VirtualClock",
     "WaitHook",
-    "WorkerProcess",
     "approve_task",
     "dbos_settings",
     "hold_run",

@@ -5,8 +5,8 @@ A task that needs approval waits in status ``waiting``. :func:`approve_task` and
 run reads it (it polls the store while a task waits) and the scheduling core makes the
 change, with its ledger event (``approved``, or ``dead`` with cause ``rejected``). With no
 process running the run, the decision waits in the row and is carried out by ``resume``.
-From inside the running process, :meth:`planrun.Supervisor.approve` and
-:meth:`planrun.Supervisor.reject` decide at once.
+From inside the running process, :meth:`planrun.runtime.Supervisor.approve` and
+:meth:`planrun.runtime.Supervisor.reject` decide at once.
 """
 
 from __future__ import annotations

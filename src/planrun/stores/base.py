@@ -1,7 +1,7 @@
 """The store interface, its records, and the row mapping every database shares.
 
 A store keeps the durable side of a run: the run itself, one row per task (every field of
-:class:`planrun.Task`), the append-only ledger events, the side-effect records and,
+:class:`planrun.core.Task`), the append-only ledger events, the side-effect records and,
 for multi-process runs, the registered workers. It knows nothing about policy: the
 supervisor decides what a change means; the store writes it in one transaction.
 
@@ -155,7 +155,7 @@ class Store(Protocol):
     Every method is a coroutine, called from the supervisor's event loop (or a worker
     process's). Every failure is a :class:`planrun.StoreError`; no driver exception
     leaves a store. One exception: a value that cannot be stored as JSON is a
-    :class:`planrun.UnstorableValue` (permanent, raised before anything is written:
+    :class:`planrun.core.UnstorableValue` (permanent, raised before anything is written:
     retrying the same value cannot help).
     """
 
@@ -318,7 +318,7 @@ _KEY_TYPES = (str, int, float, bool, type(None))
 
 
 def strict_json(value: Any, what: str = "value") -> str:
-    """Encode ``value`` as strict JSON text, or raise :class:`~planrun.UnstorableValue`.
+    """Encode ``value`` as strict JSON text, or raise :class:`~planrun.core.UnstorableValue`.
 
     Strict: objects, arrays (lists and tuples), strings, finite numbers, booleans and null;
     no ``NaN`` or infinity, no ``datetime``, ``set``, ``bytes`` or other object. The error

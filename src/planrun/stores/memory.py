@@ -3,7 +3,7 @@
 It runs the same queries over the same schema as a SQLite file, so it refuses, keeps and
 returns exactly what the databases do, and a record read back is a copy, never the
 caller's object. Transactions run on the event loop's thread (nothing awaits inside one,
-and a :class:`planrun.VirtualClock` does not advance while one runs). Every statement is
+and a :class:`planrun.runtime.VirtualClock` does not advance while one runs). Every statement is
 recorded in :attr:`InMemoryStore.calls`, the way procrastinate's ``InMemoryConnector``
 records its queries, so a test can assert on what the run asked of its store. The
 database lives as long as the object: :meth:`~InMemoryStore.close` keeps it.

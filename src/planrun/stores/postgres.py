@@ -33,7 +33,7 @@ wait behind it. Both are constructor arguments; ``None`` keeps the server's sett
 
 psycopg is imported only when a store is made, so planrun imports without the
 ``postgres`` extra; without it, :class:`PostgresStore` raises
-:class:`~planrun.ConfigError`.
+:class:`~planrun.core.ConfigError`.
 """
 
 from __future__ import annotations

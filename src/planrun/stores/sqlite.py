@@ -10,7 +10,7 @@ deadlocks. Batches of rows go through statements of many rows each (see
 
 sqlite3 blocks, so a transaction runs whole on one private thread (the connection's only
 user) and the event loop stays free; ``inline=True`` runs it on the loop's thread instead,
-which keeps a :class:`planrun.VirtualClock` from advancing while a query runs.
+which keeps a :class:`planrun.runtime.VirtualClock` from advancing while a query runs.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 cancel, lock, budget, deadline, effects due, stall); :class:`RetryPolicy` is the one retry
 policy of planrun (the scheduler's and the model client's); :func:`failure_of` turns an
 attempt's exception into the :class:`Failure` the scheduler decides on. The in-process
-:class:`~planrun.Supervisor` is the driver over it (its attempts done in process, or by
+:class:`~planrun.runtime.Supervisor` is the driver over it (its attempts done in process, or by
 worker processes on DBOS): it feeds it what happened and carries out what it decided.
 """
 

@@ -77,7 +77,7 @@ class Backoff:
 
     def __init__(self, base: float = 2.0, cap: float = 60.0, jitter: float = 0.25) -> None:
         warnings.warn(
-            "planrun.Backoff is deprecated; pass planrun.RetryPolicy(base=..., cap=..., "
+            "Backoff is deprecated; pass planrun.RetryPolicy(base=..., cap=..., "
             "jitter=...) instead", DeprecationWarning, stacklevel=2,
         )
         self.policy = RetryPolicy(attempts=SCHEDULER_RETRY.attempts, base=base, cap=cap,

@@ -1,7 +1,9 @@
 """pytest plugin: the ``planrun_cassette`` fixture, its marker and ``--planrun-record``.
 
-Installed with planrun (entry point ``pytest11``). A test names its cassette with the marker
-and builds its model from the fixture; by default the cassette is replayed (nothing leaves
+Loaded only where a test suite asks for it: ``pytest -p planrun.testing.pytest_plugin``, or
+``pytest_plugins = ["planrun.testing.pytest_plugin"]`` in the suite's top ``conftest.py``
+(installing planrun adds nothing to other test runs). A test names its cassette with the
+marker and builds its model from the fixture; by default the cassette is replayed (nothing leaves
 the machine, a request with no recording fails the test with :class:`FixtureMiss`, and an
 interaction left unplayed fails it at teardown)::
 
