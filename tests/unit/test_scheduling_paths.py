@@ -166,16 +166,16 @@ def test_the_check_names_what_an_index_got_wrong() -> None:
     worker = core.workers["w1"]
     worker.active += 1
     worker.load_s += 3.0
-    core.unfinished -= 1
-    core._locks["gpu"] = "c"
-    core._waiting["b"] = 0
+    core.book.unfinished -= 1
+    core.ready.locks["gpu"] = "c"
+    core.ready.waiting["b"] = 0
     queued = worker.queue.popleft()
     problems = "\n".join(index_problems(core))
     assert "w1 has 2 active" in problems and "w1 has load" in problems
     assert "unfinished is 2" in problems and "locks are" in problems
     assert "b waits for 0 dependencies, the records say 1" in problems
     assert f"{queued} is assigned to w1 but not in its queue" in problems
-    core._leases.clear()
+    core.leases.heap.clear()
     assert any("with no lease entry" in p for p in index_problems(core))
 
 
@@ -183,7 +183,7 @@ def test_the_check_names_a_ready_task_nothing_will_give_out() -> None:
     core, _ = new_core([Task("a", "k"), Task("b", "k", depends_on=("a",))],
                        [WorkerSpec("w1", None, 1)], "least_loaded")
     assert index_problems(core) == []  # started: a waits in the ready heap
-    core._queued.discard("a")
+    core.ready.queued.discard("a")
     assert index_problems(core) == ["a is ready but nowhere queued, parked, delayed or asked for"]
-    core._queued.update({"a", "ghost"})
+    core.ready.queued.update({"a", "ghost"})
     assert index_problems(core) == ["ghost is marked queued but is in no ready heap"]

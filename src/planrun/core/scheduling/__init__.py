@@ -15,6 +15,18 @@ from planrun.core.scheduling._approval import (
     waiting_cause,
 )
 from planrun.core.scheduling._batching import batch_take_back, live_rounds
+from planrun.core.scheduling._common import (
+    EFFECT_RETRY,
+    OnDead,
+    ReplanRequest,
+    RunFacts,
+    Sink,
+    check_policies,
+    dependency_order,
+    replans_spent,
+    retries_spent,
+    spawn_refused,
+)
 from planrun.core.scheduling._outcome import Failure, ReportedFailure, failure_of, timed_out
 from planrun.core.scheduling._retry import (
     SCHEDULER_RETRY,
@@ -24,19 +36,7 @@ from planrun.core.scheduling._retry import (
     as_policy,
     store_wait,
 )
-from planrun.core.scheduling._scheduler import (
-    EFFECT_RETRY,
-    OnDead,
-    ReplanRequest,
-    RunFacts,
-    Scheduler,
-    Sink,
-    check_policies,
-    dependency_order,
-    replans_spent,
-    retries_spent,
-    spawn_refused,
-)
+from planrun.core.scheduling._scheduler import Scheduler
 from planrun.core.scheduling._spawn import Addition, SpawnLimits, expand
 
 __all__ = [

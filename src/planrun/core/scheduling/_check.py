@@ -4,7 +4,7 @@
 worker's load and active count, the resource locks, how many dependencies each task still
 waits for, the tasks waiting for a person, how many tasks are unfinished, which ready tasks
 are queued, the leases. Every status change's effect on them is written once, in
-``Scheduler._replace`` (through ``_index`` / ``_unindex``). :func:`index_problems` recomputes
+``Book.replace`` (through ``Book.index`` / ``Book.unindex``). :func:`index_problems` recomputes
 each from the records alone; the tests run it after every step of random runs and at the
 end of every run of every driver, so a change that leaves them wrong fails there rather than
 in a user's run.
@@ -39,16 +39,16 @@ def index_problems(core: Scheduler, *, queues: bool = True) -> list[str]:
         problems.append(f"unfinished is {core.unfinished}, the records say {unfinished}")
     problems += _worker_problems(core, queues)
     locks = {r: t.id for t in tasks.values() if t.status in _IN_FLIGHT for r in t.resources}
-    if core._locks != locks:
-        problems.append(f"locks are {core._locks}, the records say {locks}")
+    if core.ready.locks != locks:
+        problems.append(f"locks are {core.ready.locks}, the records say {locks}")
     awaiting = {t.id for t in tasks.values() if t.status is Status.WAITING}
     if core.awaiting != awaiting:
         problems.append(f"awaiting is {sorted(core.awaiting)}, the records say {sorted(awaiting)}")
     for t in tasks.values():
         left = sum(1 for d in t.depends_on
                    if d not in tasks or tasks[d].status is not Status.COMPLETED)
-        if core._waiting.get(t.id) != left:
-            problems.append(f"{t.id} waits for {core._waiting.get(t.id)} dependencies, "
+        if core.ready.waiting.get(t.id) != left:
+            problems.append(f"{t.id} waits for {core.ready.waiting.get(t.id)} dependencies, "
                             f"the records say {left}")
     problems += _lease_problems(core)
     problems += _forgotten(core)
@@ -75,7 +75,7 @@ def _worker_problems(core: Scheduler, queues: bool) -> list[str]:
 
 
 def _lease_problems(core: Scheduler) -> list[str]:
-    leased = {(tid, token) for _, tid, token in core._leases}
+    leased = {(tid, token) for _, tid, token in core.leases.heap}
     return [f"{t.id} runs (token {t.token}) with no lease entry"
             for t in core.tasks.values()
             if t.status is Status.RUNNING and (t.id, t.token) not in leased]
@@ -85,16 +85,16 @@ def _forgotten(core: Scheduler) -> list[str]:
     """Pending tasks with nothing left to wait for that nothing will ever give out."""
     if not core.started or core.stopping:
         return []
-    in_heaps = Counter(entry[-1] for entry in core._ready)
-    parked = {tid for waiting in core._parked.values() for tid in waiting}
-    delayed = {tid for _, tid, _ in core._delayed}
+    in_heaps = Counter(entry[-1] for entry in core.ready.heap)
+    parked = {tid for waiting in core.ready.parked.values() for tid in waiting}
+    delayed = {tid for _, tid, _ in core.ready.delayed}
     problems = [f"{tid} is marked queued but is in no ready heap"
-                for tid in core._queued if not in_heaps[tid]]
+                for tid in core.ready.queued if not in_heaps[tid]]
     for t in core.tasks.values():
-        if t.status is not Status.PENDING or core._waiting.get(t.id):
+        if t.status is not Status.PENDING or core.ready.waiting.get(t.id):
             continue
-        if t.id in core._queued or t.id in parked or t.id in delayed \
-                or t.id in core._asking:
+        if t.id in core.ready.queued or t.id in parked or t.id in delayed \
+                or t.id in core.approvals.asking:
             continue
         problems.append(f"{t.id} is ready but nowhere queued, parked, delayed or asked for")
     return problems

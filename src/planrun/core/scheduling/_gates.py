@@ -1,65 +1,113 @@
-"""The scheduling core, approvals and effects: waiting for a person, effects due once."""
+"""Approval gates: tasks that wait for a person before they start or before their effect.
+
+:class:`Approvals` owns the approval rules (by kind and by task), the tasks waiting for a
+person (``awaiting``), the ready tasks still to be asked about, and the approval timeouts. It
+is the start gate of :class:`~planrun.core.scheduling._ready.Readiness`; it carries out a
+decision (a person's, one written on the record by another process, or a timeout's); a
+rejection is a death, and what a death means is
+:class:`~planrun.core.scheduling._failing.FailurePolicy`'s. The rule itself (what a
+gate is, how a decision is written) is :mod:`planrun.core.scheduling._approval`.
+"""
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from planrun.core._errors import UsageError
 from planrun.core._ledger import EventName as E
-from planrun.core._task import (
-    Task,
-)
+from planrun.core._task import Task
 from planrun.core.scheduling._approval import (
     APPROVED,
     REJECTED,
     Approval,
+    as_approval,
     recorded_decision,
     stage_of,
     waiting_cause,
 )
-from planrun.core.scheduling._base import (
-    _COMPLETED,
-    _DEAD,
-    _PENDING,
-    _WAITING,
-)
-from planrun.core.scheduling._failing import _Failing
+from planrun.core.scheduling._book import Book
+from planrun.core.scheduling._common import _COMPLETED, _DEAD, _PENDING, _WAITING
+from planrun.core.scheduling._failing import FailurePolicy
+from planrun.core.scheduling._ready import Readiness
+
+__all__ = ["Approvals"]
 
 
-class _Gates(_Failing):
-    """Approvals and effects: waiting for a person, effects due once."""
+class Approvals:
+    """The approval gates of one run and the tasks waiting at them."""
+
+    def __init__(self, book: Book, ready: Readiness, failing: FailurePolicy, *,
+                 approvals: Mapping[str, Approval | str] | None,
+                 task_approvals: Mapping[str, Approval | str] | None) -> None:
+        self.book = book
+        self.tasks = book.tasks
+        self.ready = ready
+        self.failing = failing
+        self.by_kind = {k: as_approval(v) for k, v in (approvals or {}).items()}
+        self.by_task = {k: as_approval(v) for k, v in (task_approvals or {}).items()}
+        self.awaiting: set[str] = set()
+        """Ids of the tasks in status ``waiting`` (waiting for a person)."""
+        self.asking: list[str] = []
+        """Ready tasks the start gate took, to be moved to ``waiting`` (:meth:`ask`)."""
+        self.timeouts: list[tuple[float, str]] = []
+        """``(time, id)``: when a waiting task's approval times out."""
+
+    @property
+    def any(self) -> bool:
+        """The run has approval rules."""
+        return bool(self.by_kind or self.by_task)
 
     def approval_for(self, task: Task) -> Approval | None:
         """The approval ``task`` needs (its own, else its kind's), or None."""
-        return self.task_approvals.get(task.id) or self.approvals.get(task.kind)
+        return self.by_task.get(task.id) or self.by_kind.get(task.kind)
 
-    def _needs_start_approval(self, task: Task) -> bool:
+    def hold(self, task: Task) -> bool:
+        """The start gate: True when ready ``task`` needs approval before it starts (it is
+        then asked about at the next :meth:`ask`)."""
         rule = self.approval_for(task)
-        return (rule is not None and rule.before == "start" and task.cause != APPROVED
-                and rule.applies(task))
+        if rule is None or rule.before != "start" or task.cause == APPROVED \
+                or not rule.applies(task):
+            return False
+        if task.id not in self.asking:
+            self.asking.append(task.id)
+        return True
 
-    def _ask(self, now: float) -> None:
+    def holds_effect(self, task: Task, result: Any) -> bool:
+        """Whether ``task``, returning ``result``, waits for approval before it completes."""
+        rule = self.approval_for(task)
+        return (rule is not None and rule.before == "effect" and task.cause != APPROVED
+                and rule.applies(task.evolve(result=result)))
+
+    def ask(self, now: float) -> None:
         """Ready tasks that need approval before they start go to ``waiting``."""
-        if not self._asking:
+        if not self.asking:
             return
-        asking, self._asking = self._asking, []
+        asking, self.asking = self.asking, []
         for tid in asking:
             task = self.tasks[tid]
-            if task.status is _PENDING and not self.stopping and not self._waiting[tid]:
-                self._wait(task, "start", now, None)
+            if task.status is _PENDING and not self.book.stopping \
+                    and not self.ready.waiting[tid]:
+                self.wait(task, "start", now, None)
 
-    def _wait(self, task: Task, stage: str, now: float, worker: str | None,
-              **changes: Any) -> Task:
+    def wait(self, task: Task, stage: str, now: float, worker: str | None,
+             **changes: Any) -> Task:
+        """``task`` waits for a person's approval at ``stage`` (with ``changes``)."""
         rule = self.approval_for(task)
         at = None if rule is None or rule.timeout_s is None else now + rule.timeout_s
-        new = self._change(task, _WAITING, E.WAITING, worker,
-                           {"for": stage, "timeout_at": at}, cause=waiting_cause(stage),
-                           not_before=at, **changes)
+        new = self.book.change(task, _WAITING, E.WAITING, worker,
+                               {"for": stage, "timeout_at": at}, cause=waiting_cause(stage),
+                               not_before=at, **changes)
         if at is not None:
-            heapq.heappush(self._approval_timeouts, (at, task.id))
-        self.touch(now)
+            heapq.heappush(self.timeouts, (at, task.id))
+        self.book.touch(now)
         return new
+
+    def restored(self, task: Task) -> None:
+        """A stored waiting record: its timeout counts again."""
+        if task.status is _WAITING and task.not_before is not None:
+            heapq.heappush(self.timeouts, (task.not_before, task.id))
 
     def _waiting_record(self, task_id: str) -> Task:
         task = self.tasks.get(task_id)
@@ -72,43 +120,35 @@ class _Gates(_Failing):
 
     def approve(self, task_id: str, now: float, note: str | None = None,
                 by: str | None = None) -> Task:
-        """A person approved ``task_id``: it starts, or it completes and its effect is due.
-
-        Raises:
-            UsageError: the task is unknown or not waiting (approving twice included).
-        """
+        """See :meth:`planrun.core.scheduling.Scheduler.approve`."""
         task = self._waiting_record(task_id)
         stage = stage_of(task)
         detail = {"for": stage, "note": note, "by": by}
+        book = self.book
         if stage == "effect":
             # The approval, then the completion it allows (the audit reads completions).
-            self._sink(task, E.APPROVED, by, detail, task.token)
-            new = self._change(task, _COMPLETED, E.COMPLETED, by, {"approved": True},
-                               cause=APPROVED, error=None, not_before=None, finished_at=now)
+            book.sink(task, E.APPROVED, by, detail, task.token)
+            new = book.change(task, _COMPLETED, E.COMPLETED, by, {"approved": True},
+                              cause=APPROVED, error=None, not_before=None, finished_at=now)
         else:
-            new = self._change(task, _PENDING, E.APPROVED, by, detail, cause=APPROVED,
-                               error=None, not_before=None)
-            self._offer(task_id)
-        self.touch(now)
+            new = book.change(task, _PENDING, E.APPROVED, by, detail, cause=APPROVED,
+                              error=None, not_before=None)
+            self.ready.offer(task_id)
+        book.touch(now)
         return new
 
     def reject(self, task_id: str, now: float, reason: str, by: str | None = None) -> Task:
-        """A person rejected ``task_id``: it is ``dead`` with cause ``rejected``; its
-        dependents follow ``on_dead``.
-
-        Raises:
-            UsageError: the task is unknown or not waiting, or ``reason`` is empty.
-        """
+        """See :meth:`planrun.core.scheduling.Scheduler.reject`."""
         if not reason:
             raise UsageError("a rejection needs a reason")
         task = self._waiting_record(task_id)
         error = f"rejected: {reason}"
-        dead = self._change(task, _DEAD, E.DEAD, by,
-                            {"cause": REJECTED, "for": stage_of(task), "reason": reason},
-                            cause=REJECTED, error=error, error_class="permanent",
-                            not_before=None, finished_at=now, lease=None)
-        self._after_death(dead, now)
-        self.touch(now)
+        dead = self.book.change(task, _DEAD, E.DEAD, by,
+                                {"cause": REJECTED, "for": stage_of(task), "reason": reason},
+                                cause=REJECTED, error=error, error_class="permanent",
+                                not_before=None, finished_at=now, lease=None)
+        self.failing.after_death(dead, now)
+        self.book.touch(now)
         return dead
 
     def take_decision(self, record: Task, now: float) -> bool:
@@ -126,50 +166,19 @@ class _Gates(_Failing):
             self.reject(record.id, now, note or "rejected", by="store")
         return True
 
-    def _timed_out(self, task: Task, now: float) -> None:
+    def timed_out(self, now: float) -> Iterator[Task]:
+        """The waiting tasks whose approval timed out by ``now``."""
+        timeouts = self.timeouts
+        while timeouts and timeouts[0][0] <= now:
+            at, tid = heapq.heappop(timeouts)
+            task = self.tasks[tid]
+            if task.status is _WAITING and task.not_before == at:
+                yield task
+
+    def time_out(self, task: Task, now: float) -> None:
+        """The approval of ``task`` timed out: its rule's ``on_timeout`` decides."""
         rule = self.approval_for(task)
         if rule is not None and rule.on_timeout == "approve":
             self.approve(task.id, now, "approval timed out: approved by default", by="timeout")
         else:
             self.reject(task.id, now, "approval timed out", by="timeout")
-
-    @property
-    def effects_pending(self) -> bool:
-        """Effects due or being applied."""
-        return bool(self._effects_due or self._effects_open)
-
-    def effects_due(self, now: float) -> list[Task]:
-        """Completed tasks whose effect is due now (each handed out once until it reports)."""
-        due: list[Task] = []
-        while self._effects_due and self._effects_due[0][0] <= now:
-            _, tid = heapq.heappop(self._effects_due)
-            if tid in self.effects_applied or tid in self._effects_open:
-                continue
-            self._effects_open.add(tid)
-            due.append(self.tasks[tid])
-        return due
-
-    def effect_applied(self, task_id: str, now: float) -> None:
-        """The effect of ``task_id`` is applied and recorded."""
-        self._effects_open.discard(task_id)
-        self.effects_applied.add(task_id)
-        self.facts.effects_failed.pop(task_id, None)
-        self.touch(now)
-
-    def effect_failed(self, task_id: str, error: str, now: float,
-                      transient: bool = True) -> float | None:
-        """Applying the effect failed: when to try again (None: given up, recorded)."""
-        self._effects_open.discard(task_id)
-        tries = self._effect_tries.get(task_id, 0) + 1
-        self._effect_tries[task_id] = tries
-        self.touch(now)
-        if not transient or tries >= self.effect_retry.attempts:
-            self.facts.effects_failed[task_id] = error
-            return None
-        at = now + self.effect_retry.backoff(tries, self._rng)
-        heapq.heappush(self._effects_due, (at, task_id))
-        return at
-
-    def effect_known(self, task_id: str) -> None:
-        """The effect of ``task_id`` was applied by an earlier process."""
-        self.effects_applied.add(task_id)

@@ -1,30 +1,62 @@
-"""The scheduling core, growth and replanning, deaths and what they cancel."""
+"""Growth: tasks a completion spawned, and replans of a death.
+
+:class:`Growth` owns what the run may grow by (the registry additions are validated against,
+the spawn limits, ``max_attempts`` of an added task), and the replans: how many were spent of
+``max_replans``, which deaths were re-planned (each once), the replans the driver should ask
+for, and those it has not answered yet. An addition, spawned or re-planned, is checked by
+:func:`~planrun.core.scheduling._spawn.expand` and joins the run's graph
+(:class:`~planrun.core.scheduling._ready.Readiness`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 from planrun.core._errors import InvalidPlan
 from planrun.core._ledger import EventName as E
 from planrun.core._registry import SpawnRequest
-from planrun.core._task import (
-    FINAL,
-    Task,
-)
-from planrun.core.scheduling._base import (
-    _CANCELLABLE,
+from planrun.core._task import FINAL, Task
+from planrun.core.scheduling._book import Book
+from planrun.core.scheduling._common import (
     _CANCELLED,
     _COMPLETED,
     ReplanRequest,
     _problem,
+    replans_spent,
     spawn_refused,
 )
-from planrun.core.scheduling._gates import _Gates
-from planrun.core.scheduling._spawn import Addition, expand
+from planrun.core.scheduling._ready import Readiness
+from planrun.core.scheduling._spawn import Addition, SpawnLimits, expand
+
+__all__ = ["Growth"]
 
 
-class _Growth(_Gates):
-    """Growth and replanning, deaths and what they cancel."""
+class Growth:
+    """What one run may grow by while it runs, and its replans."""
+
+    def __init__(self, book: Book, ready: Readiness, *, kinds: Any,
+                 spawn_limits: SpawnLimits, default_attempts: int | None, max_replans: int,
+                 can_replan: bool) -> None:
+        self.book = book
+        self.tasks = book.tasks
+        self.ready = ready
+        self.kinds = kinds
+        self.spawn_limits = spawn_limits
+        self.default_attempts = default_attempts
+        self.max_replans = max_replans
+        self.can_replan = can_replan
+        """The driver has a replanner to ask."""
+        self.replans_used = 0
+        self.replanned: set[str] = set()
+        """Dead tasks a replan was asked for (once each)."""
+        self._due: list[ReplanRequest] = []
+        self.open: set[str] = set()
+        """Dead tasks whose replan was asked for and not answered yet."""
+
+    def spent_before(self, events: Iterable[Any]) -> None:
+        """What a stored run's ledger says it spent of ``max_replans``, and on which deaths."""
+        self.replans_used, self.replanned = replans_spent(events)
 
     def expansion(self, spawner: Task, spawned: Sequence[SpawnRequest], now: float) -> Addition:
         """What ``spawned`` adds to this run (see :func:`planrun.core.scheduling.expand`).
@@ -40,118 +72,67 @@ class _Growth(_Gates):
 
     def grow(self, addition: Addition, now: float) -> None:
         """Add what a completion spawned: joiners wait longer, the new tasks join the run."""
+        sink, ready = self.book.sink, self.ready
         for joiner in addition.joiners:
             old = self.tasks.get(joiner.id)
             if old is None or old.status in FINAL:
                 continue
             new = old.evolve(depends_on=joiner.depends_on)
-            self._rewire(old, new)
-            self._sink(new, E.JOINED, None, {"depends_on": len(new.depends_on)}, new.token)
+            ready.rewire(old, new)
+            sink(new, E.JOINED, None, {"depends_on": len(new.depends_on)}, new.token)
         for task in addition.tasks:
-            self._insert(task)
-            self._sink(task, E.CREATED, None, {"parent": task.parent}, task.token)
-        self._prioritise(list(addition.tasks))
-        if self.started:
+            ready.insert(task)
+            sink(task, E.CREATED, None, {"parent": task.parent}, task.token)
+        ready.prioritise(list(addition.tasks))
+        if self.book.started:
             for task in addition.tasks:
-                self._offer(task.id)
+                ready.offer(task.id)
 
-    def _rewire(self, old: Task, new: Task) -> None:
-        """``new`` is ``old`` with more dependencies (a join widened)."""
-        tid = new.id
-        before = set(old.depends_on)
-        for dep in new.depends_on:
-            if dep not in before:
-                self._dependents.setdefault(dep, []).append(tid)
-        self.tasks[tid] = new
-        self._waiting[tid] = sum(
-            1 for d in new.depends_on
-            if (t := self.tasks.get(d)) is None or t.status is not _COMPLETED)
-        if self.started:
-            self._offer(tid)
-
-    def _after_death(self, task: Task, now: float) -> None:
-        if self.on_dead == "abort_run":
-            if self.facts.aborted_by is None:
-                self.facts.aborted_by = task.id
-            self._cancel_all(f"abort: {task.id} died", now)
-            return
-        stack = list(self._dependents.get(task.id, ()))
-        seen: set[str] = set()
-        while stack:
-            dep_id = stack.pop()
-            if dep_id in seen:
-                continue
-            seen.add(dep_id)
-            stack.extend(self._dependents.get(dep_id, ()))
-            dep = self.tasks.get(dep_id)
-            if dep is not None and dep.status in _CANCELLABLE:
-                self._cancel(dep, task.id, now)
-        if self.on_dead == "replan":
-            self._ask_replan(task, seen)
-
-    def _ask_replan(self, dead: Task, downstream: Collection[str]) -> None:
+    def ask_replan(self, dead: Task, downstream: Collection[str]) -> None:
         """Queue a replan of ``dead`` unless the run cannot (no replanner, bound reached,
         asked before, stopping): then the dependents stay cancelled."""
-        if (not self.can_replan or dead.id in self.replanned or self.stopping
+        if (not self.can_replan or dead.id in self.replanned or self.book.stopping
                 or self.replans_used >= self.max_replans):
             return
         self.replanned.add(dead.id)
         self.replans_used += 1
-        cancelled = tuple(self.tasks[d] for d in sorted(downstream, key=self._order.__getitem__)
-                          if self.tasks[d].status is _CANCELLED
-                          and self.tasks[d].cause == dead.id)
-        results = {t.id: t.result for t in self.tasks.values() if t.status is _COMPLETED}
-        self._replans_due.append(ReplanRequest(dead, cancelled, results, self.replans_used))
-        self._replans_open.add(dead.id)
+        tasks = self.tasks
+        cancelled = tuple(tasks[d] for d in sorted(downstream, key=self.ready.order.__getitem__)
+                          if tasks[d].status is _CANCELLED and tasks[d].cause == dead.id)
+        results = {t.id: t.result for t in tasks.values() if t.status is _COMPLETED}
+        self._due.append(ReplanRequest(dead, cancelled, results, self.replans_used))
+        self.open.add(dead.id)
+
+    @property
+    def any_due(self) -> bool:
+        """Replans wait to be handed out (:meth:`replans_due`)."""
+        return bool(self._due)
 
     def replans_due(self) -> list[ReplanRequest]:
         """Replans the driver should ask its replanner for now (each handed out once)."""
-        due, self._replans_due = self._replans_due, []
+        due, self._due = self._due, []
         return due
 
     def replan_done(self, request: ReplanRequest, fragment: Sequence[SpawnRequest] | None,
                     error: str | None, now: float) -> bool:
-        """The replanner answered ``fragment`` (or failed with ``error``).
-
-        The fragment is validated as an addition spawned by the dead task (the plan's
-        checks and the spawn limits); valid, it joins the run with a ``replanned`` event
-        on the dead task; otherwise ``replan_failed`` is recorded with the problems and the
-        dependents stay cancelled. Returns whether the fragment was added.
-        """
+        """See :meth:`planrun.core.scheduling.Scheduler.replan_done`."""
+        book = self.book
         dead = self.tasks[request.dead.id]
-        self._replans_open.discard(dead.id)
-        self.touch(now)
-        if error is None and fragment is not None and not self.stopping:
+        self.open.discard(dead.id)
+        book.touch(now)
+        if error is None and fragment is not None and not book.stopping:
             try:
                 addition = self.expansion(dead, fragment, now)
             except InvalidPlan as exc:
                 error = spawn_refused(exc).error
             else:
-                self._sink(dead, E.REPLANNED, None,
-                           {"cause": dead.error, "replan": request.number,
-                            "tasks": [t.id for t in addition.tasks],
-                            "replaces": [t.id for t in request.cancelled]}, dead.token)
+                book.sink(dead, E.REPLANNED, None,
+                          {"cause": dead.error, "replan": request.number,
+                           "tasks": [t.id for t in addition.tasks],
+                           "replaces": [t.id for t in request.cancelled]}, dead.token)
                 self.grow(addition, now)
                 return True
-        self._sink(dead, E.REPLAN_FAILED, None,
-                   {"cause": dead.error, "replan": request.number,
-                    "error": error or "stopping"}, dead.token)
+        book.sink(dead, E.REPLAN_FAILED, None,
+                  {"cause": dead.error, "replan": request.number,
+                   "error": error or "stopping"}, dead.token)
         return False
-
-    def _cancel(self, task: Task, cause: str, now: float) -> None:
-        self._change(task, _CANCELLED, E.CANCELLED, None, {"cause": cause}, cause=cause,
-                     finished_at=now, lease=None)
-
-    def _cancel_all(self, cause: str, now: float) -> None:
-        for task in list(self.tasks.values()):
-            if task.status in _CANCELLABLE:
-                self._cancel(task, cause, now)
-
-    def _budget_stop(self, now: float) -> None:
-        if not self.facts.budget_exhausted:
-            self.facts.budget_exhausted = True
-        self._cancel_all("budget", now)
-
-    def budget_exhausted(self, now: float) -> None:
-        """The run's budget is spent: nothing more starts, what has not started is cancelled."""
-        self._budget_stop(now)

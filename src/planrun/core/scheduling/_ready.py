@@ -1,50 +1,78 @@
-"""The scheduling core, readiness and order: the graph, what is ready, in which order."""
+"""Readiness and order: the graph, what is ready, in which order.
+
+:class:`Readiness` owns the run's graph (who depends on whom, how many dependencies each task
+still waits for, the order tasks were added in), the ready heap (by critical path under a
+router that asks for it), the tasks held back until a time (a retry's, or a record's
+``not_before``), and the resource locks with the tasks parked behind them. A task is ready when
+its dependencies completed, its time came and its resources are free; a task that needs
+approval before it starts is handed to the start gate instead of the heap.
+"""
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from planrun.core._errors import UsageError
 from planrun.core._ledger import EventName as E
-from planrun.core._task import (
-    FINAL,
-    Task,
-    created,
-    revised,
-)
-from planrun.core.scheduling._base import (
+from planrun.core._task import FINAL, Task, created, revised
+from planrun.core.scheduling._book import Book
+from planrun.core.scheduling._common import (
     _COMPLETED,
     _DEFAULT_ATTEMPTS,
     _PENDING,
-    _WAITING,
     _ZEROS,
+    Entry,
     _dependency_order,
-    _State,
     _with_joins,
     dependency_order,
 )
 
+__all__ = ["Readiness"]
 
-class _Ready(_State):
-    """Readiness and order: the graph, what is ready, in which order."""
+
+class Readiness:
+    """The graph of one run, what is ready in it, and in which order.
+
+    Args:
+        book: the run's records.
+        critical_path: order the ready tasks by their longest path to the end of the graph
+            (else by the order they were added in).
+    """
+
+    def __init__(self, book: Book, *, critical_path: bool) -> None:
+        self.book = book
+        self.tasks = book.tasks
+        self.critical_path = critical_path
+        self.gate: Callable[[Task], bool] | None = None
+        """The start gate: True when a ready task waits for a person instead (and the gate
+        took it); None when the run has no approvals."""
+        self.order: dict[str, int] = {}
+        self.dependents: dict[str, list[str]] = {}
+        """Task id -> the ids that depend on it (no entry when none does)."""
+        self.waiting: dict[str, int] = {}
+        """Task id -> how many of its dependencies have not completed."""
+        self.entry: dict[str, Entry] = {}
+        """Task id -> its entry in the ready heap: ``(order, id)``, or under a critical-path
+        router ``(-longest path to the end, order, id)`` (flat: cheaper to compare)."""
+        self.heap: list[Entry] = []
+        self.queued: set[str] = set()
+        """Ids with an entry in the heap."""
+        self.delayed: list[tuple[float, str, int]] = []
+        """``(time, id, token)``: tasks not to start before a time (a retry's)."""
+        self.locks: dict[str, str] = {}
+        """Resource -> the id of the task in flight that holds it."""
+        self.parked: dict[str, list[str]] = {}
+        """Resource -> ready tasks waiting for it to be freed."""
 
     def add(self, tasks: Sequence[Task], now: float, *, default_attempts: int | None = None,
             known: Callable[[str], bool] | None = None) -> list[Task]:
-        """Add pending tasks (any order; dependencies in the batch or already added).
-
-        Each gets ``created_at`` and, when it kept the default, ``default_attempts``; each
-        is handed to the sink as ``created``. Added to a started run, the ready ones are
-        queued at once.
-
-        Raises:
-            InvalidPlan: a dependency cycle in the batch.
-            UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
-        """
+        """See :meth:`planrun.core.scheduling.Scheduler.add`."""
         batch = [_with_joins(t) if t.joins else t for t in tasks]
         ordered = self._in_order(batch, known)
         default = _DEFAULT_ATTEMPTS if default_attempts is not None else None
-        sink, note, created_event, insert = self._sink, self._note, E.CREATED, self._insert
+        book = self.book
+        sink, note, created_event, insert = book.sink, book.note, E.CREATED, self.insert
         new: list[Task] = []
         append = new.append
         for task in ordered:
@@ -59,10 +87,10 @@ class _Ready(_State):
             else:
                 note((now, task.id, created_event, None, task.token, None))
             append(task)
-        self._prioritise(new)
-        if self.started:
+        self.prioritise(new)
+        if book.started:
             for task in new:
-                self._offer(task.id)
+                self.offer(task.id)
         return new
 
     def _in_order(self, batch: list[Task], known: Callable[[str], bool] | None) -> list[Task]:
@@ -108,27 +136,26 @@ class _Ready(_State):
                     f"task {task.id!r} depends on unknown or later task(s) {unknown}")
         return _dependency_order(batch)[0]  # a cycle raises InvalidPlan
 
-    def restore(self, tasks: Sequence[Task]) -> None:
-        """Load stored records as they are (resume, or a coordinator's first read)."""
+    def restore(self, tasks: Sequence[Task]) -> list[Task]:
+        """Load stored records as they are; returns them in dependency order."""
         ordered = dependency_order(tasks)
         for task in ordered:
-            self._insert(task)
-            if task.status is _WAITING and task.not_before is not None:
-                heapq.heappush(self._approval_timeouts, (task.not_before, task.id))
-        self._prioritise(ordered)
+            self.insert(task)
+        self.prioritise(ordered)
+        return ordered
 
-    def _insert(self, task: Task) -> None:
+    def insert(self, task: Task) -> None:
         """Take ``task`` into the run: its place in the order, who waits for whom, how many
         of its dependencies it still waits for, and the indexes of its status."""
         tid = task.id
         have = self.tasks
         have[tid] = task
-        order = self._order
+        order = self.order
         order[tid] = len(order)
         waiting = 0
         deps = task.depends_on
         if deps:
-            dependents = self._dependents
+            dependents = self.dependents
             completed_ = _COMPLETED
             for dep in deps:
                 below = dependents.get(dep)
@@ -139,28 +166,28 @@ class _Ready(_State):
                 other = have.get(dep)
                 if other is None or other.status is not completed_:
                     waiting += 1
-        self._waiting[tid] = waiting
+        self.waiting[tid] = waiting
         status = task.status
         if status is not _PENDING:  # a pending task has nothing to index
             if status not in FINAL:
-                self.unfinished += 1
-            self._index(task)
-            if status is _COMPLETED and tid in self._dependents:
-                self._released(tid)  # a join widened to it before it was seen, completed
+                self.book.unfinished += 1
+            self.book.index(task)
+            if status is _COMPLETED:
+                self.released(tid)  # a join widened to it before it was seen, completed
         else:
-            self.unfinished += 1
+            self.book.unfinished += 1
 
-    def _prioritise(self, batch: Sequence[Task]) -> None:
+    def prioritise(self, batch: Sequence[Task]) -> None:
         """Longest path to the end of the graph (critical path) first, when the router asks
         for it; otherwise the order tasks were added in."""
-        entry, order = self._entry, self._order
-        if not self.router.orders_by_critical_path:
+        entry, order = self.entry, self.order
+        if not self.critical_path:
             for t in batch:
                 entry[t.id] = (order[t.id], t.id)
             return
         path: dict[str, float] = {}
         known = path.get
-        dependents = self._dependents.get
+        dependents = self.dependents.get
         for t in reversed(batch):
             tid = t.id
             below = dependents(tid)
@@ -174,44 +201,99 @@ class _Ready(_State):
             path[tid] = longest
             entry[tid] = (-longest, order[tid], tid)
 
+    def rewire(self, old: Task, new: Task) -> None:
+        """``new`` is ``old`` with more dependencies (a join widened)."""
+        tid = new.id
+        before = set(old.depends_on)
+        for dep in new.depends_on:
+            if dep not in before:
+                self.dependents.setdefault(dep, []).append(tid)
+        self.tasks[tid] = new
+        self.waiting[tid] = sum(
+            1 for d in new.depends_on
+            if (t := self.tasks.get(d)) is None or t.status is not _COMPLETED)
+        if self.book.started:
+            self.offer(tid)
+
     def start(self, now: float) -> None:
         """Begin: queue every ready task."""
-        self.started = True
-        self.last_change = now
+        self.book.started = True
+        self.book.last_change = now
         for tid, task in self.tasks.items():
             if task.status is _PENDING:
-                self._offer(tid)
+                self.offer(tid)
 
-    def _pop_ready(self, now: float) -> Task | None:
-        tid = heapq.heappop(self._ready)[-1]
-        self._queued.discard(tid)
+    def offer(self, tid: str) -> None:
+        """Queue ``tid`` if it is ready (or hand it to the start gate)."""
+        if tid in self.queued:
+            return
         task = self.tasks[tid]
-        if task.status is not _PENDING or self._waiting[tid]:
+        if task.status is _PENDING and not self.waiting[tid]:
+            if self.gate is not None and self.gate(task):
+                return
+            self.queued.add(tid)
+            heapq.heappush(self.heap, self.entry[tid])
+
+    def pop(self, now: float) -> Task | None:
+        """The next ready task off the heap, or None for an entry that turned out not to be
+        (stale, not before a later time, or its resource held)."""
+        tid = heapq.heappop(self.heap)[-1]
+        self.queued.discard(tid)
+        task = self.tasks[tid]
+        if task.status is not _PENDING or self.waiting[tid]:
             return None  # stale entry
         if task.not_before is not None and task.not_before > now:
-            heapq.heappush(self._delayed, (task.not_before, tid, task.token))
+            heapq.heappush(self.delayed, (task.not_before, tid, task.token))
             return None
         for r in task.resources:
-            if r in self._locks:
-                self._parked.setdefault(r, []).append(tid)
+            if r in self.locks:
+                self.parked.setdefault(r, []).append(tid)
                 return None
         return task
 
-    @property
-    def done(self) -> bool:
-        """Every task final, every effect applied or given up on, every replan answered."""
-        return not self.unfinished and not self.effects_pending and not self._replans_open
+    def put_back(self, task: Task) -> None:
+        """``task`` came off the heap and found no worker: it waits at its place."""
+        self.queued.add(task.id)
+        heapq.heappush(self.heap, self.entry[task.id])
 
-    def _offer(self, tid: str) -> None:
-        if tid in self._queued:
-            return
-        task = self.tasks[tid]
-        if task.status is _PENDING and not self._waiting[tid]:
-            if (self.approvals or self.task_approvals) and self._needs_start_approval(task):
-                if tid not in self._asking:
-                    self._asking.append(tid)
-                return
-            if self._waiting[tid]:
-                return
-            self._queued.add(tid)
-            heapq.heappush(self._ready, self._entry[tid])
+    def released(self, tid: str) -> None:
+        """``tid`` completed: each dependent waits for one dependency less."""
+        dependents = self.dependents.get(tid)
+        if dependents:
+            waiting = self.waiting
+            started = self.book.started
+            for dep in dependents:
+                left = waiting[dep] - 1
+                waiting[dep] = left
+                if not left and started:
+                    self.offer(dep)
+
+    def delay(self, tid: str, at: float, token: int) -> None:
+        """``tid`` (at ``token``) is not looked at again before ``at``."""
+        heapq.heappush(self.delayed, (at, tid, token))
+
+    def due(self, now: float) -> Iterator[Task]:
+        """The delayed tasks whose time came by ``now`` (still at the token delayed)."""
+        delayed = self.delayed
+        while delayed and delayed[0][0] <= now:
+            _, tid, token = heapq.heappop(delayed)
+            task = self.tasks[tid]
+            if task.token == token:
+                yield task
+
+    def lock(self, task: Task) -> None:
+        """``task`` is in flight: it holds its resources."""
+        for r in task.resources:
+            self.locks[r] = task.id
+
+    def unlock(self, task: Task) -> None:
+        """``task`` is no longer in flight: its resources are free, and the tasks parked
+        behind them are offered again."""
+        freed: list[str] = []
+        for r in task.resources:
+            if self.locks.get(r) == task.id:
+                del self.locks[r]
+                freed.append(r)
+        for r in freed:
+            for tid in self.parked.pop(r, ()):
+                self.offer(tid)

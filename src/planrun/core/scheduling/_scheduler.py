@@ -1,54 +1,75 @@
 """The scheduling core: every decision of a run, over plain data and a time given to it.
 
-:class:`Scheduler` holds the state of one run (the records, who depends on whom, how many
-dependencies each task still waits for, the ready heap ordered by critical path, resource
-holders, leases, retry times, retries spent, effects due) and decides everything: what
-becomes ready, which worker gets it, what a failure means (retry at a time, dead, budget
-stop), what a death cancels, what an expired lease means, which effects are due, when the
-run has passed its deadline, is stalled or is finished.
+:class:`Scheduler` holds one run and decides everything: what becomes ready, which worker
+gets it, what a failure means (retry at a time, dead, budget stop), what a death cancels,
+what an expired lease means, which effects are due, when the run has passed its deadline, is
+stalled or is finished. It is made of parts, each an object with its own state:
+
+- :class:`~planrun.core.scheduling._book.Book`: the records, the sink, and the one place a
+  change of a record is applied (and every part's index kept current);
+- :class:`~planrun.core.scheduling._ready.Readiness`: the graph, what is ready, in which order;
+- :class:`~planrun.core.scheduling._dispatch.Routing`: the workers, who gets a task, starts;
+- :class:`~planrun.core.scheduling._leases.Leases`: how long an attempt is believed alive;
+- :class:`~planrun.core.scheduling._failing.FailurePolicy`: retry, death, reclaim, cancel;
+- :class:`~planrun.core.scheduling._growth.Growth`: tasks added at run time, replans;
+- :class:`~planrun.core.scheduling._gates.Approvals`: tasks waiting for a person;
+- :class:`~planrun.core.scheduling._effects.Effects`: effects due once;
+- :class:`~planrun.core.scheduling._timing.Timing`: what is due when, stall, the end.
 
 It does no I/O and reads no clock: every call passes ``now``. Each change it decides is a
-new task record made by :func:`planrun.core._task.transition`, handed to the ``sink`` with its
-ledger event; a driver persists the change (a batch for the store) and carries it out
-(start an attempt, apply an effect). The driver feeds it the outcomes it saw
-(:meth:`Scheduler.complete`, :meth:`Scheduler.fail`, :meth:`Scheduler.heartbeat`), whether
-the attempt ran in its process or in a worker process on DBOS, which reports a failure as
-it classified it and decides nothing.
+new task record handed to the ``sink`` with its ledger event; a driver persists the change
+(a batch for the store) and carries it out (start an attempt, apply an effect). The driver
+feeds it the outcomes it saw (:meth:`Scheduler.complete`, :meth:`Scheduler.fail`,
+:meth:`Scheduler.heartbeat`), whether the attempt ran in its process or in a worker process
+on DBOS, which reports a failure as it classified it and decides nothing.
 """
 
 from __future__ import annotations
 
-import heapq
+import random
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
+from planrun.core._errors import InvalidPlan, UsageError
 from planrun.core._ledger import EventName as E
-from planrun.core._task import (
-    FINAL,
-)
-from planrun.core.scheduling._base import (
+from planrun.core._registry import SpawnRequest, WorkerSpec
+from planrun.core._routing import Router, WorkerState
+from planrun.core._task import Task, completed
+from planrun.core.scheduling._approval import Approval
+from planrun.core.scheduling._book import Book
+from planrun.core.scheduling._common import (
+    _CANCELLED,
+    _DEAD,
     _FAILED,
-    _PENDING,
+    _IN_FLIGHT,
     _RUNNING,
     _WAITING,
     EFFECT_RETRY,
+    Note,
     OnDead,
     ReplanRequest,
     RunFacts,
     Sink,
     check_policies,
-    dependency_order,
-    replans_spent,
     retries_spent,
     spawn_refused,
 )
-from planrun.core.scheduling._batching import batch_take_back, live_rounds
-from planrun.core.scheduling._growth import _Growth
+from planrun.core.scheduling._dispatch import Routing, Start
+from planrun.core.scheduling._effects import Effects
+from planrun.core.scheduling._failing import FailurePolicy
+from planrun.core.scheduling._gates import Approvals
+from planrun.core.scheduling._growth import Growth
+from planrun.core.scheduling._leases import Leases
+from planrun.core.scheduling._outcome import Failure
+from planrun.core.scheduling._ready import Readiness
+from planrun.core.scheduling._retry import RetryPolicy
+from planrun.core.scheduling._spawn import SpawnLimits
+from planrun.core.scheduling._timing import Timing
 
-__all__ = ["EFFECT_RETRY", "OnDead", "ReplanRequest", "RunFacts", "Scheduler", "Sink",
-           "check_policies", "dependency_order", "replans_spent", "retries_spent",
-           "spawn_refused"]
+__all__ = ["Scheduler"]
 
 
-class Scheduler(_Growth):
+class Scheduler:
     """The state and the rules of one run.
 
     Args:
@@ -61,7 +82,7 @@ class Scheduler(_Growth):
             then ask the driver's replanner for a fragment that replaces the dead task and
             them; without a replanner, or past ``max_replans``, as ``cancel_dependents``).
         max_replans: replans allowed over the whole run.
-        stale_after: lease length, from assignment (push) or start.
+        stale_after: lease length, from start.
         stall_after: seconds without any change before :meth:`stalled` says so.
         effects: kinds whose completion has an effect to apply once.
         sink: receives every decided change.
@@ -77,118 +98,364 @@ class Scheduler(_Growth):
         can_replan: the driver has a replanner (``on_dead="replan"`` asks it).
     """
 
-    def tick(self, now: float) -> None:
-        """Everything due by ``now``: the deadline, expired leases, retries whose time came."""
-        if self.deadline is not None and now >= self.deadline and not self.facts.deadline_reached:
-            self.facts.deadline_reached = True
-            self._cancel_all("deadline", now)
-            self.touch(now)
-        while self._leases and self._leases[0][0] <= now:
-            _, tid, token = heapq.heappop(self._leases)
-            task = self.tasks[tid]
-            if task.token != token or task.status is not _RUNNING:
-                continue
-            if task.lease is not None and task.lease > now:
-                continue  # renewed; a newer heap entry stands for it
-            self.expire(task, now)
-        while self._delayed and self._delayed[0][0] <= now:
-            _, tid, token = heapq.heappop(self._delayed)
-            task = self.tasks[tid]
-            if task.token != token:
-                continue
-            if task.status is _FAILED:
-                self._decided.discard(tid)
-                self._change(task, _PENDING, E.RETRY, None, None, assigned_to=None,
-                             not_before=None)
-                self._offer(tid)
-                self.touch(now)  # a record changed: the stall clock starts again
-            elif task.status is _PENDING:
-                self._offer(tid)
-        while self._approval_timeouts and self._approval_timeouts[0][0] <= now:
-            at, tid = heapq.heappop(self._approval_timeouts)
-            task = self.tasks[tid]
-            if task.status is _WAITING and task.not_before == at:
-                self._timed_out(task, now)
-        self._ask(now)
+    def __init__(self, *, router: Router, retry: RetryPolicy, sink: Sink,
+                 retry_budget: int | None = None, max_reclaims: int = 3,
+                 on_dead: OnDead = "cancel_dependents", stale_after: float = 90.0,
+                 stall_after: float = 900.0, effects: Collection[str] = (),
+                 seed: int | None = None, deadline: float | None = None,
+                 effect_retry: RetryPolicy = EFFECT_RETRY, kinds: Any = None,
+                 spawn_limits: SpawnLimits | None = None, default_attempts: int | None = None,
+                 max_replans: int = 2, approvals: Mapping[str, Approval | str] | None = None,
+                 task_approvals: Mapping[str, Approval | str] | None = None,
+                 can_replan: bool = False) -> None:
+        check_policies(on_dead=on_dead, retry_budget=retry_budget, stale_after=stale_after,
+                       stall_after=stall_after, max_reclaims=max_reclaims)
+        if max_replans < 0:
+            raise UsageError(f"max_replans must be >= 0, got {max_replans}")
+        rng = random.Random(seed)  # one stream: retries' and effects' jitter, in turn
+        self.book = book = Book(sink)
+        self.ready = Readiness(book, critical_path=router.orders_by_critical_path)
+        self.leases = Leases(book.tasks, stale_after)
+        self.routing = Routing(book, self.ready, self.leases, router)
+        self.growth = Growth(book, self.ready, kinds=kinds,
+                             spawn_limits=spawn_limits or SpawnLimits(),
+                             default_attempts=default_attempts, max_replans=max_replans,
+                             can_replan=can_replan)
+        self.failing = FailurePolicy(book, self.ready, self.routing, self.growth, retry=retry,
+                                     retry_budget=retry_budget, max_reclaims=max_reclaims,
+                                     on_dead=on_dead, rng=rng)
+        self.approvals = Approvals(book, self.ready, self.failing, approvals=approvals,
+                                   task_approvals=task_approvals)
+        self.effects = Effects(book, effects, effect_retry, rng)
+        book.keep(self.ready, self.routing, self.approvals, self.effects)
+        if self.approvals.any:
+            self.ready.gate = self.approvals.hold
+        self.timing = Timing(book, self.ready, self.leases, self.failing, self.growth,
+                             self.approvals, self.effects, deadline=deadline,
+                             stall_after=stall_after)
 
-    def next_wakeup(self, now: float) -> float:
-        """The next time something is due: a lease, a retry, an effect, an approval timeout,
-        the deadline, a stall.
+    # What the driver reads.
 
-        While a retry or an effect waits for its time, or a task waits for a person, the stall
-        time is not one of them: it may have passed already, and a time in the past would
-        make the driver spin."""
-        delayed, effects = self._delayed, self._effects_due
-        if delayed or effects or self.awaiting:
-            # a run that waits for a known time or a person is no stall (see stalled)
-            at = float("inf")
-            if delayed:
-                at = delayed[0][0]
-            if effects and effects[0][0] < at:
-                at = effects[0][0]
+    @property
+    def tasks(self) -> dict[str, Task]:
+        """Task id -> its current record (read only)."""
+        return self.book.tasks
+
+    @property
+    def workers(self) -> dict[str, WorkerState]:
+        """Worker name -> its live state."""
+        return self.routing.workers
+
+    @property
+    def facts(self) -> RunFacts:
+        """What the run came to, beyond its records."""
+        return self.book.facts
+
+    @property
+    def awaiting(self) -> set[str]:
+        """Ids of the tasks waiting for a person."""
+        return self.approvals.awaiting
+
+    @property
+    def unfinished(self) -> int:
+        """Tasks not final."""
+        return self.book.unfinished
+
+    @property
+    def started(self) -> bool:
+        """:meth:`start` was called."""
+        return self.book.started
+
+    @property
+    def stale_after(self) -> float:
+        """Lease length, from start (or the last heartbeat)."""
+        return self.leases.stale_after
+
+    @property
+    def more_starts(self) -> list[Start]:
+        """Starts :meth:`finish` decided beyond the one it returned, until
+        :meth:`extra_starts` hands them out (read only: the driver asks whether any wait)."""
+        return self.routing.more_starts
+
+    @property
+    def stopping(self) -> bool:
+        """Nothing new starts: aborted, out of budget, or past the deadline."""
+        return self.book.stopping
+
+    @property
+    def done(self) -> bool:
+        """Every task final, every effect applied or given up on, every replan answered."""
+        return self.timing.done
+
+    # How the driver sets the run up.
+
+    def use_sink(self, sink: Sink) -> None:
+        """Hand decided changes to ``sink`` from now on."""
+        self.book.sink = sink
+
+    def use_log(self, note: Note | None) -> None:
+        """Hand the events of the common changes (a task created, assigned, started,
+        completed) to ``note`` as tuples ``(at, task id, event, worker, attempt, detail)``
+        instead of to the sink; None: to the sink again. For a driver that only logs those
+        changes (nothing to write, nobody listening): ``note`` may be a list's ``append``.
+        Every other change still goes to the sink."""
+        self.book.note = note
+
+    def spent_before(self, events: Iterable[Any]) -> None:
+        """A stored run carries on: what its ledger says it spent of the retry budget and of
+        ``max_replans`` (and which deaths were re-planned) counts against this run."""
+        self.failing.retries_used = retries_spent(events)
+        self.growth.spent_before(events)
+
+    def pause(self, paused: bool) -> None:
+        """While paused nothing starts: the driver cannot record what would happen."""
+        self.routing.paused = paused
+
+    def add_worker(self, spec: WorkerSpec) -> WorkerState:
+        """Register a worker the router may pick (a name once)."""
+        return self.routing.add_worker(spec)
+
+    def capable(self, kind: str) -> bool:
+        """True when some registered worker does ``kind``."""
+        return self.routing.capable(kind)
+
+    def add(self, tasks: Sequence[Task], now: float, *, default_attempts: int | None = None,
+            known: Callable[[str], bool] | None = None) -> list[Task]:
+        """Add pending tasks (any order; dependencies in the batch or already added).
+
+        Each gets ``created_at`` and, when it kept the default, ``default_attempts``; each
+        is handed to the sink as ``created``. Added to a started run, the ready ones are
+        queued at once.
+
+        Raises:
+            InvalidPlan: a dependency cycle in the batch.
+            UsageError: a duplicate id, an unknown dependency or kind, a task not pending.
+        """
+        return self.ready.add(tasks, now, default_attempts=default_attempts, known=known)
+
+    def restore(self, tasks: Sequence[Task]) -> None:
+        """Load stored records as they are (resume, or a coordinator's first read)."""
+        for task in self.ready.restore(tasks):
+            self.approvals.restored(task)
+
+    def recover(self, now: float, reason: str | None = "supervisor restart") -> None:
+        """Turn what a dead driver left into a state this one can run.
+
+        With a ``reason``, tasks that were assigned or running are put back without counting
+        a reclaim (their driver died, not they: only a lease that expired while a live worker
+        held the task counts toward ``max_reclaims``); ``None`` leaves them to their workers.
+        Failed tasks get their retry decided again; a death's dependents are cancelled; a
+        budget stop stands; a decision written on a waiting record is carried out.
+        """
+        failing = self.failing
+        for task in list(self.tasks.values()):
+            if task.status in _IN_FLIGHT and reason is not None:
+                failing.reclaim(task, reason)
+            elif task.status is _FAILED:
+                failing.decide_failed(self.tasks[task.id], now)
+            elif task.status is _DEAD:
+                failing.after_death(task, now)
+            elif task.status is _CANCELLED and task.cause == "budget":
+                failing.budget_stop(now)
+            elif task.status is _WAITING:
+                self.approvals.take_decision(task, now)
+
+    # The run.
+
+    def start(self, now: float) -> None:
+        """Begin: queue every ready task."""
+        self.ready.start(now)
+
+    def dispatch(self, now: float) -> list[Start]:
+        """In process: give every ready task to a worker's queue; return what starts now."""
+        if self.approvals.asking:
+            self.approvals.ask(now)
+        if self.book.stopping:
+            return []
+        return self.routing.dispatch(now)
+
+    def current(self, task_id: str, token: int, worker: str | None) -> bool:
+        """True when ``token`` is the task's running attempt; else log the refusal."""
+        return self.book.current(task_id, token, worker)
+
+    def complete(self, task_id: str, token: int, result: Any, now: float,
+                 worker: str | None, spawned: Sequence[SpawnRequest] = ()) -> bool:
+        """An attempt returned ``result``; False when it was fenced off.
+
+        ``spawned``: the tasks the attempt asked to add. They are validated first; an
+        invalid addition makes the task dead (permanent) with every problem listed, and
+        adds nothing. A valid one is handed to the sink right after the completion, so a
+        driver writes both together. A task gated before its effect waits for a person.
+        """
+        book = self.book
+        task = book.tasks[task_id]
+        if task.token != token or task.status is not _RUNNING:
+            return book.current(task_id, token, worker)  # logs the refusal
+        addition = None
+        if spawned:
+            try:
+                addition = self.growth.expansion(task, spawned, now)
+            except InvalidPlan as exc:
+                return self.failing.fail(task_id, token, spawn_refused(exc), now, worker)
+        detail = {"spawned": len(addition.tasks)} if addition is not None else None
+        approvals = self.approvals
+        if approvals.any and approvals.holds_effect(task, result):
+            approvals.wait(task, "effect", now, worker, result=result,
+                           attempts=task.attempts + 1, lease=None, error=None,
+                           error_class=None)
         else:
-            at = self.last_change + self.stall_after
-        if self._leases and self._leases[0][0] < at:
-            at = self._leases[0][0]
-        if self._approval_timeouts and self._approval_timeouts[0][0] < at:
-            at = self._approval_timeouts[0][0]
-        if self._asking and now < at:
-            at = now
-        if self.deadline is not None and not self.facts.deadline_reached and self.deadline < at:
-            at = self.deadline
-        return at
+            new = completed(task, result, now)
+            book.replace(task, new)
+            note = book.note
+            if note is None:
+                book.sink(new, E.COMPLETED, worker, detail, token)
+            else:
+                note((now, task_id, E.COMPLETED, worker, token, detail))
+        if addition is not None:
+            self.growth.grow(addition, now)
+        book.last_change = now
+        return True
 
-    def wakes_before(self, at: float, now: float) -> bool:
-        """True when the driver should look again before ``at``: the run is done or
-        stopping, or something falls due before then (see :meth:`next_wakeup`)."""
-        return self.done or self.stopping or self.next_wakeup(now) < at
+    def finish(self, worker: WorkerState, task_id: str, token: int, result: Any,
+               now: float) -> Task | bool:
+        """An attempt of ``task_id`` on ``worker`` returned ``result`` and spawned nothing:
+        :meth:`complete`, then :meth:`release` with ``dispatch=False``, in one call. Returns
+        the start of ``worker``'s next queued task (the record, running), True when nothing
+        starts on it, False when the outcome was fenced off. Further starts (a worker with
+        more free slots than the attempt that ended) wait in :meth:`extra_starts`.
+        """
+        if not self.complete(task_id, token, result, now, worker.name):
+            return False
+        starts = self.release(worker, self.tasks[task_id], now, dispatch=False)
+        if len(starts) > 1:
+            self.routing.more_starts.extend(starts[1:])
+        return starts[0][1] if starts else True
+
+    def extra_starts(self) -> list[Start]:
+        """Starts :meth:`finish` decided beyond the one it returned, each handed out once."""
+        return self.routing.extra_starts()
+
+    def release(self, worker: WorkerState, task: Task, now: float, *,
+                dispatch: bool = True) -> list[Start]:
+        """After an attempt ended on ``worker``: what starts now (queued work, freed locks).
+
+        ``dispatch=False``: only what ``worker`` has queued starts; what became ready (a
+        dependent, a task a freed lock held back) waits for the driver's next
+        :meth:`dispatch`, which gives the ready tasks of several outcomes out at once.
+        """
+        routing = self.routing
+        routing.ended(worker, task, now)
+        starts = self.dispatch(now) if dispatch and self.ready.heap else []
+        if worker.queue and worker.active < worker.spec.capacity:  # else nothing to start
+            routing.pump(worker, now, starts)
+        return starts
+
+    def fail(self, task_id: str, token: int, failure: Failure, now: float,
+             worker: str | None) -> bool:
+        """An attempt raised; decide retry, death or budget stop. False when fenced off."""
+        return self.failing.fail(task_id, token, failure, now, worker)
+
+    def heartbeat(self, task_id: str, token: int, now: float) -> None:
+        """The attempt ``token`` of ``task_id`` is alive: extend its lease."""
+        self.leases.heartbeat(task_id, token, now)
+
+    def budget_exhausted(self, now: float) -> None:
+        """The run's budget is spent: nothing more starts, what has not started is cancelled."""
+        self.failing.budget_stop(now)
+
+    # A person's decisions.
+
+    def approve(self, task_id: str, now: float, note: str | None = None,
+                by: str | None = None) -> Task:
+        """A person approved ``task_id``: it starts, or it completes and its effect is due.
+
+        Raises:
+            UsageError: the task is unknown or not waiting (approving twice included).
+        """
+        return self.approvals.approve(task_id, now, note, by)
+
+    def reject(self, task_id: str, now: float, reason: str, by: str | None = None) -> Task:
+        """A person rejected ``task_id``: it is ``dead`` with cause ``rejected``; its
+        dependents follow ``on_dead``.
+
+        Raises:
+            UsageError: the task is unknown or not waiting, or ``reason`` is empty.
+        """
+        return self.approvals.reject(task_id, now, reason, by)
+
+    def take_decision(self, record: Task, now: float) -> bool:
+        """Carry out a decision another process wrote on a waiting record (True: one was)."""
+        return self.approvals.take_decision(record, now)
+
+    # What the driver carries out besides attempts.
+
+    def effects_due(self, now: float) -> list[Task]:
+        """Completed tasks whose effect is due now (each handed out once until it reports)."""
+        return self.effects.take_due(now)
+
+    def effect_applied(self, task_id: str, now: float) -> None:
+        """The effect of ``task_id`` is applied and recorded."""
+        self.effects.applied_now(task_id, now)
+
+    def effect_failed(self, task_id: str, error: str, now: float,
+                      transient: bool = True) -> float | None:
+        """Applying the effect failed: when to try again (None: given up, recorded)."""
+        return self.effects.failed(task_id, error, now, transient)
+
+    def effect_known(self, task_id: str) -> None:
+        """The effect of ``task_id`` was applied by an earlier process."""
+        self.effects.applied.add(task_id)
+
+    def replans_due(self) -> list[ReplanRequest]:
+        """Replans the driver should ask its replanner for now (each handed out once)."""
+        return self.growth.replans_due()
+
+    def replan_done(self, request: ReplanRequest, fragment: Sequence[SpawnRequest] | None,
+                    error: str | None, now: float) -> bool:
+        """The replanner answered ``fragment`` (or failed with ``error``).
+
+        The fragment is validated as an addition spawned by the dead task (the plan's
+        checks and the spawn limits); valid, it joins the run with a ``replanned`` event
+        on the dead task; otherwise ``replan_failed`` is recorded with the problems and the
+        dependents stay cancelled. Returns whether the fragment was added.
+        """
+        return self.growth.replan_done(request, fragment, error, now)
 
     def has_due(self, now: float) -> bool:
         """Effects due at ``now`` or replans to ask for (:meth:`effects_due`,
         :meth:`replans_due`)."""
-        due = self._effects_due
-        return bool(self._replans_due) or (bool(due) and due[0][0] <= now)
+        return self.growth.any_due or self.effects.has_due(now)
+
+    # Time.
+
+    def set_deadline(self, at: float | None) -> None:
+        """Past ``at`` nothing new starts (see :meth:`tick`); ``None``: no deadline."""
+        self.timing.deadline = at
+
+    def tick(self, now: float) -> None:
+        """Everything due by ``now``: the deadline, expired leases, retries whose time came,
+        approval timeouts."""
+        self.timing.tick(now)
+
+    def next_wakeup(self, now: float) -> float:
+        """The next time something is due (see :meth:`Timing.next_wakeup`)."""
+        return self.timing.next_wakeup(now)
+
+    def wakes_before(self, at: float, now: float) -> bool:
+        """True when the driver should look again before ``at``: the run is done or
+        stopping, or something falls due before then (see :meth:`next_wakeup`)."""
+        return self.timing.done or self.book.stopping or self.timing.next_wakeup(now) < at
 
     def stalled(self, now: float) -> bool:
-        """No change for ``stall_after`` seconds, with work left and nothing scheduled.
-
-        A task waiting for a known retry time, or an effect waiting for its next try, is not
-        a stall: the run knows when it goes on. Nor is a task waiting for a person's
-        approval: while one waits, the run is never called stalled.
-        """
-        if not self.unfinished and not self.effects_pending and not self._replans_open:
-            return False
-        if self.awaiting:
-            return False
-        if self._delayed or self._effects_due or self._replans_open:
-            return False
-        # the same sum as next_wakeup's: a wakeup at that time sees the stall (no float gap)
-        return now >= self.last_change + self.stall_after
-
-    def batch_due(self, now: float, waiting: int, slots: int, live_s: float,
-                  margin_s: float) -> bool:
-        """Whether ``waiting`` calls in Batch API jobs must go live now for the rest of the
-        run to finish live by the deadline, ``slots`` calls at once (see
-        :func:`batch_take_back` and :func:`live_rounds`). Once it says so, it says so for
-        the rest of the run (the calls that follow go live too, rather than into batches
-        that would be taken back in turn); past the deadline, at once."""
-        facts = self.facts
-        if self.deadline is None or waiting <= 0:
-            return False
-        if facts.deadline_reached or facts.batches_taken_back:
-            return True
-        unfinished = {t.id for t in self.tasks.values() if t.status not in FINAL}
-        rounds = live_rounds(unfinished, self._dependents, slots)
-        facts.batches_taken_back = batch_take_back(
-            now=now, deadline=self.deadline, waiting=waiting, rounds=rounds, live_s=live_s,
-            margin_s=margin_s)
-        return facts.batches_taken_back
+        """No change for ``stall_after`` seconds, with work left and nothing scheduled."""
+        return self.timing.stalled(now)
 
     def stall_message(self, run_id: str, now: float) -> str:
         """Why :meth:`stalled` is true, naming a few stuck tasks."""
-        stuck = [t for t in self.tasks.values()
-                 if t.status not in FINAL and t.status is not _WAITING]
-        sample = ", ".join(f"{t.id} ({t.status.value})" for t in stuck[:5])
-        more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
-        return (f"run {run_id} stalled: no task changed for {now - self.last_change:.0f} s "
-                f"with {len(stuck)} unfinished: {sample}{more}")
+        return self.timing.stall_message(run_id, now)
+
+    def batch_due(self, now: float, waiting: int, slots: int, live_s: float,
+                  margin_s: float) -> bool:
+        """Whether ``waiting`` calls in Batch API jobs must go live now (see
+        :meth:`Timing.batch_due`)."""
+        return self.timing.batch_due(now, waiting, slots, live_s, margin_s)
