@@ -1054,7 +1054,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     now = time.time()
     if args.json:
         print(json.dumps([{"id": r.id, "created_at": r.created_at,
-                           "status": shown_status(r.status, r.owner_until, now),
+                           "status": shown_status(r, now),
                            "recorded_status": r.status, "owner": r.owner,
                            "owner_until": r.owner_until, "goal": r.goal,
                            "counts": dict(r.counts)} for r in runs]))
@@ -1063,7 +1063,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print("no runs")
     for r in runs:
         counts = ", ".join(f"{k} {v}" for k, v in r.counts.items() if v)
-        status = shown_status(r.status, r.owner_until, now)
+        status = shown_status(r, now)
         print(f"{r.id}  {status:<11} {counts}  {r.goal[:60]}")
     return EXIT_OK
 
