@@ -27,10 +27,12 @@ from planrun.core import (
     Event,
     Plan,
     Registry,
+    RunExists,
     RunResult,
     SharedLimits,
     Status,
     Task,
+    UnknownRun,
     UsageError,
     WorkerSpec,
     fast_init,
@@ -456,10 +458,13 @@ async def aplan_and_run(
     if model is None and (plan is None or app.needs_model()):
         model = _default_model()  # a missing key fails here, before any task starts
     clock = clock or RealClock()
+    named = run_id is not None
     run_id = run_id or uuid.uuid4().hex[:12]
     goal = goal_or_plan if isinstance(goal_or_plan, str) else plan.goal if plan else ""
     with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
         async with _opened(store) as opened:
+            if named and opened is not None:
+                await _refuse_taken(opened, run_id)
             meter = usage if usage is not None else UsageMeter(
                 prices, budget, shared=await _shared_budget(opened, run_id, budget))
             if plan is None:
@@ -485,6 +490,16 @@ async def aplan_and_run(
         if traced:
             traced.set_result(result)
     return _report(plan, result, meter)
+
+
+async def _refuse_taken(store: Store, run_id: str) -> None:
+    """A new run's id must be free: one in use is refused before anything is decomposed
+    or run (the store refuses it too, when two processes take it at once)."""
+    try:
+        await store.run_owner(run_id)
+    except UnknownRun:
+        return
+    raise RunExists(run_id, str(getattr(store, "url", type(store).__name__))) from None
 
 
 def _ready_plan(goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],

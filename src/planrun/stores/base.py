@@ -176,7 +176,7 @@ class Store(Protocol):
         ...
 
     async def create_run(self, run: RunInfo) -> None:
-        """Insert a run; an existing id is a :class:`StoreError`."""
+        """Insert a run; an existing id is :class:`~planrun.core.RunExists`."""
         ...
 
     async def set_run_status(self, run_id: str, status: str) -> None:
