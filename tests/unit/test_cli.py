@@ -156,3 +156,23 @@ def test_a_reader_that_closed_the_pipe_is_a_quiet_exit(argv: list[str], tmp_path
         os.close(write)
     assert done.stderr == ""
     assert done.returncode == 141  # as a shell reports a process that SIGPIPE ended
+
+
+@pytest.mark.parametrize("columns", [80, 50])
+def test_piped_run_output_is_never_wider_than_the_terminal_nor_glued(
+        columns: int, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped, the progress display's last line ends before the report's title starts."""
+    from conftest import REPO
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(RELEASE_PLAN))
+    code, out, _ = run_cli(capsys, "run", str(plan), "--app", "planrun.examples.release:app",
+                           "--replay", str(REPO / "fixtures" / "release.json"),
+                           "--run-id", "r1")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= columns, [line for line in lines if len(line) > columns]
+    assert "active: -" in [line.strip() for line in lines]
+    assert "run r1" in [line.strip() for line in lines]  # the report's title, on its own
