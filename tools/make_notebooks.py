@@ -85,7 +85,6 @@ DECOMPOSE_PROMPT = [
         import textwrap
         from contextlib import contextmanager
         from pathlib import Path
-        from unittest import mock
 
         import matplotlib
 
@@ -358,37 +357,18 @@ DECOMPOSE_PROMPT = [
         explanation a miss gives, and answered with the closest recording so the rest of the
         run is checked too.
 
-        The scenario takes its templates from the default library (the repository's
-        `prompts/`), and `check()` has no option for another folder. To see what it would
-        report after the edit without touching `prompts/decompose.md`, the default library is
-        pointed at the edited copy for the duration of the call. The cassette checked is a
-        scratch copy of `fixtures/brief.json`.
+        The scenario takes its templates from the repository's `prompts/`, which this
+        notebook never edits. So the mismatch is made from the other side: a copy of the
+        cassette whose two decompose requests are rewritten as if they had been recorded with
+        the edited prompt. Against the repository's template that recording is stale in
+        exactly the way a recording is after an edit of the template.
         """),
     code("""
-        check_here = check  # runs its scenario on a private thread inside this cell's loop
-
-
         scratch = WORK / "brief.json"
         shutil.copy(FIXTURE, scratch)
+        fresh = check([scratch])  # runs its scenario on a private thread inside this loop
+        print(f"as recorded: {len(fresh)} stale finding(s)")
 
-        fresh = check_here([scratch])
-        print(f"with the repository's prompts: {len(fresh)} stale finding(s)")
-
-        with mock.patch("planrun.model._prompts.default_prompt_dir", return_value=EDITED):
-            stale = check_here([scratch])
-        print(f"with the edited prompt: {len(stale)} stale finding(s)")
-        for item in stale:  # the reason goes on with a diff of the message; its head will do
-            print(f"  #{item.index} {item.kind}: {item.reason.split('; message')[0]}")
-        """),
-    md("""
-        The command line runs the same check on files and exits 0 when every cassette is
-        fresh, 2 when one is stale (CI runs it over `fixtures/`). It has no prompts option
-        either, so here the mismatch is made from the other side: a copy of the cassette
-        whose two decompose requests are rewritten as if they had been recorded with the
-        edited prompt. Against the repository's template that recording is stale in exactly
-        the same way.
-        """),
-    code("""
         document = json.loads(FIXTURE.read_text(encoding="utf-8"))
         for item in document["interactions"]:
             request = item["request"]
@@ -398,6 +378,16 @@ DECOMPOSE_PROMPT = [
         drifted = WORK / "brief-edited.json"
         drifted.write_text(json.dumps(document, indent=2, sort_keys=True) + "\\n", encoding="utf-8")
 
+        stale = check([drifted])
+        print(f"recorded with the edited prompt: {len(stale)} stale finding(s)")
+        for item in stale:  # the reason goes on with a diff of the message; its head will do
+            print(f"  #{item.index} {item.kind}: {item.reason.split('; message')[0]}")
+        """),
+    md("""
+        The command line runs the same check on files and exits 0 when every cassette is
+        fresh, 2 when one is stale (CI runs it over `fixtures/`).
+        """),
+    code("""
         script = Path(sys.executable).with_name("planrun")
         PLANRUN = [str(script)] if script.is_file() else [
             sys.executable, "-c", "import sys; from planrun.cli import main; sys.exit(main())"]
@@ -730,8 +720,8 @@ PROMPT_EVAL = [
         import matplotlib.pyplot as plt
         from IPython.display import Image, display
 
-        import planrun.model._prompts
         from planrun.dev.eval import evaluate, load_goals, shipped
+        from planrun.model import default_prompt_dir
         from planrun.testing import FixtureMiss
 
         LIVE = False  # True: call the configured endpoint (OPENAI_API_KEY) instead; it costs money
@@ -764,7 +754,7 @@ PROMPT_EVAL = [
         """),
     code("""
         edited = work / "edited"
-        shutil.copytree(str(planrun.model._prompts.default_prompt_dir()), edited)
+        shutil.copytree(str(default_prompt_dir()), edited)
         template = edited / "decompose.md"
         before = template.read_text(encoding="utf-8")
         rule = "   itself or on a later task.\\n"

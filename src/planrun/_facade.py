@@ -27,10 +27,12 @@ from planrun.core import (
     Event,
     Plan,
     Registry,
+    RunExists,
     RunResult,
     SharedLimits,
     Status,
     Task,
+    UnknownRun,
     UsageError,
     WorkerSpec,
     fast_init,
@@ -456,10 +458,10 @@ async def aplan_and_run(
     if model is None and (plan is None or app.needs_model()):
         model = _default_model()  # a missing key fails here, before any task starts
     clock = clock or RealClock()
-    run_id = run_id or uuid.uuid4().hex[:12]
-    goal = goal_or_plan if isinstance(goal_or_plan, str) else plan.goal if plan else ""
+    named, run_id = run_id, run_id or uuid.uuid4().hex[:12]
+    goal = plan.goal if plan else str(goal_or_plan)
     with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
-        async with _opened(store) as opened:
+        async with _opened(store, new_run=named) as opened:
             meter = usage if usage is not None else UsageMeter(
                 prices, budget, shared=await _shared_budget(opened, run_id, budget))
             if plan is None:
@@ -485,6 +487,19 @@ async def aplan_and_run(
         if traced:
             traced.set_result(result)
     return _report(plan, result, meter)
+
+
+async def _refuse_taken(store: Store | None, run_id: str | None) -> None:
+    """A new run's id, when the caller chose it, must be free in ``store``: one in use is
+    refused before anything is decomposed or run (the store refuses it too, when two
+    processes take it at once)."""
+    if store is None or run_id is None:
+        return
+    try:
+        await store.run_owner(run_id)
+    except UnknownRun:
+        return
+    raise RunExists(run_id, str(getattr(store, "url", type(store).__name__))) from None
 
 
 def _ready_plan(goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
@@ -586,9 +601,12 @@ def resume_run(run_id: str, app: App | Registry, store: Store | str,
 
 
 @contextlib.asynccontextmanager
-async def _opened(store: Store | str | None) -> AsyncIterator[Store | None]:
-    """A store object as given, or one opened from a URL (and closed after)."""
+async def _opened(store: Store | str | None,
+                  new_run: str | None = None) -> AsyncIterator[Store | None]:
+    """A store object as given, or one opened from a URL (and closed after); with
+    ``new_run``, a run id the caller chose for a new run, refused if the store holds it."""
     if store is None or not isinstance(store, str):
+        await _refuse_taken(store, new_run)
         yield store
         return
     from planrun.stores import open_store
@@ -596,6 +614,7 @@ async def _opened(store: Store | str | None) -> AsyncIterator[Store | None]:
     opened = open_store(store)
     await opened.open()
     try:
+        await _refuse_taken(opened, new_run)
         yield opened
     finally:
         await opened.close()

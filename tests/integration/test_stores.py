@@ -26,7 +26,14 @@ from urllib.parse import unquote
 import pytest
 from pgtest import PG_URL, fresh_schema
 
-from planrun.core._errors import RunInUse, StoreError, UnknownRun, UnstorableValue, UsageError
+from planrun.core._errors import (
+    RunExists,
+    RunInUse,
+    StoreError,
+    UnknownRun,
+    UnstorableValue,
+    UsageError,
+)
 from planrun.core._ledger import Event
 from planrun.core._task import Status, Task, transition
 from planrun.stores import (
@@ -186,7 +193,7 @@ async def test_round_trip_keeps_every_field(store: Store) -> None:
 
 async def test_a_run_id_already_stored_is_a_clear_error(store: Store) -> None:
     run_id = await make_run(store, chain(1))
-    with pytest.raises(StoreError, match=f"run '{run_id}' already exists") as info:
+    with pytest.raises(RunExists, match=f"run '{run_id}' already exists") as info:
         await store.create_run(RunInfo(run_id, 2.0, goal="again"))
     assert "UNIQUE" not in str(info.value) and "duplicate key" not in str(info.value)
     assert (await store.load(run_id)).run.goal == "test"  # the first run is untouched

@@ -129,3 +129,50 @@ def test_run_an_invalid_plan_lists_every_problem(
 def test_run_without_a_key_names_the_variable(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "run", "a goal", "--app", "planrun.examples.brief:app")
     assert code == 2 and "OPENAI_API_KEY" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["runs"], ["status", "r1"], ["runs", "--json"]],
+                         ids=" ".join)
+def test_a_reader_that_closed_the_pipe_is_a_quiet_exit(argv: list[str], tmp_path: Path) -> None:
+    """``planrun status RUN | head -3``: the reader goes away; planrun says nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from planrun import plan_and_run
+    from planrun.core import KindSpec, Registry
+
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    plan = {"goal": "g", "tasks": [{"kind": "k"} for _ in range(30)]}
+    app = Registry([KindSpec("k", handler=lambda payload, ctx: "ok")])
+    for n in range(3):
+        assert plan_and_run(plan, app, store=db, run_id=f"r{n}").ok
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        done = subprocess.run([sys.executable, "-m", "planrun.cli", *argv, "--db", db],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert done.stderr == ""
+    assert done.returncode == 141  # as a shell reports a process that SIGPIPE ended
+
+
+@pytest.mark.parametrize("columns", [80, 50])
+def test_piped_run_output_is_never_wider_than_the_terminal_nor_glued(
+        columns: int, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped, the progress display's last line ends before the report's title starts."""
+    from conftest import REPO
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(RELEASE_PLAN))
+    code, out, _ = run_cli(capsys, "run", str(plan), "--app", "planrun.examples.release:app",
+                           "--replay", str(REPO / "fixtures" / "release.json"),
+                           "--run-id", "r1")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= columns, [line for line in lines if len(line) > columns]
+    assert "active: -" in [line.strip() for line in lines]
+    assert "run r1" in [line.strip() for line in lines]  # the report's title, on its own

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from planrun._facade import App, load_app
 from planrun.cli import main
-from planrun.core._errors import StoreError, UsageError
+from planrun.core._errors import UsageError
 from planrun.core._registry import Registry
 from planrun.examples.release import RELEASE_PLAN
 
@@ -205,8 +205,13 @@ def test_read_only_verbs_do_not_create_a_database(
     assert list(tmp_path.iterdir()) == []
 
 
-async def test_reusing_a_run_id_is_a_clear_store_error(tmp_path: Path) -> None:
+async def test_reusing_a_run_id_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """In Python: a RunExists (a UsageError) raised by plan_and_run itself, not by the
+    store from deep inside the run, and before the goal goes to the model."""
+    import traceback
+
     from planrun._facade import aplan_and_run
+    from planrun.core import RunExists
 
     async def noop(payload: object, ctx: object) -> dict[str, bool]:
         return {"ok": True}
@@ -216,10 +221,42 @@ async def test_reusing_a_run_id_is_a_clear_store_error(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'runs.db'}"
     plan = {"goal": "g", "tasks": [{"kind": "noop", "payload": {}, "depends_on": []}]}
     assert (await aplan_and_run(plan, registry, store=store, run_id="r1")).ok
-    with pytest.raises(StoreError) as info:
-        await aplan_and_run(plan, registry, store=store, run_id="r1")
-    assert "run 'r1' already exists" in str(info.value)
-    assert "UNIQUE" not in str(info.value)
+    with pytest.raises(RunExists) as info:  # a goal: no model is asked (none is configured)
+        await aplan_and_run("a goal", registry, store=store, run_id="r1",
+                            model=_unreachable_model())
+    assert isinstance(info.value, UsageError) and info.value.run_id == "r1"
+    assert str(info.value) == (f"run 'r1' already exists in {store}; choose another run id, "
+                               "or resume it")
+    frames = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+    assert not any("/stores/" in f or "/runtime/" in f for f in frames), frames
+
+
+def _unreachable_model() -> object:
+    from planrun import Model
+
+    return Model("gpt-4o-mini", api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+
+
+def test_run_id_names_the_run_and_a_second_run_of_it_is_one_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(RELEASE_PLAN))
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    argv = ["run", str(plan), "--app", "planrun.examples.release:app", "--db", db,
+            "--run-id", "release-1", "--quiet", "--replay", str(REPO / "fixtures" / "release.json")]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    code, out, _ = run_cli(capsys, "runs", "--db", db, "--json")
+    assert [r["id"] for r in json.loads(out)] == ["release-1"]
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err == (f"planrun: error: run 'release-1' already exists in {db}; choose another "
+                   "run id, or resume it\n")
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 2 and json.loads(out)["error"].startswith("run 'release-1' already exists")
+    for bad in ("", "has space", "-dash-first", "x" * 101):
+        code, _, err = run_cli(capsys, "run", str(plan), "--app", RELEASE_APP, f"--run-id={bad}")
+        assert code == 2 and err.count("\n") == 1 and "--run-id" in err, (bad, err)
 
 
 # -------------------------------------------------------------------------- scenario files
@@ -497,3 +534,90 @@ def test_generated_bad_flags_are_one_line_exit_2_and_write_nothing(
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert not db.exists()
+
+
+# ------------------------------------------------------------------ --json: errors are JSON
+
+
+def _verbs_with_json() -> list[str]:
+    import argparse
+
+    from planrun.cli._main import _build_parser
+
+    found: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for verb, sub in action.choices.items():
+                    walk(sub, f"{name} {verb}".strip())
+            elif "--json" in action.option_strings:
+                found.append(name)
+
+    walk(_build_parser(), "")
+    return found
+
+
+MISSING_DB = "sqlite:///no-such-runs.db"
+JSON_ERRORS: dict[str, list[str]] = {
+    # verb -> arguments failing inside the verb (after argparse accepted them)
+    "validate": ["validate", "no-such-plan.json", "--kinds", "a"],
+    "simulate": ["simulate", "--scenario", "no-such-scenario.json"],
+    "compare": ["compare", "--rules", "no_such_rule"],
+    "plan": ["plan", "a goal", "--app", "no.such.module:app"],
+    "run": ["run", "a goal", "--app", "no.such.module:app"],
+    "resume": ["resume", "r1", "--db", MISSING_DB],
+    "runs": ["runs", "--db", MISSING_DB],
+    "status": ["status", "r1", "--db", MISSING_DB],
+    "approve": ["approve", "r1", "t1", "--db", MISSING_DB],
+    "reject": ["reject", "r1", "t1", "--db", MISSING_DB, "--reason", "no"],
+    "eval": ["eval", "no-such-goals.jsonl", "--prompts", "default"],
+}
+
+
+def test_every_verb_with_json_has_its_error_case_here() -> None:
+    assert sorted(_verbs_with_json()) == sorted(JSON_ERRORS)
+
+
+def _json_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, object]:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2, (code, out, err)
+    assert err == "" and out.count("\n") == 1, (out, err)
+    data = json.loads(out)
+    assert set(data) == {"error", "problems"} and isinstance(data["problems"], list)
+    assert isinstance(data["error"], str) and data["error"] and "\n" not in data["error"]
+    return dict(data)
+
+
+@pytest.mark.parametrize("verb", sorted(JSON_ERRORS))
+def test_with_json_an_error_in_the_verb_is_json(
+        verb: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = _json_error(capsys, [*JSON_ERRORS[verb], "--json"])
+    assert data["problems"] == []
+    # Without --json the same error is the usual line on stderr.
+    code, out, err = run_cli(capsys, *JSON_ERRORS[verb])
+    assert code == 2 and out == "" and err.startswith("planrun: error: ")
+    assert err.strip() == f"planrun: error: {data['error']}"
+
+
+@pytest.mark.parametrize("verb", sorted(JSON_ERRORS))
+def test_with_json_a_flag_argparse_refuses_is_json(
+        verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json_error(capsys, [*JSON_ERRORS[verb], "--json", "--no-such-flag"])
+    assert "unrecognized arguments: --no-such-flag" in str(data["error"])
+    assert data["problems"] == []
+
+
+def test_with_json_an_invalid_plan_lists_its_problems(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"goal": "g", "tasks": [
+        {"kind": "no_such_kind", "payload": {}, "depends_on": [3]}]}))
+    data = _json_error(capsys, ["run", str(plan), "--app", RELEASE_APP, "--json"])
+    problems = data["problems"]
+    assert isinstance(problems, list)
+    assert {p["code"] for p in problems} == {"unknown_kind", "unknown_dependency"}
+    assert all(set(p) == {"code", "task", "message"} for p in problems)
+    assert str(data["error"]).startswith("invalid plan, 2 problems")

@@ -193,3 +193,40 @@ def test_the_cli_reference_is_written_from_the_parser() -> None:
     run = sections["planrun run"]
     for wanted in ("--deadline S", "--quiet", "--model", "replan", "--on-dead"):
         assert wanted in run, wanted
+
+
+_PRIVATE = re.compile(r"\bplanrun(?:\.[A-Za-z0-9]\w*)*\._\w+")
+"""A dotted name reaching into planrun below a private (underscored) part."""
+
+
+def _notebook_code() -> dict[str, str]:
+    import json
+
+    code: dict[str, str] = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        code[path.name] = "\n".join("".join(c["source"]) for c in cells
+                                    if c["cell_type"] == "code")
+    return code
+
+
+def test_notebooks_use_public_names_only() -> None:
+    """A notebook teaches what a user may import: no private module, no private name, not
+    even in a string (mock.patch("planrun.model._prompts....") is an import too)."""
+    import ast
+
+    books = _notebook_code()
+    assert books
+    for name, code in books.items():
+        assert not _PRIVATE.findall(code), (name, _PRIVATE.findall(code))
+        tree = ast.parse("\n".join(line for line in code.splitlines()
+                                   if not line.lstrip().startswith(("%", "!"))))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("planrun"):
+                parts = [*str(node.module).split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                parts = [p for a in node.names if a.name.startswith("planrun")
+                         for p in a.name.split(".")]
+            else:
+                continue
+            assert not [p for p in parts if p.startswith("_")], (name, ast.unparse(node))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -116,7 +117,8 @@ def test_owner_gone_knows_a_process_of_this_host_that_no_longer_exists() -> None
     import os
     import socket
 
-    from planrun.runtime._ownership import _started, owner_gone, owner_name
+    from planrun.stores import owner_gone, owner_name
+    from planrun.stores._owners import _started
 
     me = owner_name()
     assert me.startswith(f"{socket.gethostname()}:{os.getpid()}:") and not owner_gone(me)
@@ -162,3 +164,37 @@ async def test_a_live_owner_elsewhere_is_waited_for_then_refused_or_taken_over()
     async with hold_run(store, "r", owner="me"):
         owner = await store.run_owner("r")
         assert owner is not None and owner.name == "me"
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["pid gone", "pid reused"])
+def test_a_run_whose_owner_is_provably_gone_is_listed_interrupted_at_once(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str], reused: bool) -> None:
+    """The listing asks the rule resume asks (owner_gone): a SIGKILLed owner of this host
+    does not keep its run 'running' until its lease runs out."""
+    import json
+    import os
+
+    from planrun.cli import main
+    from planrun.stores import open_store
+    from planrun.stores._owners import _started
+
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    dead = _name_of(os.getpid(), "12345") if reused else _name_of(_gone_process(), None)
+    alive = _name_of(os.getpid(), _started(os.getpid()))
+
+    async def make() -> None:
+        store = open_store(db)
+        await store.open()
+        for run_id, owner in (("dead", dead), ("alive", alive)):
+            await store.create_run(RunInfo(run_id, 1.0, goal=run_id))
+            await store.acquire_run(run_id, owner, ttl=300.0, now=time.time())
+        await store.close()
+
+    asyncio.run(make())
+    assert main(["runs", "--db", db, "--json"]) == 0
+    listed = {r["id"]: r["status"] for r in json.loads(capsys.readouterr().out)}
+    assert listed == {"dead": "interrupted", "alive": "running"}
+    assert main(["status", "dead", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_status"] == "interrupted"
+    assert main(["runs", "--db", db]) == 0
+    assert "dead  interrupted" in capsys.readouterr().out

@@ -286,3 +286,18 @@ def test_an_effect_applied_before_the_crash_is_neither_applied_nor_logged_again(
     assert [e.task for e in state.events if e.event == "effect"] == ["t", "u"]
     assert [e.task for e in result.events if e.event == "effect"] == ["t", "u"]
     assert result.audit.clean
+
+
+def test_resuming_a_finished_run_reports_no_negative_duration(tmp_path: Any) -> None:
+    """The tasks of a finished run ended before the resume began: it lasted 0 s."""
+    from planrun import plan_and_run, resume_run
+
+    app = Registry([KindSpec("k", handler=work)])
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    plan = {"goal": "g", "tasks": [{"kind": "k"}, {"kind": "k", "depends_on": [0]}]}
+    first = plan_and_run(plan, app, store=db, run_id="r1")
+    assert first.ok and first.duration_s >= 0
+    again = resume_run("r1", app, db)
+    assert again.ok and again.duration_s == 0.0 and again.result.makespan == 0.0
+    assert again.summary().splitlines()[0] == "run r1: completed 2 in 0.0 s"
+    assert again.to_dict()["duration_s"] == 0.0

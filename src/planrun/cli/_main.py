@@ -6,7 +6,7 @@
                 [--deploy1-failures N] [--max-retries N] [--sweep] [--ledger] [--json]
     planrun plan GOAL --app module:attr [--json]
     planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
-                [--budget-usd X] [--rpm N] [--tpm N] [--db URL] [--json]
+                [--budget-usd X] [--rpm N] [--tpm N] [--db URL] [--run-id ID] [--json]
     planrun run PLAN.json --app module:attr --db URL --workers external [--stale-after S]
     planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
                    [--rpm N] [--tpm N]
@@ -23,8 +23,11 @@ both and call ``_add_<verb>`` from :func:`_build_parser`.
 
 Exit status: 0 success, 2 an invalid plan or a usage error (bad arguments, an unreadable
 file, a resume refused because a live process owns the run); errors are one line on
-stderr, ``planrun: error: ...``, never a traceback. ``planrun resume`` of a run that is
-already finished (or aborted) says so in one line and exits 0: there is nothing to do.
+stderr, ``planrun: error: ...``, never a traceback; with ``--json``, one JSON object on
+stdout, ``{"error": ..., "problems": [...]}`` (:func:`_fail`). A reader of stdout that went
+away ends the command quietly, status 141 (:func:`_closed_pipe`).
+``planrun resume`` of a run that is already finished (or aborted) says so in one line and
+exits 0: there is nothing to do.
 ``planrun runs`` and ``planrun status`` show a run that is not finished and has no live
 owner as ``interrupted`` (resumable), however it stopped.
 """
@@ -62,6 +65,15 @@ class _CliError(Exception):
     """A usage problem found while running a verb; printed as one line, exit 2."""
 
 
+class _ArgumentsError(Exception):
+    """Arguments argparse refused: shown by :func:`_main` as any other error (JSON with
+    ``--json``), ``planrun VERB: error: ... (see --help)``, exit 2."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(f"{message} (see '{prog} --help')")
+        self.prog = prog
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line: ``planrun VERB: error: ... (see --help)``.
 
@@ -69,7 +81,7 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> Any:  # argparse's signature says NoReturn
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        raise _ArgumentsError(self.prog, message)
 
 
 def _version() -> str:
@@ -150,6 +162,18 @@ def _interval(text: str) -> float:
     if not 0.1 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600 seconds, got {text}")
     return value
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
+
+
+def _run_id(text: str) -> str:
+    """A run id: letters, digits and ``_.:-``, at most 100, starting with a letter or digit
+    (it is typed again in ``planrun resume ID``)."""
+    if _RUN_ID.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"expected up to 100 letters, digits, '_', '.', ':' or '-', got {text[:40]!r}")
+    return text
 
 
 def _read_input(path: str) -> bytes | str:
@@ -578,6 +602,9 @@ def _add_run(subparsers: _Subparsers) -> None:
                         help="seconds after which nothing new starts: tasks not started are "
                         "cancelled (cause: deadline); attempts in flight keep their timeout")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
+    parser.add_argument("--run-id", type=_run_id, metavar="ID",
+                        help="the new run's id (default: a random one); an id the store "
+                        "already holds is refused before anything runs")
     _batch_flags(parser)
     _concurrency_flag(parser)
     _db_flag(parser, required=False)
@@ -712,6 +739,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "meta": meta, "retry_budget": args.retry_budget, "deadline_s": args.deadline,
     }
     _batch_option(options, batch)
+    if args.run_id is not None:
+        options["run_id"] = args.run_id
     if args.db:
         options["store"] = args.db
     if external:
@@ -771,9 +800,10 @@ def _execute(source: Any, app: Any, options: dict[str, Any], args: argparse.Name
     if options.get("store"):
         import uuid
 
-        run_id = getattr(args, "run_id", None)  # resume names its run
-        if run_id is None:  # a new run: named now, so that an interrupt can say what to resume
-            run_id = options.setdefault("run_id", uuid.uuid4().hex[:12])
+        # resume names its run; a new run is named now (--run-id, or at random), so that
+        # an interrupt can say what to resume
+        run_id = (options.get("run_id") or getattr(args, "run_id", None)
+                  or options.setdefault("run_id", uuid.uuid4().hex[:12]))
         args.on_interrupt = (f"; run {run_id} is left resumable: planrun resume {run_id} "
                              f"--db {_masked(options['store'])}")
     with _cassette(args):
@@ -1054,7 +1084,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     now = time.time()
     if args.json:
         print(json.dumps([{"id": r.id, "created_at": r.created_at,
-                           "status": shown_status(r.status, r.owner_until, now),
+                           "status": shown_status(r, now),
                            "recorded_status": r.status, "owner": r.owner,
                            "owner_until": r.owner_until, "goal": r.goal,
                            "counts": dict(r.counts)} for r in runs]))
@@ -1063,7 +1093,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print("no runs")
     for r in runs:
         counts = ", ".join(f"{k} {v}" for k, v in r.counts.items() if v)
-        status = shown_status(r.status, r.owner_until, now)
+        status = shown_status(r, now)
         print(f"{r.id}  {status:<11} {counts}  {r.goal[:60]}")
     return EXIT_OK
 
@@ -1326,43 +1356,79 @@ def _exit_code(code: object) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     try:
-        return _main(argv)
+        status = _main(argv)
+        sys.stdout.flush()  # a reader that went away is found here, not at exit
+        return status
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:  # before a verb started (while importing, say)
         print("planrun: interrupted", file=sys.stderr)
         return 130
 
 
+EXIT_CLOSED_PIPE = 141
+"""The status of a command whose reader closed the pipe (``planrun runs | head -3``): what
+a shell reports for a process that SIGPIPE ended, without a word on stderr."""
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away: say nothing, and let nothing more be written there
+    (Python flushes stdout once more at exit, which would complain)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured)
+        pass
+    return EXIT_CLOSED_PIPE
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     _cwd_importable()
     tracing.configure_from_env(os.environ)  # PLANRUN_TRACE_FILE: spans to a file
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help, --version, or a usage error (2)
+        args = parser.parse_args(words)
+    except SystemExit as exc:  # argparse: --help or --version
         return _exit_code(exc.code)
+    except _ArgumentsError as exc:
+        return _fail(f"{exc.prog}: error", str(exc), json_wanted="--json" in words)
+    as_json = bool(getattr(args, "json", False))
     try:
         status: int = args.func(args)
     except InvalidPlan as exc:
-        print(f"planrun: error: {_invalid_plan_line(exc)}", file=sys.stderr)
-        return EXIT_INVALID
+        return _fail("planrun: error", _invalid_plan_line(exc), as_json, EXIT_INVALID,
+                     [p.to_dict() for p in exc.problems])
     except (_CliError, PlanrunError) as exc:
         from planrun.dev.fixtures import FixtureMiss
 
         if isinstance(exc, FixtureMiss):  # the one error that is more than a line: its diff
-            print(f"planrun: error: {_fixture_miss_text(exc, argv)}", file=sys.stderr)
-        else:
-            print(f"planrun: error: {_error_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+            return _fail("planrun: error", _fixture_miss_text(exc, argv), as_json)
+        return _fail("planrun: error", _error_line(exc), as_json)
     except KeyboardInterrupt:
         print(f"planrun: interrupted{getattr(args, 'on_interrupt', '')}", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # the reader went away: main() exits quietly
     except Exception as exc:  # a defect: still one line; PLANRUN_TRACEBACK=1 shows it all
         if os.environ.get("PLANRUN_TRACEBACK"):
             raise
-        print(f"planrun: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
-              "(set PLANRUN_TRACEBACK=1 to see where)", file=sys.stderr)
-        return 1
+        return _fail("planrun: internal error",
+                     f"{type(exc).__name__}: {_one_line(str(exc))} (set PLANRUN_TRACEBACK=1 "
+                     "to see where)", as_json, 1)
     return status
+
+
+def _fail(prefix: str, message: str, json_wanted: bool, code: int = EXIT_USAGE,
+          problems: Sequence[dict[str, Any]] = ()) -> int:
+    """Report an error and return ``code``: ``PREFIX: MESSAGE`` on stderr, or with
+    ``--json`` the object ``{"error": MESSAGE, "problems": [...]}`` on stdout (the problems
+    of an invalid plan, as ``planrun validate --json`` lists them; else none)."""
+    if json_wanted:
+        print(json.dumps({"error": message, "problems": list(problems)}, ensure_ascii=False))
+    else:
+        print(f"{prefix}: {message}", file=sys.stderr)
+    return code
 
 
 _LISTED_PROBLEMS = 5

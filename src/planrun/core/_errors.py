@@ -2,6 +2,7 @@
 
     PlanrunError
      ├── UsageError            the caller misused the API or the CLI (bad argument, wrong loop)
+     │    └── RunExists        a new run was given the id of a run the store already holds
      ├── PlanError
      │    └── InvalidPlan      a plan failed validation; ``.problems`` lists every problem
      ├── DispatchError
@@ -47,6 +48,7 @@ __all__ = [
     "PlanrunError",
     "RateLimited",
     "RunAborted",
+    "RunExists",
     "RunInUse",
     "StallError",
     "StoreError",
@@ -65,6 +67,19 @@ class PlanrunError(Exception):
 
 class UsageError(PlanrunError):
     """The caller misused planrun: a bad argument, an unknown strategy, a wrong event loop."""
+
+
+class RunExists(UsageError):
+    """A new run was given the id of a run the store already holds.
+
+    ``plan_and_run`` refuses it before anything is decomposed or run; the store refuses it
+    too (two processes starting the same id at once).
+    """
+
+    def __init__(self, run_id: str, where: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} already exists in {where}; choose another run "
+                         "id, or resume it")
 
 
 class ConfigError(PlanrunError):

@@ -142,6 +142,10 @@ class Progress:
             self._live.update(self.render())
             self._live.__exit__(exc_type, exc, tb)
             self._live = None
+            if not self.console.is_terminal and not self.console.is_jupyter:
+                # Off a terminal the last render ends without a line break (rich ends the
+                # line only on a terminal): what is printed next would follow on its line.
+                self.console.line()
 
 
 def report_table(report: _Report, limit: int = 20) -> Table:

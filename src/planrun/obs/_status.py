@@ -167,7 +167,7 @@ def run_status(
              "cause": task.cause, "attempts": task.attempts, "error": task.error}
             for task in state.tasks if task.status in _DID_NOT_COMPLETE],
         run_id=run.id,
-        run_status=shown_status(run.status, run.owner_until, now),
+        run_status=shown_status(run, now),
         recorded_status=run.status,
         owner=run.owner,
         owner_until=run.owner_until,

@@ -14,7 +14,7 @@ from planrun.runtime._dbos_attempts import DBOSAttempts
 from planrun.runtime._dbos_wire import dbos_settings
 from planrun.runtime._dbos_worker import DBOSWorker, import_dbos, register_workflows
 from planrun.runtime._decisions import approve_task, reject_task
-from planrun.runtime._ownership import WaitHook, hold_run, owner_gone
+from planrun.runtime._ownership import WaitHook, hold_run
 from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
 from planrun.runtime._supervisor_state import STALE_AFTER_S
 from planrun.runtime._usage_journal import UsageJournal
@@ -36,7 +36,6 @@ __all__ = [
     "dbos_settings",
     "hold_run",
     "import_dbos",
-    "owner_gone",
     "register_workflows",
     "reject_task",
     "run_blocking",

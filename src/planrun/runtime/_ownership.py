@@ -15,8 +15,8 @@ owner keeps renewing, so after one lease the wait ends in a one-line
 An owner that is a process of this host that no longer exists (killed with SIGKILL, say) is
 taken over at once: owner names are ``host:pid:start:random``, where ``start`` is the
 process's start time, so a pid reused by another process is not mistaken for the owner
-(:func:`owner_gone` decides it, and the store takes the run over only if that owner still
-holds it).
+(:func:`planrun.stores.owner_gone` decides it, and the store takes the run over only if that
+owner still holds it).
 
 Lease times are wall-clock seconds (``time.time()``), the clock every process sharing the
 store agrees on.
@@ -28,16 +28,14 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 from planrun.core import RunInUse, StoreError, UnknownRun, UsageError
+from planrun.stores import owner_gone, owner_name
 from planrun.stores.base import RunOwner, Store
 
-__all__ = ["OWNER_TTL", "default_ttl", "hold_run", "owner_gone", "owner_name"]
+__all__ = ["OWNER_TTL", "default_ttl", "hold_run"]
 
 log = logging.getLogger("planrun.ownership")
 
@@ -67,53 +65,6 @@ WaitHook = Callable[[RunOwner, float], None]
 waited for (the CLI shows a countdown with it)."""
 
 
-def _started(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot, or None where /proc does not
-    tell (another system, or no such process)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces: count after it.
-    fields = stat[stat.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def owner_name() -> str:
-    """A name for this process as a run's owner: ``host:pid:start:random``."""
-    pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_started(pid) or 0}:{uuid.uuid4().hex[:6]}"
-
-
-def owner_gone(name: str) -> bool:
-    """Whether ``name`` is a process of this host that no longer exists.
-
-    Only an owner named by :func:`owner_name` on this host can be known to be gone: one
-    on another host, or a name of another form, is not (its lease decides). A pid that
-    exists but belongs to a process started at another time than the owner's was reused,
-    so the owner is gone too.
-    """
-    parts = name.split(":")
-    if len(parts) not in (3, 4) or parts[0] != socket.gethostname():
-        return False
-    try:
-        pid = int(parts[1])
-    except ValueError:
-        return False
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # it exists, as another user's process
-        pass
-    if len(parts) == 4 and parts[2] != "0":
-        started = _started(pid)
-        return started is not None and started != parts[2]
-    return False
-
-
 @contextlib.asynccontextmanager
 async def hold_run(
     store: Store,
@@ -130,7 +81,7 @@ async def hold_run(
     Args:
         store: an open store.
         run_id: the run to own.
-        owner: the owner's name (default :func:`owner_name`).
+        owner: the owner's name (default :func:`planrun.stores.owner_name`).
         ttl: seconds the lease lasts unless renewed; renewed every ``ttl / 3``
             (default :func:`default_ttl`).
         new_run: the block itself creates the run (a fresh ``arun``): take the lease as

@@ -247,10 +247,10 @@ class Supervisor(_SupervisorAttempts):
 
     def _result(self, started: float) -> RunResult:
         tasks = dict(self.core.tasks)
-        ends = list(filter(None, map(_FINISHED_AT, tasks.values())))
-        finished = max(ends, default=started)
-        if len(ends) < len(tasks):  # a task with no end counts as ending at the start
-            finished = max(finished, started)
+        # A run ends no earlier than it starts: a resume whose tasks all ended before it
+        # began (a finished run resumed again) lasts 0 s, never a negative time.
+        finished = max(filter(None, map(_FINISHED_AT, tasks.values())), default=started)
+        finished = max(finished, started)
         facts = self.core.facts
         return RunResult(
             run_id=self.run_id,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from planrun.core import ConfigError, UsageError
+from planrun.stores._owners import owner_gone, owner_name
 from planrun.stores._sql import SQLStore
 from planrun.stores.base import (
     SCHEMA_VERSION,
@@ -47,6 +48,8 @@ __all__ = [
     "Store",
     "mask_url",
     "open_store",
+    "owner_gone",
+    "owner_name",
     "shown_status",
     "strict_json",
 ]

@@ -20,6 +20,7 @@ from planrun.core import (
     Event,
     EventRow,
     LimiterState,
+    RunExists,
     RunInUse,
     SpendState,
     StoreError,
@@ -157,10 +158,9 @@ class SQLStore:
     # --- runs and their owner -------------------------------------------------------------
 
     async def create_run(self, run: RunInfo) -> None:
-        """Insert a run; an existing id is a StoreError."""
+        """Insert a run; an existing id is :class:`~planrun.core.RunExists`."""
         if (await self._one(Query("create_run", run_row(run)))).rowcount == 0:
-            raise StoreError(f"run {run.id!r} already exists in {self.url}; choose another "
-                             "run id, or resume it")
+            raise RunExists(run.id, self.url)
 
     async def set_run_status(self, run_id: str, status: str) -> None:
         """Change a run's status."""

@@ -31,6 +31,7 @@ from planrun.core import (
     UsageError,
     redact,
 )
+from planrun.stores._owners import owner_gone
 
 __all__ = [
     "FINISHED_RUN",
@@ -109,18 +110,22 @@ class RunOwner:
         return self.until >= now
 
 
-def shown_status(status: str, owner_until: float | None, now: float) -> str:
+def shown_status(run: RunInfo | RunSummary, now: float) -> str:
     """What a run's status means at ``now``: how it stopped does not decide it.
 
     A finished or aborted run shows as recorded. Any other run shows as recorded while an
     owner's lease holds, and as :data:`INTERRUPTED` (resumable) when no live process owns
     it, whether it stopped on Ctrl-C (recorded ``failed``), SIGKILL or a lost machine
-    (recorded ``running``).
+    (recorded ``running``). An owner that is provably gone (a process of this host that no
+    longer exists, or whose pid another process now has: :func:`owner_gone`) owns nothing,
+    even while its lease has time left: the run shows as interrupted at once, as resuming
+    takes it over at once.
     """
-    if status in FINISHED_RUN:
-        return status
-    if owner_until is not None and owner_until >= now:
-        return status
+    if run.status in FINISHED_RUN:
+        return run.status
+    if run.owner_until is not None and run.owner_until >= now and not (
+            run.owner is not None and owner_gone(run.owner)):
+        return run.status
     return INTERRUPTED
 
 
@@ -171,7 +176,7 @@ class Store(Protocol):
         ...
 
     async def create_run(self, run: RunInfo) -> None:
-        """Insert a run; an existing id is a :class:`StoreError`."""
+        """Insert a run; an existing id is :class:`~planrun.core.RunExists`."""
         ...
 
     async def set_run_status(self, run_id: str, status: str) -> None:

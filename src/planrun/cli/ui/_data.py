@@ -64,7 +64,7 @@ async def runs_page(runs: Loaded, page: int, now: float) -> dict[str, Any]:
     page = min(max(1, page), pages)
     rows = []
     for run in listed[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]:
-        status = shown_status(run.status, run.owner_until, now)
+        status = shown_status(run, now)
         spend = await store.spend(run.id)
         rows.append({
             "id": run.id, "goal": run.goal, "status": status, "recorded_status": run.status,
