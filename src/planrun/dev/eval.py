@@ -675,10 +675,8 @@ async def aevaluate(
         replay, record: a cassette to answer from (a path or a shipped set's name; a
             request with no recording is a :class:`~planrun.testing.FixtureMiss`), or to write.
         registry: the kinds for goal lines that name none (an app ``module:attr``).
-        min_tasks, max_tasks, repair_attempts, repair: as for :func:`planrun.decompose`
-            (``repair="model"``: no code repairs, every fix asked of the model); ``prices``
-            the price table for the cost.
-        command: the re-record command stored in a recorded cassette.
+        min_tasks, max_tasks, repair_attempts, repair: as for :func:`planrun.decompose`;
+            ``prices`` the price table; ``command`` the re-record command a recording keeps.
         concurrency: how many goals (of any version) are decomposed at once.
         out: a JSON Lines file each outcome is appended to as it is measured (``{"version":
             ..., **outcome}``); outcomes already in it are read back, not measured again.
@@ -688,11 +686,10 @@ async def aevaluate(
     server unreachable past the retries stops the evaluation (what was measured is in ``out``).
     """
     _check_concurrency(concurrency)
-    items = list(goals) if isinstance(goals, Sequence) and not isinstance(goals, str) else \
-        load_goals(goals, registry=registry)
+    items = _goal_list(goals, registry)
     versions = prompts if isinstance(prompts, Mapping) else prompt_versions(list(prompts or []))
-    options: dict[str, Any] = {"min_tasks": min_tasks, "max_tasks": max_tasks,
-                               "repair_attempts": repair_attempts, "repair": repair}
+    options = {"min_tasks": min_tasks, "max_tasks": max_tasks, "repair": repair,
+               "repair_attempts": repair_attempts}
     measured = _read_out(out, versions, items) if out is not None else {}
     with ExitStack() as stack:
         sink = stack.enter_context(_open_out(out)) if out is not None else None
@@ -707,6 +704,13 @@ async def aevaluate(
                 await chosen.aclose()
         return EvalReport({name: VersionReport(name, [measured[name, g.id] for g in items])
                            for name in versions})
+
+
+def _goal_list(goals: str | os.PathLike[str] | Sequence[Goal],
+               registry: Registry | str | None) -> list[Goal]:
+    if isinstance(goals, Sequence) and not isinstance(goals, str):
+        return list(goals)
+    return load_goals(goals, registry=registry)
 
 
 def _check_concurrency(concurrency: object) -> None:

@@ -124,13 +124,7 @@ async def adecompose(
             last attempt's, ``raw_outputs`` every attempt's text.
         TransientError, PermanentError, BudgetExceeded: the model call itself failed.
     """
-    if not isinstance(goal, str) or not goal.strip():
-        raise UsageError("a goal must be a non-empty string")
-    if repair_attempts < 0:
-        raise UsageError("repair_attempts must be >= 0")
-    if repair not in REPAIR_MODES:
-        raise UsageError(f"repair must be one of {list(REPAIR_MODES)}, got {repair!r}")
-    check_max_tokens(max_tokens, "decompose")
+    _check_arguments(goal, repair_attempts, repair, max_tokens)
     library = prompts or PromptLibrary()
     rendered = library.render("decompose", goal=goal.strip(), kinds=describe_kinds(registry),
                               min_tasks=min_tasks, max_tasks=max_tasks)
@@ -143,19 +137,7 @@ async def adecompose(
     messages: list[dict[str, str]] = [request]
     outputs: list[str] = []
     history: list[list[Problem]] = []
-
-    def parse(candidate: Any) -> Plan:
-        try:
-            return Plan.parse(candidate, registry, min_tasks=min_tasks, max_tasks=max_tasks)
-        except InvalidPlan:
-            if repair == "model":
-                raise
-            repaired = repair_plan(candidate, registry, min_tasks=min_tasks,
-                                   max_tasks=max_tasks).plan
-            if repaired is None:
-                raise  # the model is asked as without code repairs: its answer, every problem
-            return repaired
-
+    parse = _parser(registry, min_tasks, max_tasks, code_repairs=repair == "code")
     for _ in range(repair_attempts + 1):
         plan, answer, problems = await _attempt(
             model, messages, schema, rendered, scoped, bound, parse)
@@ -171,6 +153,38 @@ async def adecompose(
         ]
     raise InvalidPlan(history[-1], raw_outputs=outputs, attempts=history,
                       message=_failure_message(history, len(outputs)))
+
+
+def _check_arguments(goal: object, repair_attempts: int, repair: object,
+                     max_tokens: int | None) -> None:
+    if not isinstance(goal, str) or not goal.strip():
+        raise UsageError("a goal must be a non-empty string")
+    if repair_attempts < 0:
+        raise UsageError("repair_attempts must be >= 0")
+    if repair not in REPAIR_MODES:
+        raise UsageError(f"repair must be one of {list(REPAIR_MODES)}, got {repair!r}")
+    check_max_tokens(max_tokens, "decompose")
+
+
+def _parser(registry: Registry, min_tasks: int, max_tasks: int, *,
+            code_repairs: bool) -> Callable[[Any], Plan]:
+    """What judges a reply: the strict validator, then (``code_repairs``) the core's code
+    repairs. It raises the reply's own :class:`InvalidPlan` when the model is needed, so
+    the model is asked as without code repairs: its answer and every problem in it."""
+
+    def parse(candidate: Any) -> Plan:
+        try:
+            return Plan.parse(candidate, registry, min_tasks=min_tasks, max_tasks=max_tasks)
+        except InvalidPlan:
+            if not code_repairs:
+                raise
+            repaired = repair_plan(candidate, registry, min_tasks=min_tasks,
+                                   max_tasks=max_tasks).plan
+            if repaired is None:
+                raise
+            return repaired
+
+    return parse
 
 
 def _repairs(history: Sequence[Sequence[Problem]], code: Sequence[Repair]) -> tuple[Repair, ...]:
