@@ -692,8 +692,9 @@ PROMPT_EVAL = [
         (`planrun.eval`):
 
         1. **edit** a copy of `decompose.md` (one sentence added to the dependency rule);
-        2. **evaluate** both versions on every goal: first-try validity, validity after
-           repair, repairs, problem codes, plan size, tokens, cost, and node / link F1
+        2. **evaluate** both versions on every goal: the share that ends with an accepted
+           plan (shape and contracts), from the first reply or after repair, model calls and
+           tokens per accepted plan, problem codes, plan size, cost, and node / link F1
            against each goal's reference plan;
         3. **plot** the two versions' rates side by side;
         4. **compare**: the goals whose outcome or plan changed;
@@ -780,8 +781,8 @@ PROMPT_EVAL = [
         """),
     code("""
         summaries = report.summaries()
-        metrics = [("first-try valid", "first_try_valid_rate"),
-                   ("valid after repair", "valid_rate"), ("node F1", "node_f1"),
+        metrics = [("accepted first reply", "first_try_accepted_rate"),
+                   ("accepted", "accepted_rate"), ("node F1", "node_f1"),
                    ("link F1", "link_f1")]
         fig, (rates, repairs) = plt.subplots(1, 2, figsize=(12, 4),
                                              gridspec_kw={"width_ratios": [3, 1]})
@@ -792,13 +793,13 @@ PROMPT_EVAL = [
             bars = rates.bar(xs, values, width, label=name)
             rates.bar_label(bars, labels=[f"{v:.0%}" if i < 2 else f"{v:.2f}"
                                           for i, v in enumerate(values)], fontsize=8)
-            repairs.bar(k, summary["mean_repairs"], 0.6, label=name)
+            repairs.bar(k, summary["model_calls_per_accepted"] or 0.0, 0.6, label=name)
         rates.set_xticks(range(len(metrics)), [label for label, _ in metrics])
         rates.set_ylim(0, 1.15)
         rates.set_title(f"{len(goals)} goals: rates per prompt version")
         rates.legend(loc="lower right")
         repairs.set_xticks(range(len(summaries)), list(summaries))
-        repairs.set_title("mean repairs per goal")
+        repairs.set_title("model calls per accepted plan")
         show(fig)
         """),
     md("""

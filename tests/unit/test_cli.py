@@ -87,11 +87,46 @@ def test_plan_prints_the_validated_plan(
     assert code == 0
     doc = json.loads(out)
     assert [t["kind"] for t in doc["tasks"]][-1] == "write_brief"
-    assert len(endpoint.requests) == 2  # repaired once
+    assert len(endpoint.requests) == 2  # repaired once, by the model: an invented kind
+    assert {r["by"] for r in doc["repairs"]} == {"model"}
+    assert "unknown_kind" in {r["code"] for r in doc["repairs"]}
     code, out, _ = run_cli(capsys, "plan", "a competitive brief", "--app",
                            "planrun.examples.brief:app")
     assert code == 0 and "write_brief" in out and "research" in out
     assert FAKE_KEY not in out
+
+
+def test_plan_json_shows_code_repairs_and_no_code_repair_turns_them_off(
+    capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI
+) -> None:
+    tasks = json.loads(json.dumps(answers.BRIEF_PLAN["tasks"]))
+    tasks[3]["depends_on"] = [0, 1, 3]  # an analysis that waits for itself
+    sent: list[int] = []
+
+    def planner(req: object) -> dict[str, object]:
+        sent.append(1)
+        return {"tasks": tasks} if len(sent) == 1 else answers.BRIEF_PLAN
+
+    endpoint.answers["plan"] = planner
+    argv = ["plan", "a competitive brief", "--app", "planrun.examples.brief:app", "--json"]
+    code, out, _ = run_cli(capsys, *argv)
+    doc = json.loads(out)
+    assert code == 0 and len(sent) == 1
+    assert doc["repairs"] == [{"by": "code", "code": "self_dependency",
+                               "rule": "drop_self_dependency", "task": 3,
+                               "detail": "dropped task 3's dependency on itself",
+                               "attempt": 1}]
+    assert doc["tasks"][3]["depends_on"] == [0, 1]
+    sent.clear()
+    code, out, _ = run_cli(capsys, *argv, "--no-code-repair")
+    doc = json.loads(out)
+    assert code == 0 and len(sent) == 2
+    assert [(r["by"], r["code"]) for r in doc["repairs"]] == [("model", "self_dependency")]
+    code, out, _ = run_cli(capsys, *argv[:-1])  # the text form lists them too
+    assert code == 0 and "repaired: " not in out  # the planner answered well this time
+    sent.clear()
+    code, out, _ = run_cli(capsys, *argv[:-1])
+    assert code == 0 and "repaired: self_dependency (task 3) by code" in out
 
 
 def test_run_a_plan_file(

@@ -207,3 +207,118 @@ def test_a_run_from_a_goal_carries_the_users_goal_everywhere(
     report, stored = asyncio.run(go())
     assert report.goal == report.plan.goal == stored.goal == "a brief on payments"
     assert stored.meta["plan"]["goal"] == "a brief on payments"
+
+
+# ---- code repairs before model repairs --------------------------------------------------------
+
+
+class Findings(BaseModel):
+    text: str
+
+
+class Analysis(BaseModel):
+    text: str
+
+
+def contracted() -> Registry:
+    """The brief's kinds with their contracts: analyse reads findings, the brief analyses."""
+    reg = Registry()
+    reg.register("research", lambda p, c: {}, payload=Topic, result=Findings, unique=True,
+                 description="Collect findings on one topic")
+    reg.register("analyse", lambda p, c: {}, result=Analysis, inputs=Findings)
+    reg.register("write_brief", lambda p, c: {}, inputs=Analysis, delivers=True, max_count=1)
+    return reg
+
+
+# The issue's plan: analyse depends on itself, write_brief on research. One task produces
+# what each needs, so the compiler can finish it.
+WIRED_WRONG = {"tasks": [
+    {"kind": "research", "payload": {"topic": "Adyen"}, "depends_on": []},
+    {"kind": "analyse", "payload": {}, "depends_on": [1]},
+    {"kind": "write_brief", "payload": {}, "depends_on": [0]},
+]}
+
+
+def test_code_repairs_finish_a_plan_without_a_second_model_call(
+    fake_openai: FakeOpenAI,
+) -> None:
+    fake_openai.answers["plan"] = WIRED_WRONG
+    plan = run(adecompose("a brief", contracted(), fake_model(), min_tasks=1))
+    assert len(fake_openai.requests) == 1
+    assert [(t.kind, t.depends_on) for t in plan.tasks] == [
+        ("research", ()), ("analyse", (0,)), ("write_brief", (0, 1))]
+    assert [(r.by, r.code, r.rule, r.attempt) for r in plan.repairs] == [
+        ("code", "self_dependency", "drop_self_dependency", 1),
+        ("code", "missing_input", "add_needed_input", 1),
+        ("code", "missing_input", "add_needed_input", 1)]
+    assert plan.to_document()["repairs"][0]["by"] == "code"
+
+
+def test_repair_model_asks_the_model_for_every_repair(fake_openai: FakeOpenAI) -> None:
+    good = {"tasks": [WIRED_WRONG["tasks"][0], {**WIRED_WRONG["tasks"][1], "depends_on": [0]},
+                      {**WIRED_WRONG["tasks"][2], "depends_on": [1]}]}
+    fake_openai.answers["plan"] = replies(WIRED_WRONG, good)
+    plan = run(adecompose("a brief", contracted(), fake_model(), min_tasks=1, repair="model"))
+    assert len(fake_openai.requests) == 2
+    assert "self_dependency" in fake_openai.requests[1].last_user
+    assert [(r.by, r.code, r.task, r.attempt) for r in plan.repairs] == [
+        ("model", "self_dependency", 1, 2)]
+    with pytest.raises(UsageError, match="repair"):
+        run(adecompose("a brief", contracted(), fake_model(), repair="guess"))  # type: ignore[arg-type]
+
+
+def test_what_needs_the_model_goes_to_it_as_without_code_repairs_then_code_finishes(
+    fake_openai: FakeOpenAI,
+) -> None:
+    # An unknown kind (which was meant is a guess) beside a self dependency: the model is
+    # shown its own answer and every problem; its next answer has a forward dependency
+    # and no cycle, which code puts in order.
+    first = {"tasks": [*WIRED_WRONG["tasks"][:2], {"kind": "brief", "payload": {},
+                                                     "depends_on": [1]}]}
+    second = {"tasks": [{"kind": "write_brief", "payload": {}, "depends_on": [2]},
+                        {"kind": "research", "payload": {"topic": "Adyen"}, "depends_on": []},
+                        {"kind": "analyse", "payload": {}, "depends_on": [1]}]}
+    fake_openai.answers["plan"] = replies(first, second)
+    plan = run(adecompose("a brief", contracted(), fake_model(), min_tasks=1))
+    assert len(fake_openai.requests) == 2
+    repair = fake_openai.requests[1]
+    assert json.loads(repair.messages[1]["content"]) == first  # its answer, as it gave it
+    assert "unknown_kind" in repair.last_user and "self_dependency" in repair.last_user
+    assert [t.kind for t in plan.tasks] == ["research", "analyse", "write_brief"]
+    assert [(r.by, r.code, r.attempt) for r in plan.repairs] == [
+        ("model", "self_dependency", 2), ("model", "unknown_kind", 2),
+        ("code", "forward_dependency", 2)]
+
+
+def test_a_cycle_is_still_refused_and_sent_to_the_model(fake_openai: FakeOpenAI) -> None:
+    fake_openai.answers["plan"] = replies(BAD["cycle"], GOOD)
+    plan = run(adecompose("a brief", REGISTRY, fake_model()))
+    assert len(fake_openai.requests) == 2 and "cycle" in fake_openai.requests[1].last_user
+    assert [(r.by, r.code) for r in plan.repairs] == [("model", "cycle")]
+
+
+def test_a_stored_run_keeps_the_repairs_of_its_plan(
+    fake_openai: FakeOpenAI, tmp_path: Any,
+) -> None:
+    import asyncio
+
+    from planrun import App, aplan_and_run
+    from planrun.stores import open_store
+
+    fake_openai.answers["plan"] = WIRED_WRONG
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+
+    async def go() -> Any:
+        report = await aplan_and_run("a brief", App(contracted()), model=fake_model(),
+                                     store=db, min_tasks=1)
+        store = open_store(db)
+        await store.open()
+        try:
+            return report, (await store.load(report.run_id)).run
+        finally:
+            await store.close()
+
+    report, stored = asyncio.run(go())
+    assert report.plan.repairs and len(fake_openai.requests) == 1
+    assert [r["code"] for r in stored.meta["plan"]["repairs"]] == [
+        "self_dependency", "missing_input", "missing_input"]

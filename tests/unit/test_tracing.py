@@ -95,11 +95,15 @@ GOOD = {"goal": "trace me", "tasks": [
     {"kind": "doomed", "payload": {}, "depends_on": []},
     {"kind": "after", "payload": {}, "depends_on": [2]},
 ]}
-FORWARD = {**GOOD, "tasks": [{**GOOD["tasks"][0], "depends_on": [3]}, *GOOD["tasks"][1:]]}
+UNKNOWN = {**GOOD, "tasks": [{**GOOD["tasks"][0], "kind": "echoo"}, *GOOD["tasks"][1:]]}
+"""A first plan only the model can repair (which kind was meant is a guess)."""
+SELF = {**GOOD, "tasks": [GOOD["tasks"][0], {**GOOD["tasks"][1], "depends_on": [1]},
+                          *GOOD["tasks"][2:]]}
+"""A first plan the decomposer's code repairs finish."""
 
 
-def answers(fake: FakeOpenAI) -> None:
-    plans = [FORWARD, GOOD]
+def answers(fake: FakeOpenAI, first: dict[str, Any] = UNKNOWN) -> None:
+    plans = [first, GOOD]
     fake.answers["plan"] = lambda req: plans.pop(0) if len(plans) > 1 else plans[0]
     fake.answers["echo"] = lambda req: {"text": req.prompt.split(": ", 1)[1].strip()}
 
@@ -131,9 +135,10 @@ def test_span_tree_of_a_run_with_a_retry_a_death_and_a_repair(
     assert decompose.parent.span_id == root.context.span_id
     assert decompose.attributes["planrun.decompose.repairs"] == 1
     assert decompose.attributes["planrun.decompose.attempts"] == 2
+    assert decompose.attributes["planrun.decompose.code_repairs"] == 0
     assert decompose.attributes["planrun.plan.tasks"] == 4
     problems = [e for e in decompose.events if e.name == "plan.problem"]
-    assert [e.attributes["planrun.problem.code"] for e in problems] == ["forward_dependency"]
+    assert [e.attributes["planrun.problem.code"] for e in problems] == ["unknown_kind"]
     chats = by_name(spans, "chat gpt-4o-mini")
     assert sum(c.parent.span_id == decompose.context.span_id for c in chats) == 2
 
@@ -159,6 +164,22 @@ def test_span_tree_of_a_run_with_a_retry_a_death_and_a_repair(
     [echo_chat] = [c for c in chats if c.parent.span_id == echo.context.span_id]
     assert echo_chat.start_time >= echo.start_time and echo_chat.end_time <= echo.end_time
     assert children[echo.parent.span_id] is root
+
+
+def test_code_repairs_are_counted_on_the_decompose_span_without_a_model_repair(
+    otel: Otel, fake_openai: FakeOpenAI, tmp_path: Any
+) -> None:
+    answers(fake_openai, first=SELF)
+    run(tmp_path)
+    [decompose] = by_name(otel.finished(), "decompose")
+    assert decompose.attributes["planrun.decompose.attempts"] == 1
+    assert decompose.attributes["planrun.decompose.repairs"] == 0
+    assert decompose.attributes["planrun.decompose.code_repairs"] == 1
+    [fixed] = [e for e in decompose.events if e.name == "plan.repaired"]
+    assert dict(fixed.attributes or {}) == {"planrun.problem.code": "self_dependency",
+                                           "planrun.repair.rule": "drop_self_dependency",
+                                           "planrun.problem.task": 1}
+    assert [r.schema_name for r in fake_openai.requests].count("plan") == 1
 
 
 def test_model_call_spans_follow_the_genai_conventions(
@@ -262,7 +283,7 @@ def test_no_secret_in_any_attribute_even_with_content_captured(
 ) -> None:
     tracing.instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
                        capture_content=True)
-    plans = [FORWARD, GOOD]
+    plans = [UNKNOWN, GOOD]
     fake_openai.answers["plan"] = lambda req: plans.pop(0) if len(plans) > 1 else plans[0]
     fake_openai.answers["echo"] = {"text": f"the key is {FAKE_KEY}"}
     registry = app(tmp_path).registry

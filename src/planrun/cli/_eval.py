@@ -5,6 +5,7 @@
         --record evals/mine.json --json
     planrun eval taskbench --replay taskbench --prompts default --prompts strict \\
         --compare default strict
+    planrun eval examples --replay examples_smollm2 --no-code-repair
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "eval", help="measure decomposition prompts over a set of goals",
         description="Decompose every goal of a JSON Lines goal set with every prompt version "
-        "and report first-try validity, validity after repair, repairs, problem codes, plan "
-        "size, tokens, cost and (against reference plans) node and link F1.",
+        "and report the share of goals that end with an accepted plan (shape and contracts), "
+        "model calls and tokens per accepted plan, model and code repairs, problem codes, "
+        "plan size, tokens, cost and (against reference plans) node and link F1.",
     )
     parser.add_argument("goals", help="a goal file (JSON Lines) or a shipped set: examples, "
                         "taskbench")
@@ -43,6 +45,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="most tasks the decomposer accepts in a plan")
     parser.add_argument("--repair-attempts", type=int, default=2, metavar="N",
                         help="repairs of an invalid plan asked of the model per goal")
+    parser.add_argument("--no-code-repair", action="store_true",
+                        help="ask the model for every repair (no code repairs): the figures "
+                        "without the plan compiler's fixes")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
                         help="list the goals whose outcome or plan changed from A to B")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -112,6 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.goals, versions, model=model, replay=args.replay, record=args.record,
             registry=args.app, min_tasks=args.min_tasks, max_tasks=args.max_tasks,
             repair_attempts=args.repair_attempts,
+            repair="model" if args.no_code_repair else "code",
             command=shlex.join(["planrun", *sys.argv[1:]]),
             concurrency=concurrency, out=args.out, on_outcome=on_outcome,
         )

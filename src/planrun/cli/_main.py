@@ -546,10 +546,13 @@ def _add_plan(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="decompose a goal into a validated plan (nothing runs)",
         description="Ask the model for a plan over the app's kinds, validate it (repairing "
-        "it when invalid) and print it.",
+        "it when invalid: by code what the kinds' contracts settle, by the model the rest) "
+        "and print it with its repairs.",
     )
     parser.add_argument("goal", help="the goal, in prose")
     _add_model_args(parser)
+    parser.add_argument("--no-code-repair", action="store_true",
+                        help="ask the model for every repair (no code repairs)")
     parser.set_defaults(func=_cmd_plan)
 
 
@@ -560,15 +563,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     with _cassette(args):
         plan = decompose(args.goal, app.registry, _model(args), min_tasks=args.min_tasks,
-                         max_tasks=args.max_tasks)
+                         max_tasks=args.max_tasks,
+                         repair="model" if args.no_code_repair else "code")
     if args.json:
-        print(json.dumps(plan.to_document(), ensure_ascii=False, indent=2))
+        document = {**plan.to_document(), "repairs": [r.to_dict() for r in plan.repairs]}
+        print(json.dumps(document, ensure_ascii=False, indent=2))
         return EXIT_OK
     from rich.console import Console
 
     from planrun.obs import plan_tree
 
-    Console().print(plan_tree(plan))
+    console = Console()
+    console.print(plan_tree(plan))
+    for repair in plan.repairs:
+        console.print(f"repaired: {repair}", markup=False, highlight=False)
     return EXIT_OK
 
 

@@ -55,6 +55,7 @@ from planrun.core._plan import (
     Plan,
     PlanTask,
     Problem,
+    Repair,
     plan_schema,
     smallest_order,
     validate_plan,
@@ -71,6 +72,7 @@ from planrun.core._registry import (
     WorkerSpec,
     spawn_id,
 )
+from planrun.core._repairs import RULES, CodeRule, Repaired, repair_plan
 from planrun.core._result import RunResult
 from planrun.core._routing import STRATEGIES, Router, WorkerState, get_router
 from planrun.core._task import (
@@ -86,11 +88,13 @@ __all__ = [
     "FINAL",
     "NOT_JSON",
     "PROBLEM_CODES",
+    "RULES",
     "SCHEMA",
     "STRATEGIES",
     "TRUNCATED",
     "Audit",
     "BudgetExceeded",
+    "CodeRule",
     "ConfigError",
     "DispatchError",
     "Event",
@@ -113,6 +117,8 @@ __all__ = [
     "Problem",
     "RateLimited",
     "Registry",
+    "Repair",
+    "Repaired",
     "Router",
     "RunAborted",
     "RunExists",
@@ -145,6 +151,7 @@ __all__ = [
     "read_jsonl",
     "redact",
     "register_secret",
+    "repair_plan",
     "smallest_order",
     "spawn_id",
     "transition",

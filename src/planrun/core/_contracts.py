@@ -28,7 +28,7 @@ replanned fragments alike, so the rules live here and nowhere else.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,8 +45,13 @@ __all__ = [
     "NO_DELIVERABLE",
     "TOO_MANY_OF_KIND",
     "Node",
+    "Unmet",
+    "canonical_payload",
     "contract_problems",
     "describe_contract",
+    "producers_of",
+    "readers_of",
+    "unmet_inputs",
 ]
 
 MISSING_INPUT: Final = "missing_input"
@@ -129,7 +134,7 @@ def _duplicates(nodes: Sequence[Node], specs: Mapping[str, KindSpec]) -> list[Pr
         spec = specs.get(node.kind)
         if spec is None or not spec.unique:
             continue
-        key = (node.kind, _canonical(node.payload))
+        key = (node.kind, canonical_payload(node.payload))
         first = seen.setdefault(key, node)
         if first is not node and node.checked:
             where = "an earlier task" if first.label is None or not first.checked \
@@ -140,28 +145,57 @@ def _duplicates(nodes: Sequence[Node], specs: Mapping[str, KindSpec]) -> list[Pr
     return out
 
 
-def _canonical(payload: Any) -> str:
+def canonical_payload(payload: Any) -> str:
+    """The one text of a payload two tasks are compared by (sorted keys, no spaces)."""
     return json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Unmet:
+    """One declared input of a kind that a task's dependencies do not provide."""
+
+    need: str | tuple[str, ...] | type[BaseModel]
+    """The need as declared: a kind, a tuple of kinds, or a result model."""
+    kinds: tuple[str, ...]
+    """The kinds a dependency could be of to provide it."""
+
+
+def unmet_inputs(spec: KindSpec, dep_kinds: Collection[str], registry: Registry) -> list[Unmet]:
+    """What of ``spec``'s ``needs`` and ``inputs`` dependencies of ``dep_kinds`` leave
+    unprovided (empty: the task has every input it declares)."""
+    out = []
+    for need in spec.needs:
+        options = (need,) if isinstance(need, str) else tuple(need)
+        if not set(dep_kinds).intersection(options):
+            out.append(Unmet(need, options))
+    for model in spec.inputs:
+        if not any(_produces(registry, kind, model) for kind in dep_kinds):
+            out.append(Unmet(model, tuple(producers_of(model, registry))))
+    return out
+
+
+def readers_of(kind: str, registry: Registry) -> list[str]:
+    """The kinds that declare an input a task of ``kind`` provides (a need naming it, or a
+    result model it produces)."""
+    return [spec.name for spec in registry
+            if any(kind in ((n,) if isinstance(n, str) else n) for n in spec.needs)
+            or any(_produces(registry, kind, model) for model in spec.inputs)]
 
 
 def _missing_inputs(node: Node, deps: Sequence[Node], spec: KindSpec,
                     registry: Registry) -> list[Problem]:
-    kinds = {d.kind for d in deps}
     out = []
-    for need in spec.needs:
-        options = (need,) if isinstance(need, str) else tuple(need)
-        if not kinds.intersection(options):
-            which = " or ".join(repr(k) for k in options)
+    for unmet in unmet_inputs(spec, {d.kind for d in deps}, registry):
+        if isinstance(unmet.need, type):
+            which = " or ".join(repr(k) for k in unmet.kinds) or "no registered kind"
+            out.append(Problem(MISSING_INPUT, node.label,
+                               f"{node.kind!r} reads a {unmet.need.__name__}, which {which} "
+                               "produces; depend on such a task"))
+        else:
+            which = " or ".join(repr(k) for k in unmet.kinds)
             out.append(Problem(MISSING_INPUT, node.label,
                                f"{node.kind!r} needs a {which} task among its dependencies "
                                "(add one and list its index in depends_on)"))
-    for model in spec.inputs:
-        producers = producers_of(model, registry)
-        if not any(_produces(registry, d.kind, model) for d in deps):
-            which = " or ".join(repr(k) for k in producers) or "no registered kind"
-            out.append(Problem(MISSING_INPUT, node.label,
-                               f"{node.kind!r} reads a {model.__name__}, which {which} "
-                               "produces; depend on such a task"))
     return out
 
 

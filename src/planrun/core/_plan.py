@@ -41,7 +41,7 @@ from pydantic import BaseModel, ValidationError
 
 from planrun.core._contracts import CONTRACT_CODES, Node, contract_problems
 from planrun.core._errors import InvalidPlan, UsageError
-from planrun.core._problem import Problem
+from planrun.core._problem import Problem, Repair
 from planrun.core._registry import KindSpec, Registry
 from planrun.core._task import Task
 
@@ -63,6 +63,8 @@ __all__ = [
     "Plan",
     "PlanTask",
     "Problem",
+    "Repair",
+    "document_of",
     "plan_schema",
     "smallest_order",
     "validate_plan",
@@ -155,9 +157,14 @@ class Plan:
 
     goal: str
     tasks: tuple[PlanTask, ...]
+    repairs: tuple[Repair, ...] = ()
+    """The fixes it went through before it was accepted, in order: by the compiler's code
+    repairs and by the model (see :func:`planrun.core.repair_plan`); empty for a plan that
+    validated as given."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "repairs", tuple(self.repairs))
 
     @classmethod
     def parse(
@@ -304,7 +311,8 @@ class Plan:
 
         Tasks are written in :meth:`topological_order` (the identity for plans whose
         dependencies all point backwards) so that every ``depends_on`` index is an earlier
-        one; a task's ``id`` is kept when it has one.
+        one; a task's ``id`` is kept when it has one. A plan that went through repairs has
+        them under ``"repairs"`` (:meth:`Repair.to_dict`, in order).
         """
         order = self.topological_order()
         position = {old: new for new, old in enumerate(order)}
@@ -318,6 +326,9 @@ class Plan:
             doc["payload"] = _copied(task.payload)
             doc["depends_on"] = [position[d] for d in task.depends_on]
             tasks.append(doc)
+        if self.repairs:
+            return {"goal": self.goal, "tasks": tasks,
+                    "repairs": [r.to_dict() for r in self.repairs]}
         return {"goal": self.goal, "tasks": tasks}
 
 
@@ -365,6 +376,19 @@ def validate_plan(
         UsageError: ``kinds`` or the bounds are themselves wrong (a caller's mistake).
     """
     return _check(raw, kinds, min_tasks, max_tasks, contracts=contracts)[0]
+
+
+def document_of(raw: object) -> dict[str, Any] | None:
+    """The plan document ``raw`` holds, read as :func:`validate_plan` reads it (JSON text,
+    fenced or in prose, UTF-8 bytes, a document, a bare list of tasks made a document), or
+    None when there is no list of tasks to read."""
+    doc = _decoded(raw)
+    if isinstance(doc, list | tuple):
+        return {"goal": "", "tasks": list(doc)}
+    if isinstance(doc, Mapping) and isinstance(doc.get("tasks"), list | tuple):
+        goal = doc.get("goal")
+        return {"goal": goal if isinstance(goal, str) else "", "tasks": list(doc["tasks"])}
+    return None
 
 
 def plan_schema(kinds: KindsLike, *, min_tasks: int = 1, max_tasks: int = 50,

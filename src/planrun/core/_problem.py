@@ -1,11 +1,12 @@
-"""One thing wrong with a plan, as validation reports it and :class:`InvalidPlan` carries it."""
+"""What is wrong with a plan (:class:`Problem`) and what the compiler did about it
+(:class:`Repair`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["Problem"]
+__all__ = ["Problem", "Repair"]
 
 
 @dataclass(frozen=True)
@@ -23,3 +24,38 @@ class Problem:
     def to_dict(self) -> dict[str, Any]:
         """The problem as JSON-ready data: ``{"code", "task", "message"}``."""
         return {"code": self.code, "task": self.task, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One fix an accepted plan went through before it was accepted.
+
+    ``by="code"``: a rule of the plan compiler (``rule`` names it) fixed a problem the
+    registry settles without a guess. ``by="model"``: the model was shown the problem and
+    answered a plan without it. ``task`` is the index the fix concerns in the plan as it
+    stood then (the model's reply, or the plan after the repairs before it); ``attempt`` is
+    the model reply (from 1) the fix belongs to.
+    """
+
+    by: Literal["code", "model"]
+    code: str
+    """The problem code fixed."""
+    task: int | None
+    detail: str
+    """What was done (a code repair) or what the problem was (a model repair)."""
+    rule: str | None = None
+    attempt: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{"by", "code", "task", "detail", "attempt"}`` and, for a code
+        repair, ``"rule"``."""
+        data: dict[str, Any] = {"by": self.by, "code": self.code}
+        if self.rule is not None:
+            data["rule"] = self.rule
+        data.update(task=self.task, detail=self.detail, attempt=self.attempt)
+        return data
+
+    def __str__(self) -> str:
+        where = "" if self.task is None else f" (task {self.task})"
+        how = f"code, {self.rule}" if self.rule else "model"
+        return f"{self.code}{where} by {how}: {self.detail}"

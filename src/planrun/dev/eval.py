@@ -1,4 +1,4 @@
-"""Measure decomposition prompts over a set of goals: validity, repairs, problems, closeness.
+"""Measure decomposition prompts over a set of goals: accepted plans, cost, problems, closeness.
 
 A goal set is a JSON Lines file, one goal a line::
 
@@ -14,9 +14,11 @@ goal file); ``--app`` / ``registry=`` gives a default for lines that name none.
 
 :func:`evaluate` runs the real decomposer (:func:`planrun.adecompose`) on every goal for
 every prompt version (a :class:`~planrun.model.PromptLibrary`, a folder, or a ``decompose.md``
-file) and reports, per version: how often the first plan validated, how often the plan
-validated after repairs, the mean number of repairs, the problem codes seen (with counts),
-the mean plan size, tokens and cost, and, against a reference plan, how close the plan is:
+file) and reports, per version: the share of goals that end with an accepted plan (shape
+and contracts: the plan a run would use), and from the first reply; the model calls and
+tokens per accepted plan; the model repairs and the code repairs; how often a reply as the
+model wrote it had a valid shape; the problem codes seen (with counts); the mean plan
+size, tokens and cost; and, against a reference plan, how close the plan is:
 node (kind) and link (dependency edge between kinds) precision, recall and F1, averaged
 over goals as TaskBench scores its node and link F1. Model calls are recorded and replayed
 like every other (``record=`` / ``replay=``); a prompt edited since its recording is a
@@ -285,13 +287,20 @@ class GoalOutcome:
 
     id: str
     tags: tuple[str, ...]
-    valid: bool
-    """Some reply had a valid shape (schema, kinds, dependencies, payloads)."""
-    first_try_valid: bool
-    """The first reply has a valid shape."""
+    accepted: bool
+    """The decomposer accepted a plan (shape and contracts): the plan a run would use."""
+    first_try: bool
+    """It accepted the first reply (after code repairs, if any): one model call."""
+    shaped: bool
+    """Some reply, as the model wrote it, had a valid shape (schema, kinds, dependencies,
+    payloads), its contracts aside: a diagnostic of the prompt, not the headline."""
+    first_try_shaped: bool
+    """The first reply, as the model wrote it, had a valid shape."""
     attempts: int
+    """Model calls (round trips) the decomposer made."""
     problems: list[list[str]]
-    """Problem codes of each rejected attempt, in order (shape and contract codes)."""
+    """Problem codes of each reply that had any, in order (shape and contract codes), as
+    the model wrote it: those the code repairs then fixed are counted here too."""
     plan: dict[str, Any] | None
     tokens: int
     cost_usd: float
@@ -300,16 +309,12 @@ class GoalOutcome:
     kinds: Scores | None = None
     """Kinds of the plan against ``expected_kinds`` (when given)."""
     error: str | None = None
-    has_contracts: bool = False
-    """The goal's kinds declare contracts (the two fields below are about them)."""
-    first_try_met: bool = False
-    """The first reply was accepted: a valid shape and every contract kept."""
-    met: bool = False
-    """A plan was accepted, after repair if need be: a valid shape and every contract kept."""
+    code_repairs: tuple[str, ...] = ()
+    """The problem codes the code repairs fixed in the accepted plan, in order."""
 
     @property
     def repairs(self) -> int:
-        """Attempts after the first."""
+        """Model repairs: calls after the first."""
         return max(0, self.attempts - 1)
 
     @property
@@ -318,46 +323,53 @@ class GoalOutcome:
         return len(self.plan["tasks"]) if self.plan else 0
 
     def outcome(self) -> str:
-        """One word: ``first_try``, ``repaired``, ``invalid`` or ``error``: whether and when
-        the decomposer accepted a plan (shape and contracts)."""
+        """One word: ``first_try``, ``repaired``, ``invalid`` or ``error``: whether the
+        decomposer accepted a plan (shape and contracts), and whether from the first reply
+        or after the model repaired it."""
         if self.error:
             return "error"
-        if not self.met:
+        if not self.accepted:
             return "invalid"
-        return "first_try" if self.first_try_met else "repaired"
+        return "first_try" if self.first_try else "repaired"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
             "id": self.id, "tags": list(self.tags), "outcome": self.outcome(),
-            "valid": self.valid, "first_try_valid": self.first_try_valid,
-            "attempts": self.attempts, "repairs": self.repairs, "problems": self.problems,
-            "tasks": self.size, "tokens": self.tokens, "cost_usd": round(self.cost_usd, 6),
+            "accepted": self.accepted, "shaped": self.shaped,
+            "first_try_shaped": self.first_try_shaped, "attempts": self.attempts,
+            "repairs": self.repairs, "code_repairs": list(self.code_repairs),
+            "problems": self.problems, "tasks": self.size, "tokens": self.tokens,
+            "cost_usd": round(self.cost_usd, 6),
             "nodes": self.nodes.to_dict() if self.nodes else None,
             "links": self.links.to_dict() if self.links else None,
             "kinds": self.kinds.to_dict() if self.kinds else None,
-            "contracts": ({"first_try": self.first_try_met, "met": self.met}
-                          if self.has_contracts else None),
             "error": self.error, "plan": self.plan,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GoalOutcome:
         """The outcome :meth:`to_dict` wrote (a line of ``--out``)."""
-        contracts = data.get("contracts")
-        met = data["outcome"] in ("first_try", "repaired")
         return cls(
-            str(data["id"]), tuple(data.get("tags") or ()), bool(data["valid"]),
-            bool(data["first_try_valid"]), int(data["attempts"]),
+            str(data["id"]), tuple(data.get("tags") or ()), bool(data["accepted"]),
+            data["outcome"] == "first_try", bool(data["shaped"]),
+            bool(data["first_try_shaped"]), int(data["attempts"]),
             [list(codes) for codes in data.get("problems") or []], data.get("plan"),
             int(data["tokens"]), float(data["cost_usd"]), Scores.from_dict(data.get("nodes")),
             Scores.from_dict(data.get("links")), Scores.from_dict(data.get("kinds")),
-            data.get("error"), has_contracts=contracts is not None,
-            first_try_met=data["outcome"] == "first_try", met=met)
+            data.get("error"), tuple(data.get("code_repairs") or ()))
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _per(total: float, count: int) -> float | None:
+    return round(total / count, 2) if count else None
+
+
+def _counted(codes: Iterator[str] | list[str]) -> dict[str, int]:
+    return dict(sorted(Counter(codes).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 @dataclass(frozen=True)
@@ -368,35 +380,38 @@ class VersionReport:
     outcomes: list[GoalOutcome]
 
     def summary(self) -> dict[str, Any]:
-        """The rates and means of this version (what the table shows)."""
+        """The rates and means of this version (what the table shows).
+
+        The headline is ``accepted_rate``: the share of goals that end with a plan the
+        decomposer accepts (shape and contracts), the plan a run would use. What it cost
+        is ``model_calls_per_accepted`` and ``tokens_per_accepted`` (every call and token
+        of the set, failed goals included, over the plans accepted)."""
         out = self.outcomes
         n = len(out)
-        every: Counter[str] = Counter(c for o in out for attempt in o.problems for c in attempt)
-        codes = {c: k for c, k in every.items() if c not in CONTRACT_CODES}
-        broken = {c: k for c, k in every.items() if c in CONTRACT_CODES}
-        valid = [o for o in out if o.valid]
-        bound = [o for o in out if o.has_contracts]
-
-        def rate(attr: str) -> float | None:
-            return round(sum(getattr(o, attr) for o in bound) / len(bound), 4) if bound else None
+        every = [c for o in out for attempt in o.problems for c in attempt]
+        accepted = [o for o in out if o.accepted]
 
         def mean_score(attr: str, part: str) -> float | None:
             scores = [getattr(getattr(o, attr), part) for o in out if getattr(o, attr)]
             value = _mean(scores)
             return None if value is None else round(value, 4)
 
+        tokens = sum(o.tokens for o in out)
         return {
             "goals": n,
-            "first_try_valid_rate": round(sum(o.first_try_valid for o in out) / n, 4),
-            "valid_rate": round(len(valid) / n, 4),
+            "accepted_rate": round(len(accepted) / n, 4),
+            "first_try_accepted_rate": round(sum(o.first_try for o in accepted) / n, 4),
+            "model_calls_per_accepted": _per(sum(o.attempts for o in out), len(accepted)),
+            "tokens_per_accepted": _per(tokens, len(accepted)),
             "mean_repairs": round(sum(o.repairs for o in out) / n, 4),
-            "problem_codes": dict(sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "contract_goals": len(bound),
-            "first_try_contracts_rate": rate("first_try_met"),
-            "contracts_rate": rate("met"),
-            "contract_codes": dict(sorted(broken.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "mean_tasks": round(_mean([o.size for o in valid]) or 0.0, 4),
-            "tokens": sum(o.tokens for o in out),
+            "code_repairs": sum(len(o.code_repairs) for o in out),
+            "code_repair_codes": _counted([c for o in out for c in o.code_repairs]),
+            "shape_rate": round(sum(o.shaped for o in out) / n, 4),
+            "first_try_shape_rate": round(sum(o.first_try_shaped for o in out) / n, 4),
+            "problem_codes": _counted([c for c in every if c not in CONTRACT_CODES]),
+            "contract_codes": _counted([c for c in every if c in CONTRACT_CODES]),
+            "mean_tasks": round(_mean([o.size for o in accepted]) or 0.0, 4),
+            "tokens": tokens,
             "cost_usd": round(sum(o.cost_usd for o in out), 6),
             "errors": sum(1 for o in out if o.error),
             "node_precision": mean_score("nodes", "precision"),
@@ -416,11 +431,14 @@ class VersionReport:
 
 _ROWS = [
     ("goals", "goals", "{}"),
-    ("first-try valid", "first_try_valid_rate", "{:.0%}"),
-    ("valid after repair", "valid_rate", "{:.0%}"),
-    ("first-try meets contracts", "first_try_contracts_rate", "{:.0%}"),
-    ("meets contracts after repair", "contracts_rate", "{:.0%}"),
-    ("mean repairs", "mean_repairs", "{:.2f}"),
+    ("accepted plan (shape and contracts)", "accepted_rate", "{:.0%}"),
+    ("accepted from the first reply", "first_try_accepted_rate", "{:.0%}"),
+    ("model calls per accepted plan", "model_calls_per_accepted", "{:.2f}"),
+    ("tokens per accepted plan", "tokens_per_accepted", "{:,.0f}"),
+    ("mean model repairs", "mean_repairs", "{:.2f}"),
+    ("code repairs", "code_repairs", "{}"),
+    ("first reply well-shaped", "first_try_shape_rate", "{:.0%}"),
+    ("some reply well-shaped", "shape_rate", "{:.0%}"),
     ("mean tasks", "mean_tasks", "{:.2f}"),
     ("node F1", "node_f1", "{:.3f}"),
     ("link F1", "link_f1", "{:.3f}"),
@@ -467,6 +485,11 @@ class EvalReport:
         for code in broken:
             rows.append([f"contract {code}",
                          *(str(s["contract_codes"].get(code, 0)) for s in summaries.values())])
+        fixed = sorted({c for s in summaries.values() for c in s["code_repair_codes"]})
+        for code in fixed:
+            rows.append([f"code repaired {code}",
+                         *(str(s["code_repair_codes"].get(code, 0))
+                           for s in summaries.values())])
         widths = [max(len(r[i]) for r in rows) for i in range(len(names) + 1)]
         return "\n".join(
             "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -554,13 +577,12 @@ async def _one(
         got = Counter(t["kind"] for t in document["tasks"]) if document else Counter()
         kinds = Scores.of(Counter(set(got)), Counter(set(goal.expected_kinds)))
     total = meter.total
+    fixed = tuple(r.code for r in plan.repairs if r.by == "code") if plan is not None else ()
     return GoalOutcome(
-        goal.id, goal.tags, plan is not None or any(shaped),
-        bool(shaped) and shaped[0],
+        goal.id, goal.tags, plan is not None, plan is not None and len(model.replies) == 1,
+        any(shaped), bool(shaped) and shaped[0],
         len(model.replies), invalid, document, total.total_tokens, total.cost_usd,
-        nodes, links, kinds, error, has_contracts=goal.registry.has_contracts,
-        first_try_met=bool(problems) and not problems[0] and plan is not None,
-        met=plan is not None)
+        nodes, links, kinds, error, fixed)
 
 
 def _problems(reply: Any, registry: Registry, options: Mapping[str, Any]) -> list[str]:
@@ -633,6 +655,7 @@ async def aevaluate(
     min_tasks: int = 1,
     max_tasks: int = 8,
     repair_attempts: int = 2,
+    repair: str = "code",
     prices: PriceTable | None = None,
     command: str | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
@@ -652,9 +675,8 @@ async def aevaluate(
         replay, record: a cassette to answer from (a path or a shipped set's name; a
             request with no recording is a :class:`~planrun.testing.FixtureMiss`), or to write.
         registry: the kinds for goal lines that name none (an app ``module:attr``).
-        min_tasks, max_tasks, repair_attempts: as for :func:`planrun.decompose`; ``prices``
-            the price table for the cost.
-        command: the re-record command stored in a recorded cassette.
+        min_tasks, max_tasks, repair_attempts, repair: as for :func:`planrun.decompose`;
+            ``prices`` the price table; ``command`` the re-record command a recording keeps.
         concurrency: how many goals (of any version) are decomposed at once.
         out: a JSON Lines file each outcome is appended to as it is measured (``{"version":
             ..., **outcome}``); outcomes already in it are read back, not measured again.
@@ -664,10 +686,10 @@ async def aevaluate(
     server unreachable past the retries stops the evaluation (what was measured is in ``out``).
     """
     _check_concurrency(concurrency)
-    items = list(goals) if isinstance(goals, Sequence) and not isinstance(goals, str) else \
-        load_goals(goals, registry=registry)
+    items = _goal_list(goals, registry)
     versions = prompts if isinstance(prompts, Mapping) else prompt_versions(list(prompts or []))
-    options = {"min_tasks": min_tasks, "max_tasks": max_tasks, "repair_attempts": repair_attempts}
+    options = {"min_tasks": min_tasks, "max_tasks": max_tasks, "repair": repair,
+               "repair_attempts": repair_attempts}
     measured = _read_out(out, versions, items) if out is not None else {}
     with ExitStack() as stack:
         sink = stack.enter_context(_open_out(out)) if out is not None else None
@@ -684,13 +706,20 @@ async def aevaluate(
                            for name in versions})
 
 
+def _goal_list(goals: str | os.PathLike[str] | Sequence[Goal],
+               registry: Registry | str | None) -> list[Goal]:
+    if isinstance(goals, Sequence) and not isinstance(goals, str):
+        return list(goals)
+    return load_goals(goals, registry=registry)
+
+
 def _check_concurrency(concurrency: object) -> None:
     if not isinstance(concurrency, int) or concurrency < 1:
         raise UsageError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
 
 
 async def _measure(items: Sequence[Goal], libraries: Mapping[str, PromptLibrary],
-                   model: Model, options: Mapping[str, int], prices: PriceTable | None, *,
+                   model: Model, options: Mapping[str, Any], prices: PriceTable | None, *,
                    concurrency: int, measured: dict[tuple[str, str], GoalOutcome],
                    sink: IO[str] | None, on_outcome: OnOutcome | None) -> None:
     """Measure every goal of every version not in ``measured`` yet, ``concurrency`` at a

@@ -2,10 +2,17 @@
 
 The model is asked for a plan with the plan schema generated from the registry as its
 response format, so under strict structured output it cannot name a kind that does not
-exist. Its answer is still validated by the core (dependencies, payloads, bounds). When it
-is invalid, the model is shown its previous answer and the problem list, and asked again,
-at most ``repair_attempts`` times. The conversation never grows beyond the original request
-plus the last attempt, and transport errors are never pasted into it: they propagate.
+exist. Its answer is still validated by the core (dependencies, payloads, bounds,
+contracts). When it is invalid, the core's code repairs (:func:`planrun.core.repair_plan`)
+first fix what the registry settles without a guess; a plan they finish is accepted with
+no further call. Otherwise the model is shown its previous answer and the problem list,
+and asked again, at most ``repair_attempts`` times (``repair="model"``: the model alone
+repairs). The conversation never grows beyond the original request plus the last attempt,
+and transport errors are never pasted into it: they propagate.
+
+The accepted plan carries its repairs in order (:attr:`Plan.repairs`): a ``"model"`` one
+per problem the model was shown before the reply that was accepted, then the ``"code"``
+ones applied to that reply.
 
 Nothing is dispatched from an invalid plan: :func:`decompose` either returns a
 :class:`~planrun.Plan` that validated or raises :class:`~planrun.InvalidPlan`
@@ -14,9 +21,10 @@ with every problem of the last attempt and the raw output of each attempt.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from planrun.core import (
     TRUNCATED,
@@ -24,9 +32,11 @@ from planrun.core import (
     Plan,
     Problem,
     Registry,
+    Repair,
     SpawnRequest,
     UsageError,
     plan_schema,
+    repair_plan,
     spawn_id,
 )
 from planrun.model._errors import OutputTruncated
@@ -42,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PLAN_TOKENS_PER_TASK",
+    "REPAIR_MODES",
     "adecompose",
     "decompose",
     "plan_bound",
@@ -52,6 +63,13 @@ __all__ = [
 
 PLAN_TOKENS_PER_TASK = 160
 """Completion tokens a plan may take per task (a kind, a payload, its dependencies)."""
+
+
+REPAIR_MODES: tuple[str, ...] = ("code", "model")
+"""``repair="code"`` (the default): code repairs, then the model for what they leave;
+``"model"``: every repair is asked of the model."""
+
+RepairMode = Literal["code", "model"]
 
 
 def plan_bound(max_tasks: int) -> int:
@@ -91,23 +109,22 @@ async def adecompose(
     prompts: PromptLibrary | None = None,
     meter: Usage | None = None,
     max_tokens: int | None = None,
+    repair: RepairMode = "code",
 ) -> Plan:
     """Ask ``model`` to break ``goal`` into a plan over the kinds of ``registry``.
 
     Each call's output bound is ``max_tokens``, else the Model's ``max_tokens``, else
     :func:`plan_bound` of ``max_tasks``. A reply cut at it raises
-    :class:`~planrun.model.OutputTruncated`.
+    :class:`~planrun.model.OutputTruncated`. ``repair="model"`` turns the code repairs off
+    (every fix is asked of the model). The plan's :attr:`~planrun.Plan.repairs` say what was
+    fixed, by whom, in order.
 
     Raises:
         InvalidPlan: still invalid after ``repair_attempts`` repairs; ``problems`` are the
             last attempt's, ``raw_outputs`` every attempt's text.
         TransientError, PermanentError, BudgetExceeded: the model call itself failed.
     """
-    if not isinstance(goal, str) or not goal.strip():
-        raise UsageError("a goal must be a non-empty string")
-    if repair_attempts < 0:
-        raise UsageError("repair_attempts must be >= 0")
-    check_max_tokens(max_tokens, "decompose")
+    _check_arguments(goal, repair_attempts, repair, max_tokens)
     library = prompts or PromptLibrary()
     rendered = library.render("decompose", goal=goal.strip(), kinds=describe_kinds(registry),
                               min_tasks=min_tasks, max_tasks=max_tasks)
@@ -120,13 +137,12 @@ async def adecompose(
     messages: list[dict[str, str]] = [request]
     outputs: list[str] = []
     history: list[list[Problem]] = []
+    parse = _parser(registry, min_tasks, max_tasks, code_repairs=repair == "code")
     for _ in range(repair_attempts + 1):
         plan, answer, problems = await _attempt(
-            model, messages, schema, rendered, scoped, bound,
-            lambda candidate: Plan.parse(candidate, registry, min_tasks=min_tasks,
-                                         max_tasks=max_tasks))
+            model, messages, schema, rendered, scoped, bound, parse)
         if plan is not None:
-            return Plan(goal.strip(), plan.tasks)
+            return Plan(goal.strip(), plan.tasks, _repairs(history, plan.repairs))
         outputs.append(answer)
         history.append(problems)
         tracing.plan_problems(len(history), problems)
@@ -137,6 +153,47 @@ async def adecompose(
         ]
     raise InvalidPlan(history[-1], raw_outputs=outputs, attempts=history,
                       message=_failure_message(history, len(outputs)))
+
+
+def _check_arguments(goal: object, repair_attempts: int, repair: object,
+                     max_tokens: int | None) -> None:
+    if not isinstance(goal, str) or not goal.strip():
+        raise UsageError("a goal must be a non-empty string")
+    if repair_attempts < 0:
+        raise UsageError("repair_attempts must be >= 0")
+    if repair not in REPAIR_MODES:
+        raise UsageError(f"repair must be one of {list(REPAIR_MODES)}, got {repair!r}")
+    check_max_tokens(max_tokens, "decompose")
+
+
+def _parser(registry: Registry, min_tasks: int, max_tasks: int, *,
+            code_repairs: bool) -> Callable[[Any], Plan]:
+    """What judges a reply: the strict validator, then (``code_repairs``) the core's code
+    repairs. It raises the reply's own :class:`InvalidPlan` when the model is needed, so
+    the model is asked as without code repairs: its answer and every problem in it."""
+
+    def parse(candidate: Any) -> Plan:
+        try:
+            return Plan.parse(candidate, registry, min_tasks=min_tasks, max_tasks=max_tasks)
+        except InvalidPlan:
+            if not code_repairs:
+                raise
+            repaired = repair_plan(candidate, registry, min_tasks=min_tasks,
+                                   max_tasks=max_tasks).plan
+            if repaired is None:
+                raise
+            return repaired
+
+    return parse
+
+
+def _repairs(history: Sequence[Sequence[Problem]], code: Sequence[Repair]) -> tuple[Repair, ...]:
+    """The accepted plan's repairs: each problem shown to the model, by the reply that
+    answered it, then the code repairs of the accepted reply."""
+    accepted = len(history) + 1
+    asked = [Repair("model", p.code, p.task, p.message, attempt=n)
+             for n, problems in enumerate(history, 2) for p in problems]
+    return (*asked, *(dataclasses.replace(r, attempt=accepted) for r in code))
 
 
 async def _attempt(model: Model, messages: list[dict[str, str]], schema: dict[str, Any],
@@ -167,6 +224,7 @@ def decompose(
     prompts: PromptLibrary | None = None,
     meter: Usage | None = None,
     max_tokens: int | None = None,
+    repair: RepairMode = "code",
 ) -> Plan:
     """Synchronous :func:`adecompose` (on a private thread inside a running loop)."""
     return run_blocking(
@@ -174,7 +232,7 @@ def decompose(
         lambda: adecompose(
             goal, registry, model, min_tasks=min_tasks, max_tasks=max_tasks,
             repair_attempts=repair_attempts, prompts=prompts, meter=meter,
-            max_tokens=max_tokens,
+            max_tokens=max_tokens, repair=repair,
         ),
     )
 

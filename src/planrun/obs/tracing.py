@@ -8,8 +8,9 @@ returns at once: nothing is allocated per event.
 The span tree of a run::
 
     run <run id>                         planrun.run.id, planrun.run.status
-    ├── decompose                        planrun.decompose.attempts / .repairs;
-    │   │                                one ``plan.problem`` event per problem code
+    ├── decompose                        planrun.decompose.attempts / .repairs / .code_repairs;
+    │   │                                a ``plan.problem`` event per problem code, a
+    │   │                                ``plan.repaired`` event per code repair
     │   └── chat gpt-4o-mini             GenAI semantic conventions (below)
     └── task <kind>                      one per attempt: planrun.task.id, .kind, .attempt,
         └── chat gpt-4o-mini             planrun.worker, planrun.task.status, error.type
@@ -641,6 +642,13 @@ def traced_decompose(fn: F) -> F:
             repairs = sum(1 for e in getattr(span, "events", ()) if e.name == "plan.invalid")
             span.set_attribute("planrun.decompose.attempts", repairs + 1)
             span.set_attribute("planrun.decompose.repairs", repairs)
+            fixed = [r for r in plan.repairs if r.by == "code"]
+            span.set_attribute("planrun.decompose.code_repairs", len(fixed))
+            for fix in fixed:
+                span.add_event("plan.repaired", {"planrun.problem.code": fix.code,
+                                                 "planrun.repair.rule": fix.rule or "",
+                                                 "planrun.problem.task": -1 if fix.task is None
+                                                 else fix.task})
             span.set_attribute("planrun.plan.valid", True)
             span.set_attribute("planrun.plan.tasks", len(plan.tasks))
             return plan
