@@ -36,7 +36,7 @@ from planrun.core import (
     fast_init,
     redact,
 )
-from planrun.core.scheduling import Approval, as_approval
+from planrun.core.scheduling import DEFAULT_LATENCY_S, Approval, TierPolicy, as_approval
 from planrun.model import ModelWorker, PromptLibrary
 from planrun.obs import tracing
 from planrun.runtime import (
@@ -636,6 +636,18 @@ def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
     return batcher, model.batched(batcher)
 
 
+def _tier_policy(sup: Supervisor, batcher: Batcher | None) -> TierPolicy:
+    """The run's tiers and their learned latencies, over the calls its workers make at once
+    (in batch mode, its live calls): the default tier's starting figure is the batch
+    settings' ``live_s`` in batch mode."""
+    if batcher is not None:
+        live_s, slots = batcher.options.live_s, batcher.slots or 1
+    else:
+        live_s = DEFAULT_LATENCY_S["default"]
+        slots = sum(w.spec.capacity for w in sup.core.workers.values())
+    return TierPolicy((), latency_s={"default": live_s}, slots=slots)
+
+
 def _specs(app: App, batcher: Batcher | None) -> list[WorkerSpec]:
     """The app's workers; in batch mode each also holds up to a batch's size of tasks whose
     calls wait in a batch (their live calls keep to the workers' capacity: see
@@ -653,11 +665,11 @@ async def _batching(batcher: Batcher | None, sup: Supervisor) -> AsyncIterator[N
     if batcher is None:
         yield
         return
-    live_s, margin_s = batcher.options.live_s, batcher.options.cancel_s
+    margin_s = batcher.options.cancel_s
     slots = batcher.slots or 1
     batcher.bind(sup.run_id, journal=sup.batch_journal(),
                  due=None if sup.deadline_s is None else
-                 lambda waiting: sup.batch_due(waiting, slots, live_s, margin_s))
+                 lambda waiting: sup.batch_due(waiting, slots, margin_s))
     try:
         yield
     finally:
@@ -669,6 +681,7 @@ async def _running(store: Store | None, sup: Supervisor, batcher: Batcher | None
                    **owning: Any) -> AsyncIterator[None]:
     """While the run goes on: its owner lease held, its batcher connected to it, what its
     tasks spend written to its ledger."""
+    sup.core.use_tiers(_tier_policy(sup, batcher))
     async with _owning(store, sup.run_id, sup.clock, **owning), _batching(batcher, sup):
         meter = sup.extras.get("usage")
         stop = meter.listen(UsageJournal(sup).recorded) if meter is not None else None

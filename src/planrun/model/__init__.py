@@ -49,7 +49,7 @@ scheduling core's.
 from __future__ import annotations
 
 from planrun.core.scheduling import RetryPolicy
-from planrun.model._batch import BATCH_PRICE, Batcher, Batching, BatchJournal
+from planrun.model._batch import Batcher, Batching, BatchJournal
 from planrun.model._client import (
     DEFAULT_COMPLETION_ESTIMATE,
     DEFAULT_MODEL,
@@ -80,7 +80,15 @@ from planrun.model._schema import (
     portable_schema,
     strict_schema,
 )
-from planrun.model._usage import Budget, Price, PriceTable, Tally, Usage, UsageRecord
+from planrun.model._usage import (
+    BATCH_PRICE,
+    Budget,
+    Price,
+    PriceTable,
+    Tally,
+    Usage,
+    UsageRecord,
+)
 from planrun.model._workers import ModelWorker
 
 __all__ = [

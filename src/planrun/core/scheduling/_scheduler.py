@@ -19,10 +19,13 @@ it classified it and decides nothing.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
+from planrun.core._ledger import Event
 from planrun.core._ledger import EventName as E
 from planrun.core._task import (
     FINAL,
+    Task,
 )
 from planrun.core.scheduling._base import (
     _FAILED,
@@ -40,8 +43,14 @@ from planrun.core.scheduling._base import (
     retries_spent,
     spawn_refused,
 )
-from planrun.core.scheduling._batching import batch_take_back, live_rounds
 from planrun.core.scheduling._growth import _Growth
+from planrun.core.scheduling._tiers import (
+    TierChoice,
+    TierPolicy,
+    batch_take_back,
+    depth_below,
+    live_rounds,
+)
 
 __all__ = ["EFFECT_RETRY", "OnDead", "ReplanRequest", "RunFacts", "Scheduler", "Sink",
            "check_policies", "dependency_order", "replans_spent", "retries_spent",
@@ -165,13 +174,56 @@ class Scheduler(_Growth):
         # the same sum as next_wakeup's: a wakeup at that time sees the stall (no float gap)
         return now >= self.last_change + self.stall_after
 
-    def batch_due(self, now: float, waiting: int, slots: int, live_s: float,
-                  margin_s: float) -> bool:
+    tiers: TierPolicy | None = None
+    """The run's tiers and their learned latencies (:meth:`tier_for`, :meth:`batch_due`);
+    None: every call at the default tier, the batch rule's latency at its conservative
+    figure. A driver gives it with :meth:`use_tiers`."""
+
+    def use_tiers(self, policy: TierPolicy | None) -> None:
+        """The run's tiers, their learned latencies and its live slots, from now on."""
+        self.tiers = policy
+
+    def tier_for(self, task_id: str, now: float) -> TierChoice | None:
+        """The tier the calls of ``task_id``'s attempt starting at ``now`` go at (see
+        :func:`~planrun.core.scheduling.choose_tier`); None when the run allows no tier
+        beside the default one. Once batches were taken back, no call goes into one."""
+        policy = self.tiers
+        if policy is None or not policy.active:
+            return None
+        tasks = self.tasks
+        open_ = _Open(tasks)
+        exclude = ("batch",) if self.facts.batches_taken_back or self.facts.deadline_reached \
+            else ()
+        return policy.choose(now=now, deadline=self.deadline, kind=tasks[task_id].kind,
+                             unfinished=self.unfinished,
+                             depth=depth_below(task_id, open_, self._dependents),
+                             exclude=exclude)
+
+    def answered(self, kind: str | None, tier: str, seconds: float) -> None:
+        """A model call of ``kind`` was answered at ``tier`` in ``seconds``: the tiers'
+        learned latencies take it in (nothing without tiers)."""
+        if self.tiers is not None:
+            self.tiers.latencies.observe(kind, tier, seconds)
+
+    def answered_before(self, events: Iterable[Event]) -> None:
+        """Learn the latencies of a resumed run's earlier answers from its ledger's
+        ``usage`` events (after :meth:`restore`, which says each task's kind)."""
+        if self.tiers is None:
+            return
+        for e in events:
+            seconds = e.detail.get("latency_s") if e.event == E.USAGE else None
+            if seconds is not None:
+                task = self.tasks.get(e.task)
+                self.answered(task.kind if task else None, str(e.detail.get("tier", "default")),
+                              float(seconds))
+
+    def batch_due(self, now: float, waiting: int, slots: int, margin_s: float) -> bool:
         """Whether ``waiting`` calls in Batch API jobs must go live now for the rest of the
-        run to finish live by the deadline, ``slots`` calls at once (see
-        :func:`batch_take_back` and :func:`live_rounds`). Once it says so, it says so for
-        the rest of the run (the calls that follow go live too, rather than into batches
-        that would be taken back in turn); past the deadline, at once."""
+        run to finish live by the deadline, ``slots`` calls at once, each taking the
+        default tier's learned latency (see :func:`batch_take_back` and
+        :func:`live_rounds`). Once it says so, it says so for the rest of the run (the
+        calls that follow go live too, rather than into batches that would be taken back
+        in turn); past the deadline, at once."""
         facts = self.facts
         if self.deadline is None or waiting <= 0:
             return False
@@ -179,9 +231,10 @@ class Scheduler(_Growth):
             return True
         unfinished = {t.id for t in self.tasks.values() if t.status not in FINAL}
         rounds = live_rounds(unfinished, self._dependents, slots)
+        policy = self.tiers or TierPolicy()
         facts.batches_taken_back = batch_take_back(
-            now=now, deadline=self.deadline, waiting=waiting, rounds=rounds, live_s=live_s,
-            margin_s=margin_s)
+            now=now, deadline=self.deadline, waiting=waiting, rounds=rounds,
+            live_s=policy.latencies.of("default"), margin_s=margin_s)
         return facts.batches_taken_back
 
     def stall_message(self, run_id: str, now: float) -> str:
@@ -192,3 +245,16 @@ class Scheduler(_Growth):
         more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
         return (f"run {run_id} stalled: no task changed for {now - self.last_change:.0f} s "
                 f"with {len(stuck)} unfinished: {sample}{more}")
+
+
+class _Open:
+    """The unfinished tasks among ``tasks``, as a container (``id in open``)."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self, tasks: dict[str, Task]) -> None:
+        self._tasks = tasks
+
+    def __contains__(self, tid: object) -> bool:
+        task = self._tasks.get(tid) if isinstance(tid, str) else None
+        return task is not None and task.status not in FINAL
