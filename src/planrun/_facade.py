@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         Batcher,
         Batching,
         Budget,
+        Estimate,
         Model,
         PriceTable,
         SharedBudget,
@@ -81,6 +82,7 @@ __all__ = [
     "TaskReport",
     "aplan_and_run",
     "aresume_run",
+    "estimate",
     "load_app",
     "plan_and_run",
     "resume_run",
@@ -722,6 +724,47 @@ def plan_and_run(
     _check_keywords("plan_and_run", options, RunOptions)
     clock = options.get("clock") or RealClock()
     return run_blocking(clock, lambda: aplan_and_run(goal_or_plan, app, **options))
+
+
+def estimate(
+    plan: Plan | Mapping[str, Any] | Sequence[Any],
+    app: App | Registry,
+    *,
+    model: Model | str | None = None,
+    tiers: Sequence[str] | str = (),
+    prices: PriceTable | None = None,
+    rpm: float | None = None,
+    tpm: float | None = None,
+) -> Estimate:
+    """What ``plan``'s model calls will use and cost, before the run, with no model call.
+
+    Calls, prompt tokens as the provider counts them (response schemas included), output
+    tokens expected and at their bounds, and the cost at each allowed tier (``tiers``
+    beside ``default``: ``flex``, ``priority``, ``batch``) as an expected figure
+    (``cost_usd``) and a ceiling (``cost_usd_max``); with ``rpm``/``tpm``, the seconds the
+    calls need at those limits. ``model``: a :class:`~planrun.Model` or a model name
+    (default ``$PLANRUN_MODEL``, else ``gpt-4o-mini``; no API key is needed). The plan is
+    validated first (an invalid one raises :class:`~planrun.InvalidPlan`); unknown tiers,
+    ``priority`` for a model without a priority price and limits <= 0 raise
+    :class:`~planrun.UsageError`. See :mod:`planrun.model._estimate`.
+    """
+    import os
+
+    from planrun.model import DEFAULT_MODEL, estimate_plan
+    from planrun.model import Model as ModelClass
+
+    app = app if isinstance(app, App) else App(app)
+    for name, limit in (("rpm", rpm), ("tpm", tpm)):
+        if limit is not None and not limit > 0:
+            raise UsageError(f"{name} must be > 0, got {limit!r}")
+    if not isinstance(plan, Plan):
+        plan = Plan.parse(plan, app.registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
+    given = model.model if isinstance(model, ModelClass) else model
+    name = given or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
+    handlers = {kind: handler for spec in app.worker_specs()
+                for kind, handler in spec.handlers.items()}
+    return estimate_plan(plan, app.registry, model=name, prices=prices, tiers=tiers, rpm=rpm,
+                         tpm=tpm, handlers=handlers)
 
 
 def _default_model() -> Model:

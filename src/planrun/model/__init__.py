@@ -70,12 +70,14 @@ from planrun.model._errors import (
     retry_after_seconds,
     translate_error,
 )
+from planrun.model._estimate import Estimate, TierCost, estimate_plan, provider_tokens
 from planrun.model._limiter import ProviderLimits, RateLimiter
 from planrun.model._limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
 from planrun.model._prompts import PromptLibrary, RenderedPrompt, default_prompt_dir, describe_kinds
 from planrun.model._schema import (
     VALIDATION_KEYWORDS,
     StrictSchema,
+    expected_output,
     output_bound,
     portable_schema,
     strict_schema,
@@ -104,6 +106,7 @@ __all__ = [
     "Batching",
     "Budget",
     "Completion",
+    "Estimate",
     "Limiter",
     "Messages",
     "Mode",
@@ -124,16 +127,20 @@ __all__ = [
     "StrictSchema",
     "Structured",
     "Tally",
+    "TierCost",
     "Usage",
     "UsageRecord",
     "adecompose",
     "decompose",
     "default_prompt_dir",
     "describe_kinds",
+    "estimate_plan",
+    "expected_output",
     "limit_key",
     "output_bound",
     "plan_bound",
     "portable_schema",
+    "provider_tokens",
     "rejects_schema",
     "replanner",
     "retry_after_seconds",
