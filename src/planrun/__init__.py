@@ -11,8 +11,9 @@ what is permanent, reclaims what goes silent, and applies side effects once.
     report = plan_and_run(brief.GOAL, brief.app, model=Model())
     print(report.summary())
 
-The top level holds what a user calls or catches: running a goal or a plan, the app and
-its registry, the model, budgets and limits, approvals, the report and the errors. The
+The top level holds what a user calls or catches: running a goal or a plan, what a plan
+will cost (:func:`estimate`), the app and its registry, the model, budgets and limits,
+approvals, the report and the errors. The
 rest is imported from its subpackage, laid out by role: :mod:`planrun.core` decides (the
 task record, the ledger, kinds and workers, the other errors), :mod:`planrun.runtime`
 carries out (the :class:`~planrun.runtime.Supervisor`, clocks, run ownership),
@@ -31,6 +32,7 @@ from planrun._facade import (
     TaskReport,
     aplan_and_run,
     aresume_run,
+    estimate,
     plan_and_run,
     resume_run,
 )
@@ -107,6 +109,7 @@ __all__ = [
     "approve_task",
     "aresume_run",
     "decompose",
+    "estimate",
     "plan_and_run",
     "reject_task",
     "resume_run",

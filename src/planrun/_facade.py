@@ -38,7 +38,7 @@ from planrun.core import (
     fast_init,
     redact,
 )
-from planrun.core.scheduling import Approval, as_approval
+from planrun.core.scheduling import DEFAULT_LATENCY_S, Approval, TierPolicy, as_approval
 from planrun.model import ModelWorker, PromptLibrary
 from planrun.obs import tracing
 from planrun.runtime import (
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         Batcher,
         Batching,
         Budget,
+        Estimate,
         Model,
         PriceTable,
         SharedBudget,
@@ -83,6 +84,7 @@ __all__ = [
     "TaskReport",
     "aplan_and_run",
     "aresume_run",
+    "estimate",
     "load_app",
     "plan_and_run",
     "resume_run",
@@ -655,6 +657,18 @@ def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
     return batcher, model.batched(batcher)
 
 
+def _tier_policy(sup: Supervisor, batcher: Batcher | None) -> TierPolicy:
+    """The run's tiers and their learned latencies, over the calls its workers make at once
+    (in batch mode, its live calls): the default tier's starting figure is the batch
+    settings' ``live_s`` in batch mode."""
+    if batcher is not None:
+        live_s, slots = batcher.options.live_s, batcher.slots or 1
+    else:
+        live_s = DEFAULT_LATENCY_S["default"]
+        slots = sum(w.spec.capacity for w in sup.core.workers.values())
+    return TierPolicy((), latency_s={"default": live_s}, slots=slots)
+
+
 def _specs(app: App, batcher: Batcher | None) -> list[WorkerSpec]:
     """The app's workers; in batch mode each also holds up to a batch's size of tasks whose
     calls wait in a batch (their live calls keep to the workers' capacity: see
@@ -672,11 +686,11 @@ async def _batching(batcher: Batcher | None, sup: Supervisor) -> AsyncIterator[N
     if batcher is None:
         yield
         return
-    live_s, margin_s = batcher.options.live_s, batcher.options.cancel_s
+    margin_s = batcher.options.cancel_s
     slots = batcher.slots or 1
     batcher.bind(sup.run_id, journal=sup.batch_journal(),
                  due=None if sup.deadline_s is None else
-                 lambda waiting: sup.batch_due(waiting, slots, live_s, margin_s))
+                 lambda waiting: sup.batch_due(waiting, slots, margin_s))
     try:
         yield
     finally:
@@ -688,6 +702,7 @@ async def _running(store: Store | None, sup: Supervisor, batcher: Batcher | None
                    **owning: Any) -> AsyncIterator[None]:
     """While the run goes on: its owner lease held, its batcher connected to it, what its
     tasks spend written to its ledger."""
+    sup.core.use_tiers(_tier_policy(sup, batcher))
     async with _owning(store, sup.run_id, sup.clock, **owning), _batching(batcher, sup):
         meter = sup.extras.get("usage")
         stop = meter.listen(UsageJournal(sup).recorded) if meter is not None else None
@@ -728,6 +743,47 @@ def plan_and_run(
     _check_keywords("plan_and_run", options, RunOptions)
     clock = options.get("clock") or RealClock()
     return run_blocking(clock, lambda: aplan_and_run(goal_or_plan, app, **options))
+
+
+def estimate(
+    plan: Plan | Mapping[str, Any] | Sequence[Any],
+    app: App | Registry,
+    *,
+    model: Model | str | None = None,
+    tiers: Sequence[str] | str = (),
+    prices: PriceTable | None = None,
+    rpm: float | None = None,
+    tpm: float | None = None,
+) -> Estimate:
+    """What ``plan``'s model calls will use and cost, before the run, with no model call.
+
+    Calls, prompt tokens as the provider counts them (response schemas included), output
+    tokens expected and at their bounds, and the cost at each allowed tier (``tiers``
+    beside ``default``: ``flex``, ``priority``, ``batch``) as an expected figure
+    (``cost_usd``) and a ceiling (``cost_usd_max``); with ``rpm``/``tpm``, the seconds the
+    calls need at those limits. ``model``: a :class:`~planrun.Model` or a model name
+    (default ``$PLANRUN_MODEL``, else ``gpt-4o-mini``; no API key is needed). The plan is
+    validated first (an invalid one raises :class:`~planrun.InvalidPlan`); unknown tiers,
+    ``priority`` for a model without a priority price and limits <= 0 raise
+    :class:`~planrun.UsageError`. See :mod:`planrun.model._estimate`.
+    """
+    import os
+
+    from planrun.model import DEFAULT_MODEL, estimate_plan
+    from planrun.model import Model as ModelClass
+
+    app = app if isinstance(app, App) else App(app)
+    for name, limit in (("rpm", rpm), ("tpm", tpm)):
+        if limit is not None and not limit > 0:
+            raise UsageError(f"{name} must be > 0, got {limit!r}")
+    if not isinstance(plan, Plan):
+        plan = Plan.parse(plan, app.registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
+    given = model.model if isinstance(model, ModelClass) else model
+    name = given or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
+    handlers = {kind: handler for spec in app.worker_specs()
+                for kind, handler in spec.handlers.items()}
+    return estimate_plan(plan, app.registry, model=name, prices=prices, tiers=tiers, rpm=rpm,
+                         tpm=tpm, handlers=handlers)
 
 
 def _default_model() -> Model:

@@ -1,57 +1,13 @@
-"""Batch mode's pieces without a server: the deadline rule, the settings, batch prices."""
+"""Batch mode's pieces without a server: the settings, batch prices, line ids (the deadline
+rule is the tiers' rule: test_tiers.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from planrun import Batching, UsageError
-from planrun.core import KindSpec, Registry, Task, WorkerSpec
-from planrun.core._routing import get_router
-from planrun.core.scheduling import RetryPolicy, Scheduler, batch_take_back, live_rounds
 from planrun.model import BATCH_PRICE, Usage
 from planrun.model._batch import custom_id
-
-
-def test_without_a_deadline_or_waiting_calls_nothing_goes_live() -> None:
-    assert not batch_take_back(now=0, deadline=None, waiting=100, rounds=9, live_s=60,
-                               margin_s=60)
-    assert not batch_take_back(now=99, deadline=100, waiting=0, rounds=9, live_s=60,
-                               margin_s=60)
-
-
-def test_calls_go_live_once_the_time_left_only_covers_the_rest_live() -> None:
-    # 2 rounds of 2 s live, plus a 1 s margin for the cancel
-    rule = dict(deadline=100.0, waiting=10, rounds=2, live_s=2.0, margin_s=1.0)
-    assert not batch_take_back(now=94.9, **rule)
-    assert batch_take_back(now=95.0, **rule)
-    assert batch_take_back(now=99.0, **rule)
-    assert batch_take_back(now=90.0, **{**rule, "rounds": 5})  # more to do: sooner
-
-
-def test_live_rounds_count_slots_and_the_longest_chain() -> None:
-    after = {"a": ["b"], "b": ["c"], "x": ["y"]}
-    assert live_rounds(set(), after, 4) == 0
-    assert live_rounds({"a", "b", "c", "x", "y"}, after, 10) == 3  # the chain a-b-c
-    assert live_rounds({"b", "c", "x", "y"}, after, 10) == 2  # a is done
-    assert live_rounds({f"t{i}" for i in range(10)}, {}, 4) == 3  # 10 calls, 4 at once
-
-
-def test_the_scheduler_weighs_the_rest_of_the_run_and_hurries_past_the_deadline() -> None:
-    core = Scheduler(router=get_router("balanced"), sink=lambda *a: None, retry=RetryPolicy(),
-                     kinds=Registry([KindSpec("k")]), deadline=100.0)
-    core.add_worker(WorkerSpec("a", None, 3))
-    # ten classify-then-draft pairs: 20 calls on 5 slots, 4 rounds of 10 s, plus 5 s
-    tasks = [Task(f"c{i}", "k") for i in range(10)]
-    tasks += [Task(f"d{i}", "k", depends_on=(f"c{i}",)) for i in range(10)]
-    core.add(tasks, 0.0)
-    assert not core.batch_due(54.0, 10, 5, 10.0, 5.0)
-    assert not core.batch_due(55.0, 0, 5, 10.0, 5.0)  # nothing waits in a batch
-    assert not core.batch_due(74.0, 10, 10, 10.0, 5.0)  # 10 slots: 2 rounds
-    assert core.batch_due(75.0, 10, 10, 10.0, 5.0)
-    assert core.batch_due(54.0, 10, 5, 10.0, 5.0)  # once taken back, live for good
-    core.tick(100.0)  # the deadline passes: what is still in flight goes live at once
-    assert core.facts.deadline_reached
-    assert core.batch_due(100.0, 10, 5, 10.0, 5.0)
 
 
 @pytest.mark.parametrize("options, message", [

@@ -565,6 +565,7 @@ JSON_ERRORS: dict[str, list[str]] = {
     "simulate": ["simulate", "--scenario", "no-such-scenario.json"],
     "compare": ["compare", "--rules", "no_such_rule"],
     "plan": ["plan", "a goal", "--app", "no.such.module:app"],
+    "estimate": ["estimate", "no-such-plan.json", "--app", "no.such.module:app"],
     "run": ["run", "a goal", "--app", "no.such.module:app"],
     "resume": ["resume", "r1", "--db", MISSING_DB],
     "runs": ["runs", "--db", MISSING_DB],

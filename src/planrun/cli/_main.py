@@ -5,8 +5,10 @@
     planrun compare [--rules R,R] [--agent-rules AGENT=R,R]... [--db-failures N]
                 [--deploy1-failures N] [--max-retries N] [--sweep] [--ledger] [--json]
     planrun plan GOAL --app module:attr [--json]
+    planrun estimate PLAN.json --app module:attr [--model M] [--tiers flex,priority,batch]
+                [--rpm N] [--tpm N] [--json]
     planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
-                [--budget-usd X] [--rpm N] [--tpm N] [--db URL] [--run-id ID] [--json]
+                [--budget-usd X [--force]] [--rpm N] [--tpm N] [--db URL] [--run-id ID] [--json]
     planrun run PLAN.json --app module:attr --db URL --workers external [--stale-after S]
     planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
                    [--rpm N] [--tpm N]
@@ -580,6 +582,70 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------ estimate
+
+
+def _tier_list(text: str) -> tuple[str, ...]:
+    """``--tiers flex,priority[,batch]``: the tiers beside the default one."""
+    from planrun.core import UsageError
+    from planrun.core.scheduling import check_tiers
+
+    try:
+        return tuple(t for t in check_tiers(text) if t != "default")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_estimate(subparsers: _Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "estimate", help="what a plan will cost before it runs (no model call)",
+        description="Count a plan's model calls, their tokens (as the provider counts them, "
+        "response schemas included) and their cost at each allowed tier, expected and with "
+        "every output at its bound, and the time they need at the rate limits. No model "
+        "call is made and no key is needed.",
+    )
+    parser.add_argument("plan", metavar="PLAN.json", help="the plan file, or - for stdin")
+    parser.add_argument("--app", required=True, metavar="module:attr",
+                        help="the App (or Registry) the plan runs on")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--tiers", type=_tier_list, default=(), metavar="flex,priority,batch",
+                        help="tiers the run may use beside the default one (each is priced)")
+    parser.add_argument("--rpm", type=_positive_float, default=os.environ.get("PLANRUN_RPM"),
+                        metavar="N", help="requests per minute (default $PLANRUN_RPM)")
+    parser.add_argument("--tpm", type=_positive_float, default=os.environ.get("PLANRUN_TPM"),
+                        metavar="N", help="tokens per minute (default $PLANRUN_TPM)")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"model", "calls", "by_kind", "tokens", "tiers": {TIER: '
+                        '{"cost_usd", "cost_usd_max"}}, "priced", "rpm", "tpm", "time_s"}')
+    parser.set_defaults(func=_cmd_estimate)
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from planrun._facade import estimate, load_app
+
+    app = load_app(args.app)
+    found = estimate(_read_document(args.plan), app, model=args.model, tiers=args.tiers,
+                     rpm=args.rpm, tpm=args.tpm)
+    print(json.dumps(found.to_dict()) if args.json else found.summary())
+    return EXIT_OK
+
+
+def _afford(args: argparse.Namespace, plan: Any, app: Any) -> None:
+    """Refuse at once, spending nothing, a run whose cheapest allowed expected cost is more
+    than ``--budget-usd`` (unless ``--force``)."""
+    if args.budget_usd is None or args.force:
+        return
+    from planrun._facade import estimate
+
+    found = estimate(plan, app, model=args.model, tiers=getattr(args, "tiers", ()) or ())
+    tier, cost = found.cheapest
+    if cost.cost_usd > args.budget_usd:
+        raise _CliError(f"the plan is expected to cost ${cost.cost_usd:.4f} at its cheapest "
+                        f"allowed tier ({tier}), more than --budget-usd {args.budget_usd:g}; "
+                        f"nothing was spent (planrun estimate shows the figures; --force "
+                        f"runs it anyway)")
+
+
 def _add_run(subparsers: _Subparsers) -> None:
     from planrun.core import STRATEGIES
 
@@ -602,7 +668,11 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--budget-tokens", type=_positive_int, metavar="N",
                         help="tokens the whole run may use, in every process")
     parser.add_argument("--budget-usd", type=_positive_float, metavar="X",
-                        help="USD the whole run may spend, in every process")
+                        help="USD the whole run may spend, in every process; a plan whose "
+                        "expected cost (planrun estimate) is more is refused before it starts")
+    parser.add_argument("--force", action="store_true",
+                        help="run a plan even when its expected cost is more than --budget-usd "
+                        "(the budget still stops it)")
     _limit_flags(parser)
     parser.add_argument("--retry-budget", type=_non_negative_int, metavar="N",
                         help="retries allowed over the whole run (default: no limit)")
@@ -720,6 +790,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from planrun.core import Plan
 
         source = Plan.parse(source, app.registry, max_tasks=READY_PLAN_MAX_TASKS)
+        _afford(args, source, app)
     strategy = args.strategy or "balanced"
     meta: dict[str, Any] = {"app": args.app, "on_dead": args.on_dead, "strategy": strategy,
                             "retry_budget": args.retry_budget}
@@ -1326,6 +1397,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_simulate(subparsers)
     _add_compare(subparsers)
     _add_plan(subparsers)
+    _add_estimate(subparsers)
     _add_run(subparsers)
     _add_resume(subparsers)
     _add_runs(subparsers)

@@ -365,8 +365,12 @@ def cached_tokens_for(prompt_tokens: int) -> int:
 
 
 def prompt_tokens_of(chat: ChatRequest) -> int:
-    """The prompt tokens the fake reports for a request: deterministic, from its length."""
+    """The prompt tokens the fake reports for a request: deterministic, from its length,
+    the response format's schema included (the API counts it as part of the prompt)."""
     prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
+    fmt = chat.format
+    if fmt.get("type") not in (None, "text"):
+        prompt_chars += len(json.dumps(fmt))
     return max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
 
 

@@ -49,7 +49,7 @@ scheduling core's.
 from __future__ import annotations
 
 from planrun.core.scheduling import RetryPolicy
-from planrun.model._batch import BATCH_PRICE, Batcher, Batching, BatchJournal
+from planrun.model._batch import Batcher, Batching, BatchJournal
 from planrun.model._client import (
     DEFAULT_COMPLETION_ESTIMATE,
     DEFAULT_MODEL,
@@ -70,17 +70,27 @@ from planrun.model._errors import (
     retry_after_seconds,
     translate_error,
 )
+from planrun.model._estimate import Estimate, TierCost, estimate_plan, provider_tokens
 from planrun.model._limiter import ProviderLimits, RateLimiter
 from planrun.model._limits import Limiter, RunLimits, SharedBudget, SharedRateLimiter, limit_key
 from planrun.model._prompts import PromptLibrary, RenderedPrompt, default_prompt_dir, describe_kinds
 from planrun.model._schema import (
     VALIDATION_KEYWORDS,
     StrictSchema,
+    expected_output,
     output_bound,
     portable_schema,
     strict_schema,
 )
-from planrun.model._usage import Budget, Price, PriceTable, Tally, Usage, UsageRecord
+from planrun.model._usage import (
+    BATCH_PRICE,
+    Budget,
+    Price,
+    PriceTable,
+    Tally,
+    Usage,
+    UsageRecord,
+)
 from planrun.model._workers import ModelWorker
 
 __all__ = [
@@ -96,6 +106,7 @@ __all__ = [
     "Batching",
     "Budget",
     "Completion",
+    "Estimate",
     "Limiter",
     "Messages",
     "Mode",
@@ -116,16 +127,20 @@ __all__ = [
     "StrictSchema",
     "Structured",
     "Tally",
+    "TierCost",
     "Usage",
     "UsageRecord",
     "adecompose",
     "decompose",
     "default_prompt_dir",
     "describe_kinds",
+    "estimate_plan",
+    "expected_output",
     "limit_key",
     "output_bound",
     "plan_bound",
     "portable_schema",
+    "provider_tokens",
     "rejects_schema",
     "replanner",
     "retry_after_seconds",

@@ -31,6 +31,7 @@ import httpx2
 import openai
 
 from planrun.core import PermanentError, UsageError
+from planrun.model._usage import BATCH_PRICE
 
 if TYPE_CHECKING:
     from planrun.core import TaskContext
@@ -40,9 +41,6 @@ __all__ = ["BATCH_PRICE", "BatchJournal", "Batcher", "Batching", "Recorded", "Ta
            "custom_id", "parsed_line"]
 
 log = logging.getLogger("planrun.model")
-
-BATCH_PRICE = 0.5
-"""The Batch API bills this fraction of the list price."""
 
 _DONE = frozenset({"completed", "expired", "cancelled", "failed"})
 _ASK_EVERY_S = 0.5

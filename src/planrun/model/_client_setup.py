@@ -283,6 +283,13 @@ class _SchemaRejected(PermanentError):
     """The server refused the response schema; :meth:`Model._attempt` falls back."""
 
 
+def served_tier(named: object) -> str:
+    """The tier an answer's ``service_tier`` names, as planrun prices it: ``flex`` and
+    ``priority`` as named; anything else (``default``, ``auto``, ``scale``, nothing) is the
+    default tier."""
+    return str(named) if named in ("flex", "priority") else "default"
+
+
 @dataclass(frozen=True)
 class _Reply:
     """A Chat Completions or Responses reply, reduced to what planrun reads."""
@@ -299,6 +306,11 @@ class _Reply:
     request_id: str | None = None
     limits: ProviderLimits | None = None
     """What the response's ``x-ratelimit-*`` headers said, when it had any."""
+    service_tier: str = "default"
+    """The tier that served the request, as the answer's ``service_tier`` names it
+    (``flex``, ``priority``; ``default`` for any other value or none)."""
+    latency_s: float | None = None
+    """Seconds from sending the request to its answer, when measured."""
 
     @classmethod
     def of(cls, raw: Any, base_url: str, limits: ProviderLimits | None = None) -> _Reply:
@@ -330,6 +342,7 @@ class _Reply:
             (prompt.cached_tokens or 0) if prompt else 0,
             (completion.reasoning_tokens or 0) if completion else 0,
             request_id,
+            service_tier=served_tier(getattr(raw, "service_tier", None)),
         )
 
     @classmethod
@@ -360,6 +373,7 @@ class _Reply:
             usage.input_tokens_details.cached_tokens if usage else 0,
             usage.output_tokens_details.reasoning_tokens if usage else 0,
             request_id,
+            service_tier=served_tier(getattr(raw, "service_tier", None)),
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -204,7 +205,7 @@ class _ModelWire(_ModelSetup):
         body = {k: v for k, v in params.items() if k not in ("extra_headers", "timeout")}
         url = self._batch_url()
         reservation = await call.meter.areserve(self.model, prompt_estimate, call.max_tokens,
-                                                price=price)
+                                                price=price, tier="batch")
         try:
             call.attempts += 1
             try:
@@ -216,7 +217,7 @@ class _ModelWire(_ModelSetup):
             except openai.APIStatusError as exc:
                 raise await self._failed(call, exc, 0, reservation, live=False) from exc
             reply = _Reply.of(raw, self.base_url)
-            record = self._record(call, reply, price=price)
+            record = self._record(call, reply, price=price, tier="batch")
             reservation.used(record)
             return self._finish(call, reply, record)
         finally:
@@ -232,7 +233,7 @@ class _ModelWire(_ModelSetup):
             body = (line.get("response") or {}).get("body") or {}
             url = self._batch_url()
             raw = _parsed_line(body, url)
-            self._record(call, _Reply.of(raw, self.base_url), price=price)
+            self._record(call, _Reply.of(raw, self.base_url), price=price, tier="batch")
         except Exception:  # a line we cannot read is not counted; the call is done anyway
             log.warning("a late batch line could not be read; its usage is not counted")
 
@@ -253,13 +254,16 @@ class _ModelWire(_ModelSetup):
             sent = loop.time()
             if not hasattr(api, "with_raw_response"):  # a client of the caller's own making
                 raw = await asyncio.wait_for(api.create(**params), call.timeout)
-                return _Reply.of(raw, self.base_url)
+                return dataclasses.replace(_Reply.of(raw, self.base_url),
+                                           latency_s=loop.time() - sent)
             response = await asyncio.wait_for(api.with_raw_response.create(**params),
                                               call.timeout)
             # The provider counted the request on arrival, so its view is as old as the
             # request's time in flight.
-            limits = ProviderLimits.from_headers(response.headers, age=loop.time() - sent)
-            return _Reply.of(response.parse(), self.base_url, limits)
+            took = loop.time() - sent
+            limits = ProviderLimits.from_headers(response.headers, age=took)
+            return dataclasses.replace(_Reply.of(response.parse(), self.base_url, limits),
+                                       latency_s=took)
         except AssertionError:
             raise  # a test harness refusing the request (respx's "not mocked"), not the API
         except Exception as exc:
@@ -298,11 +302,16 @@ class _ModelWire(_ModelSetup):
             return _SchemaRejected(str(error))
         return error
 
-    def _record(self, call: _Call, reply: _Reply, price: float = 1.0) -> UsageRecord:
+    def _record(self, call: _Call, reply: _Reply, price: float | None = None,
+                tier: str | None = None) -> UsageRecord:
+        """Record what ``reply`` used, priced at the tier that served it (``tier`` for a
+        Batch API line, else as the answer names it)."""
         truncated = reply.finish_reason == "length" and not reply.refusal
         return call.meter.record(
             reply.model or self.model,
             price=price,
+            tier=tier or reply.service_tier,
+            latency_s=reply.latency_s,
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,
             cached_tokens=reply.cached_tokens,

@@ -449,3 +449,52 @@ def _bound(node: Any, defs: Mapping[str, Any], seen: frozenset[str]) -> float:
     if kind in ("integer", "number"):
         return 8
     return 2  # boolean, null
+
+
+TYPICAL_TEXT_TOKENS = 24
+"""Tokens a string with no ``maxLength``, ``enum`` or ``format`` is expected to take: about
+one sentence (its bound, :data:`FREE_TEXT_TOKENS`, allows a paragraph)."""
+
+
+def expected_output(schema: Mapping[str, Any]) -> int:
+    """The completion tokens a reply matching ``schema`` is expected to take: a typical
+    answer, where :func:`output_bound` counts the largest one. An ``enum`` takes its average
+    value, a string half its ``maxLength`` (free text :data:`TYPICAL_TEXT_TOKENS`), an array
+    half-way between its ``minItems`` and ``maxItems``, at four characters a token."""
+    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    return max(1, math.ceil(_typical(schema, defs, frozenset())))
+
+
+def _typical(node: Any, defs: Mapping[str, Any], seen: frozenset[str]) -> float:
+    if not isinstance(node, Mapping):
+        return TYPICAL_TEXT_TOKENS
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        name = ref.rsplit("/", 1)[-1]
+        if name in seen or name not in defs:
+            return TYPICAL_TEXT_TOKENS
+        return _typical(defs[name], defs, seen | {name})
+    branches = [b for key in ("anyOf", "oneOf", "allOf") for b in node.get(key, ())]
+    if branches:
+        sizes = [_typical(b, defs, seen) for b in branches]
+        return sum(sizes) if "allOf" in node else sum(sizes) / len(sizes)
+    if "enum" in node or "const" in node:
+        values = node.get("enum", [node.get("const")]) or [None]
+        return sum(len(json.dumps(v)) for v in values) / len(values) / 4
+    kind = _base_type(node) or ("object" if "properties" in node else "string")
+    if kind == "object":
+        props = node.get("properties") or {}
+        if not props:
+            return TYPICAL_TEXT_TOKENS
+        return 1 + sum((len(key) + 4) / 4 + _typical(value, defs, seen)
+                       for key, value in props.items())
+    if kind == "array":
+        items = (int(node.get("minItems", 0)) + int(node.get("maxItems", FREE_ITEMS))) / 2
+        return 1 + items * (0.5 + _typical(node.get("items", {}), defs, seen))
+    if kind == "string":
+        if "maxLength" in node:
+            return int(node["maxLength"]) / 8 + 1
+        return 4 if "format" in node else TYPICAL_TEXT_TOKENS
+    if kind in ("integer", "number"):
+        return 2
+    return 1.5  # boolean, null

@@ -35,14 +35,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from planrun.core import BudgetExceeded
+from planrun.core import BudgetExceeded, UsageError
 from planrun.model._budget import Budget, Tally
 
 if TYPE_CHECKING:
     from planrun.model._limits import SharedBudget
 
 __all__ = [
+    "BATCH_PRICE",
     "DEFAULT_PRICES",
+    "PRICED_TIERS",
     "Budget",
     "Price",
     "PriceTable",
@@ -62,13 +64,30 @@ MESSAGE_OVERHEAD_TOKENS = 4
 """Tokens the chat format adds around each message."""
 
 
+BATCH_PRICE = 0.5
+"""The Batch API and the flex tier bill this fraction of the list price."""
+
+PRICED_TIERS = ("batch", "flex", "default", "priority")
+"""The tiers a usage record may name (see :mod:`planrun.core.scheduling`'s tiers)."""
+
+
 @dataclass(frozen=True)
 class Price:
-    """USD per one million tokens."""
+    """USD per one million tokens; ``priority``: the same three figures at the priority
+    tier, for a model sold at it (None: the model has no priority price)."""
 
     input: float
     cached_input: float
     output: float
+    priority: tuple[float, float, float] | None = None
+
+    def at(self, tier: str) -> Price | None:
+        """The price at ``tier``: ``priority`` at its own figures (None when the model has
+        none), ``flex`` and ``batch`` at the list figures (their discount is a fraction of
+        them: :data:`BATCH_PRICE`), ``default`` as listed."""
+        if tier == "priority":
+            return None if self.priority is None else Price(*self.priority)
+        return self
 
     def cost(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
         """Cost in USD; cached prompt tokens are billed at ``cached_input`` instead of ``input``."""
@@ -82,18 +101,19 @@ class Price:
 
 
 DEFAULT_PRICES: Mapping[str, Price] = {
-    "gpt-4o-mini": Price(0.15, 0.075, 0.60),
-    "gpt-4o": Price(2.50, 1.25, 10.00),
-    "gpt-4.1": Price(2.00, 0.50, 8.00),
-    "gpt-4.1-mini": Price(0.40, 0.10, 1.60),
-    "gpt-4.1-nano": Price(0.10, 0.025, 0.40),
-    "o4-mini": Price(1.10, 0.275, 4.40),
-    "o3": Price(2.00, 0.50, 8.00),
-    "gpt-5": Price(1.25, 0.125, 10.00),
-    "gpt-5-mini": Price(0.25, 0.025, 2.00),
+    "gpt-4o-mini": Price(0.15, 0.075, 0.60, (0.25, 0.125, 1.00)),
+    "gpt-4o": Price(2.50, 1.25, 10.00, (4.25, 2.125, 17.00)),
+    "gpt-4.1": Price(2.00, 0.50, 8.00, (3.50, 0.875, 14.00)),
+    "gpt-4.1-mini": Price(0.40, 0.10, 1.60, (0.70, 0.175, 2.80)),
+    "gpt-4.1-nano": Price(0.10, 0.025, 0.40, (0.20, 0.05, 0.80)),
+    "o4-mini": Price(1.10, 0.275, 4.40, (2.00, 0.50, 8.00)),
+    "o3": Price(2.00, 0.50, 8.00, (3.50, 0.875, 14.00)),
+    "gpt-5": Price(1.25, 0.125, 10.00, (2.50, 0.25, 20.00)),
+    "gpt-5-mini": Price(0.25, 0.025, 2.00, (0.45, 0.045, 3.60)),
     "gpt-5-nano": Price(0.05, 0.005, 0.40),
 }
-"""Published list prices (USD per 1M tokens) of a few current models; override as needed."""
+"""Published list prices (USD per 1M tokens) of a few current models, with their priority
+tier's where one is sold; override as needed."""
 
 
 _SNAPSHOT = re.compile(r"(.+?)-(\d{4}-\d{2}-\d{2}|\d{4})")
@@ -109,7 +129,7 @@ class PriceTable:
 
     def __init__(
         self,
-        prices: Mapping[str, Price | tuple[float, float, float]] | None = None,
+        prices: Mapping[str, Price | tuple[Any, ...]] | None = None,
         *,
         defaults: bool = True,
     ) -> None:
@@ -120,7 +140,7 @@ class PriceTable:
 
     @classmethod
     def of(
-        cls, prices: PriceTable | Mapping[str, Price | tuple[float, float, float]] | None
+        cls, prices: PriceTable | Mapping[str, Price | tuple[Any, ...]] | None
     ) -> PriceTable:
         """Normalise a table, a mapping of extra prices, or ``None`` (the defaults)."""
         return prices if isinstance(prices, PriceTable) else cls(prices)
@@ -134,6 +154,33 @@ class PriceTable:
 
     def __contains__(self, model: object) -> bool:
         return isinstance(model, str) and self.lookup(model) is not None
+
+    def cost(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+             *, tier: str = "default", price: float | None = None) -> float | None:
+        """What one request of ``model`` served at ``tier`` costs (None: unpriced).
+
+        ``price``: the fraction of the tier's figures billed (default: :data:`BATCH_PRICE`
+        at ``flex`` and ``batch``, else 1). A request served at ``priority`` for a model
+        without a priority price is priced at its list price (a run refuses the priority
+        tier for such a model before it starts: :meth:`check_tier`)."""
+        listed = self.lookup(model)
+        if listed is None:
+            return None
+        at = listed.at(tier) or listed
+        if price is None:
+            price = BATCH_PRICE if tier in ("flex", "batch") else 1.0
+        return at.cost(prompt_tokens, cached_tokens, completion_tokens) * price
+
+    def check_tier(self, model: str, tier: str) -> None:
+        """A :class:`~planrun.core.UsageError` in one line when ``model`` cannot be priced
+        at ``tier`` (``priority`` for a model the table knows without a priority price)."""
+        if tier not in PRICED_TIERS:
+            raise UsageError(f"unknown tier {tier!r}: tiers are {', '.join(PRICED_TIERS)}")
+        listed = self.lookup(model)
+        if tier == "priority" and listed is not None and listed.priority is None:
+            raise UsageError(f"model {model!r} has no priority price: give one in the price "
+                             f"table (Price(..., priority=(input, cached, output))) or leave "
+                             f"'priority' out of the tiers")
 
 
 @dataclass(frozen=True)
@@ -154,6 +201,11 @@ class UsageRecord:
     """Name of the error class when the request failed (tokens are then usually 0)."""
     reasoning_tokens: int = 0
     """Of ``completion_tokens``, those a reasoning model spent thinking (billed as output)."""
+    tier: str = "default"
+    """The tier that served the request (as its answer said; ``batch`` for a Batch API
+    line), which priced it."""
+    latency_s: float | None = None
+    """Seconds from sending the request to its answer (None when not measured)."""
 
     @property
     def total_tokens(self) -> int:
@@ -256,7 +308,7 @@ class Usage:
 
     def __init__(
         self,
-        prices: PriceTable | Mapping[str, Price | tuple[float, float, float]] | None = None,
+        prices: PriceTable | Mapping[str, Price | tuple[Any, ...]] | None = None,
         budget: Budget | None = None,
         *,
         shared: SharedBudget | None = None,
@@ -310,27 +362,33 @@ class Usage:
         error: str | None = None,
         keys: Iterable[str] = (),
         reasoning_tokens: int = 0,
-        price: float = 1.0,
+        price: float | None = None,
+        tier: str = "default",
+        latency_s: float | None = None,
     ) -> UsageRecord:
         """Record one request and return its :class:`UsageRecord` (with its cost).
 
-        ``price`` is the fraction of the list price billed (0.5 for a Batch API line)."""
-        listed = self._ledger.prices.lookup(model)
-        cost = (listed.cost(prompt_tokens, cached_tokens, completion_tokens) * price
-                if listed else 0.0)
+        ``tier`` is the tier that served it (``default``, ``flex``, ``priority``, ``batch``),
+        priced at it (:meth:`PriceTable.cost`); ``price`` the fraction of that tier's figures
+        billed (default: half at ``flex`` and ``batch``). ``latency_s``: how long it took."""
+        cost = self._ledger.prices.cost(model, prompt_tokens, cached_tokens, completion_tokens,
+                                        tier=tier, price=price)
+        listed = cost is not None
         all_keys = (*self._keys, *(k for k in keys if k not in self._keys))
         rec = UsageRecord(
             model,
             prompt_tokens,
             cached_tokens,
             completion_tokens,
-            cost,
-            listed is not None,
+            cost or 0.0,
+            listed,
             all_keys,
             prompt_hash,
             request_id,
             error,
             reasoning_tokens,
+            tier,
+            latency_s,
         )
         self._add(rec)
         return rec
@@ -378,27 +436,29 @@ class Usage:
             listener(rec)
 
     def estimate_cost(self, model: str, prompt_tokens: int, completion_tokens: int,
-                      price: float = 1.0) -> float:
-        """Upper-bound cost of a request (no cache discount); 0 for an unpriced model.
-        ``price``: the fraction of the list price billed (0.5 for a Batch API line)."""
-        listed = self._ledger.prices.lookup(model)
-        return listed.cost(prompt_tokens, 0, completion_tokens) * price if listed else 0.0
+                      price: float | None = None, tier: str = "default") -> float:
+        """Upper-bound cost of a request at ``tier`` (no cache discount); 0 for an unpriced
+        model. ``price``: the fraction of the tier's figures billed (see :meth:`record`)."""
+        cost = self._ledger.prices.cost(model, prompt_tokens, 0, completion_tokens, tier=tier,
+                                        price=price)
+        return cost or 0.0
 
     def reserve(self, model: str, prompt_tokens: int, completion_tokens: int,
-                price: float = 1.0) -> Reservation:
+                price: float | None = None, tier: str = "default") -> Reservation:
         """Check the budget for a request of this size and hold it back while it runs.
 
         Raises :class:`~planrun.BudgetExceeded` (and reserves nothing) when what was
         spent, plus what is reserved, plus this request could pass a limit.
         """
-        return self._reserve(model, prompt_tokens, completion_tokens, check=True, price=price)
+        return self._reserve(model, prompt_tokens, completion_tokens, check=True, price=price,
+                             tier=tier)
 
     def _reserve(
         self, model: str, prompt_tokens: int, completion_tokens: int, *, check: bool,
-        price: float = 1.0,
+        price: float | None = None, tier: str = "default",
     ) -> Reservation:
         tokens = prompt_tokens + completion_tokens
-        cost = self.estimate_cost(model, prompt_tokens, completion_tokens, price)
+        cost = self.estimate_cost(model, prompt_tokens, completion_tokens, price, tier)
         ledger = self._ledger
         with ledger.lock:
             if check:
@@ -408,7 +468,7 @@ class Usage:
         return Reservation(ledger, tokens, cost)
 
     async def areserve(self, model: str, prompt_tokens: int, completion_tokens: int,
-                       price: float = 1.0) -> Reservation:
+                       price: float | None = None, tier: str = "default") -> Reservation:
         """:meth:`reserve`, or with a shared budget the same reservation taken there.
 
         The shared budget holds what every process of the run spent (this one's too), so
@@ -420,7 +480,7 @@ class Usage:
         shared = self._ledger.shared
         enforced = shared is not None and shared.enforce
         reservation = self._reserve(model, prompt_tokens, completion_tokens, check=not enforced,
-                                    price=price)
+                                    price=price, tier=tier)
         if shared is not None:
             try:
                 await shared.reserve(reservation.tokens, reservation.cost)

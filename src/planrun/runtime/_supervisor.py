@@ -171,6 +171,7 @@ class Supervisor(_SupervisorAttempts):
         self._effect_records = dict(state.effects)
         self.core.spent_before(state.events)
         self.core.restore(list(state.tasks))
+        self.core.timing.answered_before(state.events)
         self._resumed = True
         return await self.arun()
 
@@ -178,10 +179,10 @@ class Supervisor(_SupervisorAttempts):
         """Synchronous :meth:`aresume` (on a private thread inside a running loop)."""
         return run_blocking(self.clock, self.aresume)
 
-    def batch_due(self, waiting: int, slots: int, live_s: float, margin_s: float) -> bool:
+    def batch_due(self, waiting: int, slots: int, margin_s: float) -> bool:
         """Whether ``waiting`` model calls in Batch API jobs must go live now to finish by
         the deadline, ``slots`` at once (the core's rule; see :meth:`Scheduler.batch_due`)."""
-        return self.core.batch_due(self.clock.now(), waiting, slots, live_s, margin_s)
+        return self.core.batch_due(self.clock.now(), waiting, slots, margin_s)
 
     def batch_journal(self) -> LedgerJournal:
         """Where this run's Batch API jobs are recorded: its ledger (see

@@ -1,10 +1,12 @@
 """What each task spent, in the run's ledger: a ``usage`` event per model request.
 
-The run's usage meter (:class:`~planrun.model.Usage`) tells every request it records; a
-request made for a task (its record carries the key ``task:<id>``, as a model worker's
-does) becomes a ``usage`` event of that task, written to the store with the run's next
-batch of changes. A stored run then keeps what each task cost and when it was spent, which
-the run viewer shows; a request for no task (the decomposer's) stays in the meter only.
+The run's usage meter (:class:`~planrun.model.Usage`) tells every request it records; an
+answered one also teaches the run's tiers how long a call of its kind takes at the tier
+that served it (:meth:`~planrun.core.scheduling.Scheduler.answered`). A request made for a
+task (its record carries the key ``task:<id>``, as a model worker's does) becomes a
+``usage`` event of that task, written to the store with the run's next batch of changes. A
+stored run then keeps what each task cost, at which tier and when it was spent, which the
+run viewer shows; a request for no task (the decomposer's) stays in the meter only.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def usage_detail(record: Any) -> dict[str, Any]:
     detail: dict[str, Any] = {
         "model": record.model, "prompt_tokens": record.prompt_tokens,
         "cached_tokens": record.cached_tokens, "completion_tokens": record.completion_tokens,
-        "cost_usd": record.cost_usd}
+        "cost_usd": record.cost_usd, "tier": record.tier}
+    if record.latency_s is not None:
+        detail["latency_s"] = round(record.latency_s, 6)
     if record.error:
         detail["error"] = record.error
     return detail
@@ -56,6 +60,9 @@ class UsageJournal:
             self._loop.call_soon_threadsafe(self._log, task_id, usage_detail(record))
 
     def _log(self, task_id: str, detail: dict[str, Any]) -> None:
-        task = self._sup.core.tasks.get(task_id)
+        core = self._sup.core
+        task = core.tasks.get(task_id)
         if task is not None:
             self._sup._log(task, EventName.USAGE, detail)
+            if "latency_s" in detail:
+                core.timing.answered(task.kind, detail["tier"], detail["latency_s"])

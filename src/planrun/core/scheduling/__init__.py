@@ -14,7 +14,6 @@ from planrun.core.scheduling._approval import (
     decide_record,
     waiting_cause,
 )
-from planrun.core.scheduling._batching import batch_take_back, live_rounds
 from planrun.core.scheduling._common import (
     EFFECT_RETRY,
     OnDead,
@@ -38,15 +37,31 @@ from planrun.core.scheduling._retry import (
 )
 from planrun.core.scheduling._scheduler import Scheduler
 from planrun.core.scheduling._spawn import Addition, SpawnLimits, expand
+from planrun.core.scheduling._tiers import (
+    DEFAULT_LATENCY_S,
+    TIERS,
+    Latencies,
+    TierChoice,
+    TierPolicy,
+    batch_take_back,
+    check_tiers,
+    choose_tier,
+    depth_below,
+    live_rounds,
+    slack_s,
+)
 
 __all__ = [
+    "DEFAULT_LATENCY_S",
     "EFFECT_RETRY",
     "SCHEDULER_RETRY",
     "STORE_PATIENCE",
+    "TIERS",
     "Addition",
     "Approval",
     "Backoff",
     "Failure",
+    "Latencies",
     "OnDead",
     "ReplanRequest",
     "ReportedFailure",
@@ -55,17 +70,23 @@ __all__ = [
     "Scheduler",
     "Sink",
     "SpawnLimits",
+    "TierChoice",
+    "TierPolicy",
     "as_approval",
     "as_policy",
     "batch_take_back",
     "check_policies",
+    "check_tiers",
+    "choose_tier",
     "decide_record",
     "dependency_order",
+    "depth_below",
     "expand",
     "failure_of",
     "live_rounds",
     "replans_spent",
     "retries_spent",
+    "slack_s",
     "spawn_refused",
     "store_wait",
     "timed_out",

@@ -64,6 +64,7 @@ from planrun.core.scheduling._outcome import Failure
 from planrun.core.scheduling._ready import Readiness
 from planrun.core.scheduling._retry import RetryPolicy
 from planrun.core.scheduling._spawn import SpawnLimits
+from planrun.core.scheduling._tiers import TierChoice, TierPolicy
 from planrun.core.scheduling._timing import Timing
 
 __all__ = ["Scheduler"]
@@ -454,8 +455,18 @@ class Scheduler:
         """Why :meth:`stalled` is true, naming a few stuck tasks."""
         return self.timing.stall_message(run_id, now)
 
-    def batch_due(self, now: float, waiting: int, slots: int, live_s: float,
-                  margin_s: float) -> bool:
+    def batch_due(self, now: float, waiting: int, slots: int, margin_s: float) -> bool:
         """Whether ``waiting`` calls in Batch API jobs must go live now (see
         :meth:`Timing.batch_due`)."""
-        return self.timing.batch_due(now, waiting, slots, live_s, margin_s)
+        return self.timing.batch_due(now, waiting, slots, margin_s)
+
+    # Tiers.
+
+    def use_tiers(self, policy: TierPolicy | None) -> None:
+        """The run's tiers, their learned latencies and its live slots, from now on."""
+        self.timing.tiers = policy
+
+    def tier_for(self, task_id: str, now: float) -> TierChoice | None:
+        """The tier the calls of ``task_id``'s attempt starting at ``now`` go at (see
+        :meth:`Timing.tier_for`; the answers' latencies go to :meth:`Timing.answered`)."""
+        return self.timing.tier_for(task_id, now)

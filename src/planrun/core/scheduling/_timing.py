@@ -8,8 +8,11 @@ is stalled, finished, or too close to its deadline to keep calls in Batch API jo
 
 from __future__ import annotations
 
-from planrun.core._task import FINAL
-from planrun.core.scheduling._batching import batch_take_back, live_rounds
+from collections.abc import Iterable
+
+from planrun.core._ledger import Event
+from planrun.core._ledger import EventName as E
+from planrun.core._task import FINAL, Task
 from planrun.core.scheduling._book import Book
 from planrun.core.scheduling._common import _FAILED, _PENDING, _WAITING
 from planrun.core.scheduling._effects import Effects
@@ -18,6 +21,13 @@ from planrun.core.scheduling._gates import Approvals
 from planrun.core.scheduling._growth import Growth
 from planrun.core.scheduling._leases import Leases
 from planrun.core.scheduling._ready import Readiness
+from planrun.core.scheduling._tiers import (
+    TierChoice,
+    TierPolicy,
+    batch_take_back,
+    depth_below,
+    live_rounds,
+)
 
 __all__ = ["Timing"]
 
@@ -39,6 +49,10 @@ class Timing:
         """Time after which nothing new starts (None: no deadline)."""
         self.stall_after = stall_after
         """Seconds without any change before the run is stalled."""
+        self.tiers: TierPolicy | None = None
+        """The run's tiers and their learned latencies (:meth:`tier_for`,
+        :meth:`batch_due`); None: every call at the default tier, the batch rule's latency
+        at its conservative figure."""
 
     @property
     def done(self) -> bool:
@@ -119,13 +133,46 @@ class Timing:
                 f"{now - self.book.last_change:.0f} s with {len(stuck)} unfinished: "
                 f"{sample}{more}")
 
-    def batch_due(self, now: float, waiting: int, slots: int, live_s: float,
-                  margin_s: float) -> bool:
+    def tier_for(self, task_id: str, now: float) -> TierChoice | None:
+        """The tier the calls of ``task_id``'s attempt starting at ``now`` go at (see
+        :func:`~planrun.core.scheduling.choose_tier`); None when the run allows no tier
+        beside the default one. Once batches were taken back, no call goes into one."""
+        policy = self.tiers
+        if policy is None or not policy.active:
+            return None
+        book, facts = self.book, self.book.facts
+        exclude = ("batch",) if facts.batches_taken_back or facts.deadline_reached else ()
+        return policy.choose(now=now, deadline=self.deadline, kind=book.tasks[task_id].kind,
+                             unfinished=book.unfinished,
+                             depth=depth_below(task_id, _Open(book.tasks),
+                                               self.ready.dependents),
+                             exclude=exclude)
+
+    def answered(self, kind: str | None, tier: str, seconds: float) -> None:
+        """A model call of ``kind`` was answered at ``tier`` in ``seconds``: the tiers'
+        learned latencies take it in (nothing without tiers)."""
+        if self.tiers is not None:
+            self.tiers.latencies.observe(kind, tier, seconds)
+
+    def answered_before(self, events: Iterable[Event]) -> None:
+        """Learn the latencies of a resumed run's earlier answers from its ledger's
+        ``usage`` events (after the records are restored, which say each task's kind)."""
+        if self.tiers is None:
+            return
+        for e in events:
+            seconds = e.detail.get("latency_s") if e.event == E.USAGE else None
+            if seconds is not None:
+                task = self.book.tasks.get(e.task)
+                self.answered(task.kind if task else None, str(e.detail.get("tier", "default")),
+                              float(seconds))
+
+    def batch_due(self, now: float, waiting: int, slots: int, margin_s: float) -> bool:
         """Whether ``waiting`` calls in Batch API jobs must go live now for the rest of the
-        run to finish live by the deadline, ``slots`` calls at once (see
-        :func:`batch_take_back` and :func:`live_rounds`). Once it says so, it says so for
-        the rest of the run (the calls that follow go live too, rather than into batches
-        that would be taken back in turn); past the deadline, at once."""
+        run to finish live by the deadline, ``slots`` calls at once, each taking the
+        default tier's learned latency (see :func:`batch_take_back` and
+        :func:`live_rounds`). Once it says so, it says so for the rest of the run (the
+        calls that follow go live too, rather than into batches that would be taken back
+        in turn); past the deadline, at once."""
         facts = self.book.facts
         if self.deadline is None or waiting <= 0:
             return False
@@ -133,8 +180,21 @@ class Timing:
             return True
         unfinished = {t.id for t in self.book.tasks.values() if t.status not in FINAL}
         rounds = live_rounds(unfinished, self.ready.dependents, slots)
+        policy = self.tiers or TierPolicy()
         facts.batches_taken_back = batch_take_back(
-            now=now, deadline=self.deadline, waiting=waiting, rounds=rounds, live_s=live_s,
-            margin_s=margin_s)
+            now=now, deadline=self.deadline, waiting=waiting, rounds=rounds,
+            live_s=policy.latencies.of("default"), margin_s=margin_s)
         return facts.batches_taken_back
 
+
+class _Open:
+    """The unfinished tasks among ``tasks``, as a container (``id in open``)."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self, tasks: dict[str, Task]) -> None:
+        self._tasks = tasks
+
+    def __contains__(self, tid: object) -> bool:
+        task = self._tasks.get(tid) if isinstance(tid, str) else None
+        return task is not None and task.status not in FINAL
