@@ -13,6 +13,7 @@ import pytest
 
 from planrun.cli import _main as cli
 from planrun.cli import main
+from planrun.core import repair_plan
 from planrun.core._plan import validate_plan
 
 GOOD = {
@@ -259,3 +260,15 @@ def test_validate_with_an_app_checks_its_contracts(
     capsys.readouterr()
     assert main(["validate", str(good), "--app", "no_such_module:app"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_validate_stays_strict_where_the_decomposer_would_repair_by_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = {"goal": "g", "tasks": [
+        {"kind": "deploy_app", "payload": {}, "depends_on": [1]},
+        {"kind": "migrate_db", "payload": {}, "depends_on": []},
+    ]}
+    assert repair_plan(plan, KINDS.split(",")).plan is not None  # code could order it
+    assert main(["validate", write(tmp_path, plan), "--kinds", KINDS]) == 2
+    assert capsys.readouterr().out.startswith("task 0: forward_dependency")

@@ -250,3 +250,52 @@ def test_text_that_is_not_a_plan_is_left_alone() -> None:
     out = repair_plan("Sure! First research, then analyse.", brief())
     assert out.plan is None and out.repairs == ()
     assert [p.code for p in out.problems] == ["not_json"]
+
+
+# ---- properties -----------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+KIND_NAMES = ["research", "analyse", "write_brief", "invented"]
+
+
+@st.composite
+def wired_plans(draw: st.DrawFn) -> dict[str, Any]:
+    """Plans over the brief's kinds with any wiring: self, dangling, forward, cyclic edges,
+    duplicates, extra tasks, now and then a missing task or an invented kind."""
+    kinds = ["research", "analyse", "write_brief"]
+    kinds += draw(st.lists(st.sampled_from(["research", "analyse"]), max_size=3))
+    if draw(st.integers(0, 9)) == 0:
+        kinds[draw(st.integers(0, len(kinds) - 1))] = draw(st.sampled_from(KIND_NAMES))
+    kinds = draw(st.permutations(kinds))
+    n = len(kinds)
+    tasks = []
+    for kind in kinds:
+        payload = {"topic": draw(st.sampled_from(["a", "b"]))} if kind == "research" else {}
+        deps = draw(st.lists(st.integers(-1, n), max_size=2))
+        tasks.append(task(kind, deps, **payload))
+    return doc(*tasks)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wired_plans())
+def test_a_repaired_plan_is_one_the_strict_validator_accepts_and_nothing_is_invented(
+        plan: dict[str, Any]) -> None:
+    before = copy.deepcopy(plan)
+    out = repair_plan(plan, brief(), max_tasks=8)
+    assert plan == before  # the reply is never edited in place
+    if out.plan is None:
+        assert out.problems  # what is left for the model is said
+        return
+    assert validate_plan(out.plan.to_document(), brief(), max_tasks=8) == []
+    # Code only wires: every task it returns was in the reply (duplicates merged), with
+    # its kind and payload as the model wrote them.
+    given_tasks = {(t["kind"], json.dumps(t["payload"], sort_keys=True)) for t in plan["tasks"]}
+    kept = [(t.kind, json.dumps(t.payload, sort_keys=True)) for t in out.plan.tasks]
+    assert set(kept) == given_tasks
+    merged = sum(1 for r in out.repairs if r.code == "duplicate_task")
+    assert len(kept) == len(plan["tasks"]) - merged
+    assert out.plan.repairs == out.repairs
+    if not validate_plan(plan, brief(), max_tasks=8):
+        assert out.repairs == ()

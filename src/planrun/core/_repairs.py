@@ -36,7 +36,7 @@ pass.
 from __future__ import annotations
 
 import graphlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -81,23 +81,29 @@ class _Work:
     goal: str
     tasks: list[_Task] = field(default_factory=list)
 
-    def target(self, dep: int | str) -> int | None:
-        """The index ``dep`` names, or None when no task has it."""
+    def target(self, dep: int | str, ids: Mapping[str, int] | None = None) -> int | None:
+        """The index ``dep`` names, or None when no task has it (``ids``: :meth:`ids`)."""
         if isinstance(dep, str):
-            return next((i for i, t in enumerate(self.tasks) if t.id == dep), None)
+            return (self.ids() if ids is None else ids).get(dep)
         return dep if 0 <= dep < len(self.tasks) else None
+
+    def ids(self) -> dict[str, int]:
+        """Task id -> index, for the tasks that name themselves."""
+        return {t.id: i for i, t in enumerate(self.tasks) if t.id is not None}
 
     def edges(self) -> list[list[int]]:
         """Each task's dependencies as indices (those that name no task left out)."""
+        ids = self.ids()
         out = []
         for t in self.tasks:
-            found = [self.target(d) for d in t.deps]
+            found = [self.target(d, ids) for d in t.deps]
             out.append([d for d in dict.fromkeys(found) if d is not None])
         return out
 
-    def reaches(self, start: int, goal: int) -> bool:
+    def reaches(self, start: int, goal: int, edges: Sequence[Sequence[int]] | None = None,
+                ) -> bool:
         """Whether task ``start`` depends on task ``goal``, directly or through others."""
-        edges, seen, todo = self.edges(), {start}, [start]
+        edges, seen, todo = edges or self.edges(), {start}, [start]
         while todo:
             for d in edges[todo.pop()]:
                 if d == goal:
@@ -139,10 +145,10 @@ def _repair(rule: str, code: str, task: int | None, detail: str) -> Repair:
 
 
 def _drop_self(work: _Work, registry: Registry, problems: Sequence[Problem]) -> list[Repair]:
-    out = []
+    out, ids = [], work.ids()
     for i in sorted({p.task for p in problems if p.task is not None}):
         task = work.tasks[i]
-        kept = [d for d in task.deps if work.target(d) != i]
+        kept = [d for d in task.deps if work.target(d, ids) != i]
         if len(kept) < len(task.deps):
             task.deps = kept
             out.append(_repair("drop_self_dependency", SELF_DEPENDENCY, i,
@@ -152,12 +158,12 @@ def _drop_self(work: _Work, registry: Registry, problems: Sequence[Problem]) -> 
 
 def _drop_unknown(work: _Work, registry: Registry,
                   problems: Sequence[Problem]) -> list[Repair]:
-    out = []
+    out, ids = [], work.ids()
     for i in sorted({p.task for p in problems if p.task is not None}):
         task = work.tasks[i]
-        gone = [d for d in task.deps if work.target(d) is None]
+        gone = [d for d in task.deps if work.target(d, ids) is None]
         if gone:
-            task.deps = [d for d in task.deps if work.target(d) is not None]
+            task.deps = [d for d in task.deps if work.target(d, ids) is not None]
             out.append(_repair("drop_unknown_dependency", UNKNOWN_DEPENDENCY, i,
                                f"dropped task {i}'s dependency on {_named(gone)}, which "
                                f"does not exist (the plan has {len(work.tasks)} tasks)"))
@@ -189,15 +195,17 @@ def _reorder(work: _Work, registry: Registry, problems: Sequence[Problem]) -> li
 
 def _add_input(work: _Work, registry: Registry, problems: Sequence[Problem]) -> list[Repair]:
     out = []
+    edges = work.edges()
     for i in sorted({p.task for p in problems if p.task is not None}):
         task = work.tasks[i]
-        have = {work.tasks[d].kind for d in work.edges()[i]}
+        have = {work.tasks[d].kind for d in edges[i]}
         for unmet in unmet_inputs(registry[task.kind], have, registry):
             producers = [j for j, t in enumerate(work.tasks) if j != i and t.kind in unmet.kinds]
-            if len(producers) != 1 or work.reaches(producers[0], i):
+            if len(producers) != 1 or work.reaches(producers[0], i, edges):
                 continue  # none, several, or one that waits for this task: not ours to pick
             j = producers[0]
             task.deps.append(j)
+            edges[i].append(j)
             out.append(_repair("add_needed_input", MISSING_INPUT, i,
                                f"task {i} ({task.kind!r}) now depends on task {j}, the plan's "
                                f"one {work.tasks[j].kind!r} task, which provides what it "
@@ -216,10 +224,11 @@ def _link_dead_end(work: _Work, registry: Registry,
         kind = work.tasks[i].kind
         kinds = set(readers_of(kind, registry))
         readers = [j for j, t in enumerate(work.tasks) if j != i and t.kind in kinds]
-        if len(readers) != 1 or work.reaches(i, readers[0]):
+        if len(readers) != 1 or work.reaches(i, readers[0], edges):
             continue
         j = readers[0]
         work.tasks[j].deps.append(i)
+        edges[j].append(i)
         out.append(_repair("link_dead_end", DEAD_END, i,
                            f"task {j} ({work.tasks[j].kind!r}), the plan's one task that "
                            f"reads a {kind!r} result, now depends on task {i}"))
@@ -233,7 +242,8 @@ def _merge_duplicate(work: _Work, registry: Registry,
         key = canonical_payload(dup.payload)
         i = next((k for k, t in enumerate(work.tasks[:j])
                   if t.kind == dup.kind and canonical_payload(t.payload) == key), None)
-        if i is None or work.reaches(i, j) or work.reaches(j, i):
+        edges = work.edges()
+        if i is None or work.reaches(i, j, edges) or work.reaches(j, i, edges):
             continue  # linked copies: merging them would close a cycle
         _merge(work, keep=i, drop=j)
         return [_repair("merge_duplicate", DUPLICATE_TASK, j,
