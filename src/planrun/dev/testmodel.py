@@ -35,8 +35,7 @@ from typing import Any
 import httpx2
 
 from planrun._facade import App
-from planrun.core import Registry
-from planrun.core._contracts import producers_of
+from planrun.core import Registry, producers_of
 from planrun.dev.testing import ChatRequest, FakeOpenAI
 from planrun.model import Model
 
