@@ -232,3 +232,29 @@ def test_every_verb_that_calls_a_model_offers_the_test_model(
         verb: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([verb, "--help"]) == 0
     assert "'test': the offline test model" in " ".join(capsys.readouterr().out.split())
+
+
+def test_fixtures_check_re_renders_a_recording_of_your_app_and_names_what_changed(
+        first_app: App, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Your own cassette, checked: its requests rendered again from the current prompts and
+    schemas; an edited prompt fails the check (exit 1) naming the first changed request."""
+    _cli(capsys, "run", GOAL, "--app", "first_app:app", "--model", "test", "--record",
+         "mine.json", "--quiet")
+    _, out = _cli(capsys, "fixtures", "check", "mine.json", "--app", "first_app:app")
+    assert out == "fresh: 1 cassette\n"
+    recorded = json.loads((tmp_path / "mine.json").read_text())["interactions"]
+    weigh = next(i for i, x in enumerate(recorded) if x["request"]["prompt"]["name"] == "weigh")
+    (tmp_path / "first_prompts" / "weigh.md").write_text(
+        "Answer $question, citing the notes:\n$inputs\n", encoding="utf-8")
+    sys.modules.pop("first_app")  # a new process: the app's prompt library reads the edit
+    code = main(["fixtures", "check", "mine.json", "--app", "first_app:app"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    first = out.splitlines()[1]
+    assert first.startswith(f"  mine.json #{weigh}: changed: the rendered prompt of weigh changed")
+    assert "+Answer compare two databases for the data team, citing the notes:" in out
+    assert "re-record: planrun run" in out and "--model test --record mine.json" in out
+    assert err == "stale: 1 finding(s) in 1 of 1 cassette(s)\n"
+    # Replaying it fails the same way: the check said so first.
+    assert main(["run", GOAL, "--app", "first_app:app", "--replay", "mine.json"]) == 2
+    assert "the rendered prompt of weigh changed" in capsys.readouterr().err

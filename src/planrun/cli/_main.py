@@ -481,7 +481,9 @@ def _cassette(args: argparse.Namespace) -> Any:
     import contextlib
 
     module = _fixtures_cli()
-    return module.cassette_context(args) if module is not None else contextlib.nullcontext()
+    if module is None:
+        return contextlib.nullcontext()
+    return module.cassette_context(args, getattr(args, "argv", None))
 
 
 def _model(args: argparse.Namespace, app: Any) -> Any:
@@ -1478,6 +1480,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _exit_code(exc.code)
     except _ArgumentsError as exc:
         return _fail(f"{exc.prog}: error", str(exc), json_wanted="--json" in words)
+    args.argv = words  # what a recording names as the command that made it
     as_json = bool(getattr(args, "json", False))
     try:
         status: int = args.func(args)
