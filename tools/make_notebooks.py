@@ -385,7 +385,7 @@ DECOMPOSE_PROMPT = [
         """),
     md("""
         The command line runs the same check on files and exits 0 when every cassette is
-        fresh, 2 when one is stale (CI runs it over `fixtures/`).
+        fresh, 1 when one is stale (CI runs it over `fixtures/`).
         """),
     code("""
         script = Path(sys.executable).with_name("planrun")

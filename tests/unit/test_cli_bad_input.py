@@ -420,14 +420,24 @@ def test_a_miss_at_the_cli_shows_its_diff_and_a_command_that_works_here(
 def test_fixtures_check_on_a_cassette_the_user_recorded(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Recorded by planrun run: re-run as its command says, and fresh. Recorded by a test:
+    not re-run here (replaying it is its check)."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(RELEASE_PLAN))
     data = json.loads((REPO / "fixtures" / "release.json").read_text())
     data["about"].pop("scenario", None)
-    data["about"]["command"] = "planrun run plan.json --app myapp:app --record mine.json"
+    data["about"]["command"] = f"planrun run plan.json --app {RELEASE_APP} --record mine.json"
     (tmp_path / "mine.json").write_text(json.dumps(data))
     code, out, err = run_cli(capsys, "fixtures", "check", "mine.json")
-    assert code == 0, out + err
-    assert "not re-run" in out and "stale" not in out + err
+    assert (code, out, err) == (0, "fresh: 1 cassette\n", "")
+    data["about"]["command"] = "pytest tests/test_release.py --planrun-record"
+    (tmp_path / "theirs.json").write_text(json.dumps(data))
+    code, out, err = run_cli(capsys, "fixtures", "check", "theirs.json")
+    assert code == 0 and "not re-run (made by pytest tests/test_release.py" in out
+    data["about"]["command"] = "planrun run plan.json --app no_such_app:app --record x.json"
+    (tmp_path / "lost.json").write_text(json.dumps(data))
+    code, out, err = run_cli(capsys, "fixtures", "check", "lost.json")
+    assert code == 2 and err.count("\n") == 1 and "no_such_app" in err
 
 
 def test_fixtures_check_outside_the_repository_finds_the_shipped_cassettes(

@@ -38,7 +38,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "repeat for several")
     parser.add_argument("--app", metavar="module:attr",
                         help="the kinds for goal lines that name no registry")
-    parser.add_argument("--model", help="model name (default PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--model", help="model name (default PLANRUN_MODEL or gpt-4o-mini); "
+                        "'test': the offline test model")
     parser.add_argument("--min-tasks", type=int, default=1, metavar="N",
                         help="fewest tasks the decomposer accepts in a plan")
     parser.add_argument("--max-tasks", type=int, default=8, metavar="N",
@@ -106,9 +107,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         model = Cassette.load(_cassette_path(args.replay)).model(args.model)
     elif args.model:
-        from planrun.model import Model
+        from planrun._facade import load_app
+        from planrun.dev.testmodel import model_named
 
-        model = Model(args.model)
+        model = model_named(args.model, load_app(args.app) if args.app else None)
     from planrun.dev.eval import DEFAULT_CONCURRENCY
 
     concurrency = DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency

@@ -2,7 +2,7 @@
 
 :mod:`planrun.cli._main` wires these in; nothing here parses ``sys.argv`` by itself.
 
-    planrun fixtures check [PATH ...]     # exit 2 when a cassette is stale, listing why
+    planrun fixtures check [PATH ...] [--app module:attr]   # exit 1 when one is stale
     planrun fixtures show PATH            # what a cassette holds and how it was made
     planrun run ... --replay fixtures/brief.json
     planrun run ... --record fixtures/mine.json
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from planrun.core import UsageError
 from planrun.dev.fixtures import Cassette, Recorder, Stale, check, record, replay
@@ -39,7 +39,7 @@ DEFAULT_FIXTURES = Path("fixtures")
 """Where ``planrun fixtures check`` looks when given no paths (relative to the cwd)."""
 
 EXIT_OK = 0
-EXIT_STALE = 2
+EXIT_STALE = 1
 _SHOWN = 20
 
 
@@ -59,14 +59,21 @@ def add_fixtures_parser(subparsers: Any) -> argparse.ArgumentParser:
         "check",
         help="list cassettes the current prompts and schemas no longer match",
         description=(
-            "Re-run each cassette's scenario against it and list every request that has no "
-            "recording any more (a template, a result schema or a parameter changed) and "
-            "every recording no longer requested. Exit 0 when all are fresh, 2 when not."
+            "Re-run each cassette against it (a shipped scenario, or the planrun plan or "
+            "run command that recorded it), rendering every request again from the current "
+            "prompts and schemas, and list every request that has no recording any more (a "
+            "template, a result schema or a parameter changed), the first one with its diff, "
+            "and every recording no longer requested. Exit 0 when all are fresh, 1 when not."
         ),
     )
     check_parser.add_argument(
         "paths", nargs="*", metavar="PATH",
         help=f"cassette files or folders (default: every *.json in {DEFAULT_FIXTURES}/)",
+    )
+    check_parser.add_argument(
+        "--app", metavar="module:attr",
+        help="the app to re-run a cassette recorded with planrun plan or run (default: the "
+        "--app its recording command names)",
     )
     check_parser.set_defaults(func=cmd_fixtures_check)
     show_parser = verbs.add_parser(
@@ -109,16 +116,18 @@ def _cassette_files(paths: Sequence[str]) -> list[Path]:
 
 
 def cmd_fixtures_check(args: argparse.Namespace) -> int:
-    """``planrun fixtures check``: print what is stale; 0 when nothing is, else 2."""
+    """``planrun fixtures check``: print what is stale; 0 when nothing is, else 1."""
     files = _cassette_files(getattr(args, "paths", []) or [])
-    found = check(files)
-    # A cassette the user recorded names no scenario: it cannot be re-run here, but that
-    # makes it unchecked, not stale (it loaded, so its interactions are well formed).
+    found = check(files, rerun=lambda cassette: rerun_entry(cassette, getattr(args, "app", None)))
+    # A cassette made by something other than planrun plan or run (a test, a script) cannot
+    # be re-run here: that makes it unchecked, not stale (it loaded, so its interactions are
+    # well formed); what made it checks it when it replays.
     unnamed = [s for s in found if s.kind == "unchecked" and not _names_scenario(s.path)]
     stale = [s for s in found if s not in unnamed]
     for item in unnamed:
-        print(f"{item.path}: loaded, {_count(item.path)} interaction(s); not re-run (it "
-              "names no scenario: replay it with the command that made it)")
+        made = Cassette.load(item.path).command
+        print(f"{item.path}: loaded, {_count(item.path)} interaction(s); not re-run (made "
+              f"by {made or 'no command it names'}: replaying it checks it)")
     if not stale:
         print(f"fresh: {len(files) - len(unnamed)} cassette"
               f"{'s' if len(files) - len(unnamed) != 1 else ''}"
@@ -132,6 +141,43 @@ def cmd_fixtures_check(args: argparse.Namespace) -> int:
     print(f"stale: {len(stale)} finding(s) in {len(by_file)} of {len(files)} cassette(s)",
           file=sys.stderr)
     return EXIT_STALE
+
+
+def rerun_entry(cassette: Cassette, app_ref: str | None = None) -> Any:
+    """How to re-run a cassette recorded by ``planrun plan`` or ``planrun run`` (its
+    ``about.command``): an async ``entry(model, clock)`` doing the same with the current
+    code, over ``app_ref`` (default: the ``--app`` of the command); None for a cassette
+    another command (or none) made."""
+    words = shlex.split(cassette.command or "")
+    if len(words) < 3 or words[0] != "planrun" or words[1] not in ("plan", "run"):
+        return None
+    from planrun.cli._main import _ArgumentsError, _build_parser
+
+    try:
+        args = _build_parser().parse_args(words[1:])
+    except (_ArgumentsError, SystemExit):
+        return None
+    from planrun._facade import aplan_and_run, load_app
+    from planrun.model import adecompose
+
+    app = load_app(app_ref or args.app)
+    if words[1] == "plan":
+        repair: Literal["code", "model"] = "model" if args.no_code_repair else "code"
+
+        async def plan(model: Any, clock: Any) -> Any:
+            return await adecompose(args.goal, app.registry, model, min_tasks=args.min_tasks,
+                                    max_tasks=args.max_tasks, repair=repair)
+
+        return plan
+    from planrun.cli._main import _plan_source
+
+    async def run(model: Any, clock: Any) -> Any:
+        return await aplan_and_run(
+            _plan_source(args), app, model=model, clock=clock, min_tasks=args.min_tasks,
+            max_tasks=args.max_tasks, on_dead=args.on_dead, strategy=args.strategy or "balanced",
+            retry_budget=args.retry_budget)
+
+    return run
 
 
 def _names_scenario(path: str) -> bool:

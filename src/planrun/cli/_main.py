@@ -451,7 +451,8 @@ def _with_concurrency(app: Any, args: argparse.Namespace) -> Any:
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app", required=True, metavar="module:attr",
                         help="the App (or Registry) to use, e.g. planrun.examples.brief:app")
-    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini); "
+                        "'test': the offline test model, which plans over the app's kinds")
     _timeout_flag(parser)
     parser.add_argument("--min-tasks", type=_positive_int, default=3, metavar="N",
                         help="fewest tasks the decomposer accepts in a plan")
@@ -480,18 +481,22 @@ def _cassette(args: argparse.Namespace) -> Any:
     import contextlib
 
     module = _fixtures_cli()
-    return module.cassette_context(args) if module is not None else contextlib.nullcontext()
+    if module is None:
+        return contextlib.nullcontext()
+    return module.cassette_context(args, getattr(args, "argv", None))
 
 
-def _model(args: argparse.Namespace) -> Any:
-    from planrun.model import Model
+def _model(args: argparse.Namespace, app: Any) -> Any:
+    """The model of a verb: the cassette's under ``--replay``; for ``--model test`` the
+    offline :class:`~planrun.testing.TestModel`, planning over ``app``; else the named one."""
+    from planrun.dev.testmodel import model_named
 
     module = _fixtures_cli()
     replayed = module.replay_model(args) if module is not None else None
     if replayed is not None:  # --replay: the cassette answers; no key needed
         return replayed
     timeout = getattr(args, "timeout", None)
-    return Model(args.model) if timeout is None else Model(args.model, timeout=timeout)
+    return model_named(args.model, app, **({} if timeout is None else {"timeout": timeout}))
 
 
 def _limit_flags(parser: argparse.ArgumentParser, worker: bool = False) -> None:
@@ -564,7 +569,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     app = load_app(args.app)
     with _cassette(args):
-        plan = decompose(args.goal, app.registry, _model(args), min_tasks=args.min_tasks,
+        plan = decompose(args.goal, app.registry, _model(args, app), min_tasks=args.min_tasks,
                          max_tasks=args.max_tasks,
                          repair="model" if args.no_code_repair else "code")
     if args.json:
@@ -811,7 +816,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         lease = args.stale_after or LEASE_S
         app = _on_dbos(app, args, lease)
         meta.update({"workers": "external", "stale_after": lease})
-    model = _model(args) if needs_model else None
+    model = _model(args, app) if needs_model else None
     options: dict[str, Any] = {
         "model": _limited(model, limits), "strategy": strategy, "budget": budget,
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
@@ -922,7 +927,8 @@ def _add_resume(subparsers: _Subparsers) -> None:
     _db_flag(parser)
     parser.add_argument("--app", metavar="module:attr",
                         help="the App; default the one the run was started with")
-    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini); "
+                        "'test': the offline test model, which plans over the app's kinds")
     _timeout_flag(parser)
     _concurrency_flag(parser)
     _batch_flags(parser)
@@ -1001,7 +1007,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
                         "processes on DBOS, which call the model live")
     _batch_option(options, None if external else _batching(args, meta.get("batch")))
     if needs_model:
-        options["model"] = _limited(_model(args), limits)
+        options["model"] = _limited(_model(args, app), limits)
     return _execute(None, app, options, args)
 
 
@@ -1275,7 +1281,8 @@ def _add_worker(subparsers: _Subparsers) -> None:
                         help="seconds one attempt may take (a kind's timeout_s wins); "
                         "then it fails as transient and retries")
     _limit_flags(parser, worker=True)
-    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini)")
+    parser.add_argument("--model", help="model name (default $PLANRUN_MODEL or gpt-4o-mini); "
+                        "'test': the offline test model, which plans over the app's kinds")
     parser.set_defaults(func=_cmd_worker)
 
 
@@ -1288,7 +1295,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     _check_db(args.db)
     import_dbos()  # the [dbos] extra, before anything else is looked at
     app = load_app(args.app)
-    model = _model(args) if app.needs_model() else None
+    model = _model(args, app) if app.needs_model() else None
 
     async def go(store: Any) -> DBOSWorker:
         import asyncio
@@ -1473,6 +1480,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _exit_code(exc.code)
     except _ArgumentsError as exc:
         return _fail(f"{exc.prog}: error", str(exc), json_wanted="--json" in words)
+    args.argv = words  # what a recording names as the command that made it
     as_json = bool(getattr(args, "json", False))
     try:
         status: int = args.func(args)

@@ -12,6 +12,7 @@ from planrun.core._contracts import (
     Node,
     contract_problems,
     describe_contract,
+    producers_of,
 )
 from planrun.core._errors import (
     BudgetExceeded,
@@ -148,6 +149,7 @@ __all__ = [
     "fast_init",
     "get_router",
     "plan_schema",
+    "producers_of",
     "read_jsonl",
     "redact",
     "register_secret",

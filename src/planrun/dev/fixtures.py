@@ -65,7 +65,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -1154,33 +1154,44 @@ def _about(recorder: Recorder, *, base_url: str | None, model: str | None,
 # ---------------------------------------------------------------------------------------------
 
 
-def check(paths: Iterable[str | os.PathLike[str]]) -> list[Stale]:
+Rerun = Callable[["Cassette"], Callable[[Any, Any], Awaitable[Any]] | None]
+"""``rerun(cassette)``: how to re-run a cassette that names no scenario (an async
+``entry(model, clock)`` doing what made it), or None when it cannot be."""
+
+
+def check(paths: Iterable[str | os.PathLike[str]], *,
+          rerun: Rerun | None = None) -> list[Stale]:
     """Every interaction of these cassettes that the current code no longer reproduces.
 
-    Each cassette's scenario (``about.scenario``, see :mod:`planrun.dev.scenarios`) runs
-    against it under :class:`~planrun.runtime.VirtualClock` in check mode: a request without
-    an exact recording is a ``changed`` :class:`Stale` (with the reason, e.g. the template
-    whose render changed) and gets the closest recording as its answer so the run goes on;
-    a recording never asked for is ``unplayed``; a scenario that raises is ``failed``; a
-    cassette naming no known scenario is ``unchecked``. An empty list means all is fresh.
+    Each cassette's scenario (``about.scenario``, see :mod:`planrun.dev.scenarios`), or for
+    a cassette that names none what ``rerun`` gives (a user's cassette: the command line
+    re-runs the ``planrun plan``/``run`` that recorded it), runs against it under
+    :class:`~planrun.runtime.VirtualClock` in check mode, so every request is rendered
+    again from the current prompts and schemas: a request without an exact recording is a
+    ``changed`` :class:`Stale` (with the reason, e.g. the template whose render changed;
+    in the order the requests were recorded) and gets the closest recording as its answer
+    so the run goes on; a recording never asked for is ``unplayed``; a run that raises is
+    ``failed``; a cassette that cannot be re-run is ``unchecked``. An empty list means all
+    is fresh.
     """
     stale: list[Stale] = []
     for path in paths:
-        stale += _check_one(Path(path))
+        stale += _check_one(Path(path), rerun)
     return stale
 
 
-def _check_one(path: Path) -> list[Stale]:
+def _check_one(path: Path, rerun: Rerun | None = None) -> list[Stale]:
     from planrun.dev.scenarios import SCENARIOS
     from planrun.runtime import VirtualClock, run_blocking
 
     cassette = Cassette.load(path)
     name = cassette.about.get("scenario")
-    if not name or name not in SCENARIOS:
+    entry = SCENARIOS[str(name)].entry if name in SCENARIOS else (
+        rerun(cassette) if rerun is not None and not name else None)
+    if entry is None:
         reason = (f"names no known scenario ({name!r}); it cannot be re-run, so its freshness "
                   f"is unknown") if name else "names no scenario, so it cannot be re-run"
         return [Stale(str(path), None, "unchecked", reason)]
-    scenario = SCENARIOS[str(name)]
     clock = VirtualClock()
     found: list[Stale] = []
     with replay(cassette, check=True):
@@ -1188,16 +1199,17 @@ def _check_one(path: Path) -> list[Stale]:
 
         async def run() -> None:
             try:
-                await scenario.entry(model, clock)
+                await entry(model, clock)
             finally:
                 await model.aclose()
 
         try:
             run_blocking(clock, run)  # works inside a running loop too (a notebook cell)
         except Exception as exc:  # the scenario itself broke under replay
+            what = f"the scenario {name!r}" if name else f"re-running {cassette.command!r}"
             found.append(Stale(str(path), None, "failed",
-                               f"the scenario {name!r} raised {type(exc).__name__}: {exc}"))
-    found = cassette.stale + found
+                               f"{what} raised {type(exc).__name__}: {exc}"))
+    found = sorted(cassette.stale, key=lambda s: s.index or 0) + found
     for index in cassette.unused_indices():
         request = cassette.interactions[index].request
         found.append(Stale(str(path), index, "unplayed",

@@ -111,9 +111,11 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-5": Price(1.25, 0.125, 10.00, (2.50, 0.25, 20.00)),
     "gpt-5-mini": Price(0.25, 0.025, 2.00, (0.45, 0.045, 3.60)),
     "gpt-5-nano": Price(0.05, 0.005, 0.40),
+    "test": Price(0.0, 0.0, 0.0),
 }
 """Published list prices (USD per 1M tokens) of a few current models, with their priority
-tier's where one is sold; override as needed."""
+tier's where one is sold; override as needed. ``test`` is
+:class:`planrun.testing.TestModel`, the offline model: it costs nothing."""
 
 
 _SNAPSHOT = re.compile(r"(.+?)-(\d{4}-\d{2}-\d{2}|\d{4})")

@@ -1,4 +1,11 @@
-"""Testing helpers for code that uses planrun: replays, recordings, fake models, stores.
+"""Testing helpers for code that uses planrun: an offline model, replays, recordings, fakes.
+
+:class:`TestModel` is the model to try your own app with: no key, no server, no network. It
+plans over your app's kinds (keeping their payload schemas and contracts) and answers every
+other request with a valid instance of its schema, through the real client over HTTP on
+127.0.0.1, so its traffic can be recorded and replayed::
+
+    report = plan_and_run("a goal", app, model=TestModel(app))
 
 :func:`replay` answers every model call from a cassette: a file, or the name of one that
 planrun ships (:func:`shipped_names` lists them), so every documented model example runs
@@ -29,6 +36,7 @@ from planrun.dev.fixtures import (
 )
 from planrun.dev.testing import *  # noqa: F403
 from planrun.dev.testing import __all__ as _doubles
+from planrun.dev.testmodel import TestModel
 
-__all__ = ["Cassette", "FixtureMiss", "answered_by", "record", "replay", "shipped_cassette",
-           "shipped_names", *_doubles]
+__all__ = ["Cassette", "FixtureMiss", "TestModel", "answered_by", "record", "replay",
+           "shipped_cassette", "shipped_names", *_doubles]
