@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
+from conftest import FAKE_BASE_URL, FAKE_KEY
 from rich.console import Console
 
 from planrun.cli import main
 from planrun.core._errors import UsageError
 from planrun.dev.demo import cassette_path, run_demo
+from planrun.dev.testing import FakeOpenAI
+from planrun.examples import answers
 
 
 def console() -> tuple[Console, io.StringIO]:
@@ -76,3 +80,18 @@ def test_unknown_demo_and_missing_fixture() -> None:
     with pytest.raises(UsageError,
                        match=r"no cassette 'does-not-exist': not a file, and planrun ships"):
         cassette_path("does-not-exist")
+
+
+def test_a_live_demo_names_the_code_repairs_of_its_plan(
+    fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", FAKE_BASE_URL)
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
+    fake_openai.answers.update(answers.answers())
+    tasks = json.loads(json.dumps(answers.BRIEF_PLAN["tasks"]))
+    tasks[3]["depends_on"] = [0, 1, 3]  # an analysis that waits for itself
+    fake_openai.answers["plan"] = {"tasks": tasks}
+    out, buffer = console()
+    report = run_demo("brief", console=out, live=True)
+    assert report.ok
+    assert "validated after 1 model call(s), 1 code repair(s)" in buffer.getvalue()

@@ -76,6 +76,8 @@ def run_demo(name: str = "brief", *, live: bool = False, console: Console | None
             plan = decompose(source, app.registry, model, meter=usage)
             calls = usage["decompose"].requests
             repairs = f", {calls - 1} repair(s) of an invalid plan" if calls > 1 else ""
+            fixed = sum(r.by == "code" for r in plan.repairs)
+            repairs += f", {fixed} code repair(s)" if fixed else ""
             out.print(f"[bold]plan:[/] validated after {calls} model call(s){repairs}")
         else:
             plan = source if isinstance(source, Plan) else Plan.parse(source, app.registry)
