@@ -230,3 +230,26 @@ def test_notebooks_use_public_names_only() -> None:
             else:
                 continue
             assert not [p for p in parts if p.startswith("_")], (name, ast.unparse(node))
+
+
+def test_the_demo_transcripts_are_what_the_demo_prints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's and the getting-started page's ``planrun demo`` transcripts are written
+    by tools/make_transcripts.py from the demo itself; here the demo runs again and each
+    must match (run ids and durations masked), and a figure the demo no longer prints
+    is caught."""
+    import make_transcripts
+
+    outputs: dict[str, str] = {}
+    assert make_transcripts.problems(outputs) == []
+    brief = outputs["brief"]
+    assert max(map(len, brief.splitlines())) <= make_transcripts.WIDTH
+    assert "active: -" in brief.splitlines()  # the progress display ends its line
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    usage = next(line for line in readme.splitlines() if line.startswith("usage: "))
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace(usage, "usage: 8 requests, 5323 tokens"), encoding="utf-8")
+    monkeypatch.setattr(make_transcripts, "DOCUMENTS", (stale,))
+    monkeypatch.setattr(make_transcripts, "REPO", tmp_path)
+    assert make_transcripts.problems(outputs) == [
+        "README.md: a demo transcript differs from the demo"]
