@@ -185,7 +185,8 @@ def test_plan_run_record_and_replay_at_the_command_line(
     assert {t["id"]: t["result"] for t in replayed["tasks"]} == {
         t["id"]: t["result"] for t in recorded["tasks"]}
     _, out = _cli(capsys, "fixtures", "show", "mine.json")
-    assert "models: test x4" in out
+    assert "models: test x4" in out and "made: synthesized" in out
+    assert "planrun's test model" in out
 
 
 def test_resume_carries_on_with_the_test_model(
