@@ -724,17 +724,22 @@ def plan_and_run(
         goal_or_plan: a prose goal (decomposed by ``model``), a :class:`Plan`, or a plan
             document (validated; nothing runs if it is invalid).
         app: the kinds, workers and effects (:class:`App`), or a bare :class:`Registry`.
-        model: the :class:`~planrun.Model`; from the environment when omitted and needed.
-        store: a store, or its URL (``sqlite:///runs.db``, ``postgresql://...``): the run is
-            durable and :func:`resume_run` carries it on after a crash.
-        options: ``strategy``, ``budget``, ``prices``, ``usage``, ``min_tasks``,
-            ``max_tasks``, ``repair_attempts``, ``prompts``, ``progress``, ``run_id``,
-            ``clock``, ``meta`` as named (:class:`RunOptions`); ``batch`` (``True`` or a
+        options: ``model``, ``store`` (below), ``strategy``, ``budget``, ``prices``,
+            ``usage``, ``min_tasks``, ``max_tasks``, ``repair_attempts``, ``prompts``,
+            ``progress``, ``run_id``, ``clock``, ``meta`` as named
+            (:class:`RunOptions`); ``batch`` (``True`` or a
             :class:`~planrun.Batching`) sends the tasks' model calls as Batch API jobs at
             half price, live again when the deadline needs it; the keywords of
             :class:`SupervisorOptions` (``max_attempts``, ``retry``, ``on_dead``,
             ``deadline_s``, ...) go to the :class:`Supervisor`. Any other keyword is a
             ``TypeError``.
+
+    Keyword Args:
+        model (Model | None): the :class:`~planrun.Model`; default ``None``: one from the
+            environment (``OPENAI_API_KEY``, ...) when a model is needed.
+        store (Store | str | None): a store, or its URL (``sqlite:///runs.db``,
+            ``postgresql://...``): the run is durable and :func:`resume_run` carries it on
+            after a crash; default ``None``: the run lives in memory.
 
     Raises:
         InvalidPlan: the plan did not validate (after repairs, for a goal).

@@ -85,6 +85,33 @@ def test_the_cli_page_holds_the_generated_reference(site: Path) -> None:
     assert "cli-reference" not in text  # the marker was replaced
 
 
+def _section(page: str, identifier: str) -> str:
+    """The API page's HTML from ``identifier``'s heading to the next heading of its level."""
+    start = page.index(f'id="{identifier}"')
+    return page[start:page.find("doc doc-heading", start + 200)]
+
+
+def test_the_api_reference_has_cross_references_real_defaults_and_formatted_signatures(
+        site: Path) -> None:
+    import re
+
+    page = (site / "reference/api/index.html").read_text(encoding="utf-8")
+    roles = re.findall(r":(?:class|func|meth|mod|data|attr|exc|obj):", page)
+    assert roles == [], f"{len(roles)} raw Sphinx roles"
+    links = re.findall(r'class="autorefs autorefs-internal"[^>]*href="#([\w.]+)"', page)
+    assert len(links) > 100 and {"planrun.Plan", "planrun.Model", "planrun.resume_run"} <= set(
+        links)
+    run = _section(page, "planrun.plan_and_run")
+    parameters, others = run.split("Other Parameters", 1)
+    names = re.findall(r"<td>\s*<code>(\w+)</code>\s*</td>", parameters)
+    assert names == ["goal_or_plan", "app", "options"]  # model and store are not required
+    assert "model" in others and "store" in others and "default <code>None</code>" in others
+    signature = re.sub(r"<[^>]+>", "", re.search(r'<div class="doc-signature[^"]*">(.*?)</div>',
+                                                 run, re.S)[1])
+    lines = [line for line in signature.splitlines() if line.strip()]
+    assert len(lines) > 1 and max(map(len, lines)) <= 88  # one parameter a line when long
+
+
 @pytest.fixture(scope="module")
 def served(site: Path) -> Iterator[str]:
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(site))

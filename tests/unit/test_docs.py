@@ -230,3 +230,61 @@ def test_notebooks_use_public_names_only() -> None:
             else:
                 continue
             assert not [p for p in parts if p.startswith("_")], (name, ast.unparse(node))
+
+
+def test_the_demo_transcripts_are_what_the_demo_prints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's and the getting-started page's ``planrun demo`` transcripts are written
+    by tools/make_transcripts.py from the demo itself; here the demo runs again and each
+    must match (run ids and durations masked), and a figure the demo no longer prints
+    is caught."""
+    import make_transcripts
+
+    outputs: dict[str, str] = {}
+    assert make_transcripts.problems(outputs) == []
+    brief = outputs["brief"]
+    assert max(map(len, brief.splitlines())) <= make_transcripts.WIDTH
+    assert "active: -" in brief.splitlines()  # the progress display ends its line
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    usage = next(line for line in readme.splitlines() if line.startswith("usage: "))
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace(usage, "usage: 8 requests, 5323 tokens"), encoding="utf-8")
+    monkeypatch.setattr(make_transcripts, "DOCUMENTS", (stale,))
+    monkeypatch.setattr(make_transcripts, "REPO", tmp_path)
+    assert make_transcripts.problems(outputs) == [
+        "README.md: a demo transcript differs from the demo"]
+
+
+def test_the_pytest_example_of_the_fixtures_guide_runs_under_pytest(tmp_path: Path) -> None:
+    """The guide's planrun_cassette test, run by pytest with the plugin as the guide says:
+    it passes on the cassette, and fails on one that lacks a request it makes."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    from planrun.testing import shipped_cassette
+
+    text = (ROOT / "docs/guides/fixtures.md").read_text(encoding="utf-8")
+    [test] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S)
+              if "@pytest.mark.planrun_cassette" in b]
+    [command] = [line for line in text.splitlines() if line.startswith("pytest -p ")]
+    (tmp_path / "test_release.py").write_text(test, encoding="utf-8")
+    (tmp_path / "fixtures").mkdir()
+    cassette = tmp_path / "fixtures" / "release.json"
+    shutil.copy(shipped_cassette("release"), cassette)
+    argv = [sys.executable, "-m", *command.split("#")[0].split(), "-p", "no:cacheprovider"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+    def pytest_run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    passed = pytest_run()
+    assert passed.returncode == 0 and "1 passed" in passed.stdout, passed.stdout[-2000:]
+    data = json.loads(cassette.read_text(encoding="utf-8"))
+    data["interactions"] = data["interactions"][:-1]  # the smoke test's request is gone
+    cassette.write_text(json.dumps(data), encoding="utf-8")
+    failed = pytest_run()
+    assert failed.returncode == 1 and "1 failed" in failed.stdout
+    assert "no recording" in failed.stdout, failed.stdout[-2000:]

@@ -185,7 +185,8 @@ def test_plan_run_record_and_replay_at_the_command_line(
     assert {t["id"]: t["result"] for t in replayed["tasks"]} == {
         t["id"]: t["result"] for t in recorded["tasks"]}
     _, out = _cli(capsys, "fixtures", "show", "mine.json")
-    assert "models: test x4" in out
+    assert "models: test x4" in out and "made: synthesized" in out
+    assert "planrun's test model" in out
 
 
 def test_resume_carries_on_with_the_test_model(
@@ -258,3 +259,38 @@ def test_fixtures_check_re_renders_a_recording_of_your_app_and_names_what_change
     # Replaying it fails the same way: the check said so first.
     assert main(["run", GOAL, "--app", "first_app:app", "--replay", "mine.json"]) == 2
     assert "the rendered prompt of weigh changed" in capsys.readouterr().err
+
+
+def test_worker_processes_answer_with_the_test_model(
+        first_app: App, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--workers external: a planrun worker with --model test does every attempt (DBOS on
+    SQLite, real processes); the coordinator needs no model for a plan file."""
+    import os
+    import subprocess
+
+    plan = json.loads(_cli(capsys, "plan", GOAL, "--app", "first_app:app", "--model", "test",
+                           "--json")[1])
+    plan.pop("repairs")
+    (tmp_path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), str(Path(__file__).resolve().parents[2] / "src")])}
+    cli = [sys.executable, "-m", "planrun.cli"]
+    worker = subprocess.Popen(
+        [*cli, "worker", "--db", db, "--app", "first_app:app", "--model", "test",
+         "--idle-exit", "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        run = subprocess.run(
+            [*cli, "run", "plan.json", "--app", "first_app:app", "--db", db, "--workers",
+             "external", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=120)
+    finally:
+        worker.terminate()  # SIGTERM: the worker stops and says what it did
+        _, worker_err = worker.communicate(timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["counts"]["completed"] == len(plan["tasks"])
+    memo = next(t for t in report["tasks"] if t["kind"] == "memo")
+    assert memo["result"] == {"title": "test", "body": "test"}
+    assert f"{len(plan['tasks'])} completed, 0 failed" in worker_err, worker_err[-2000:]

@@ -109,6 +109,12 @@ log = logging.getLogger("planrun.fixtures")
 FORMAT = 1
 """Version of the cassette layout."""
 
+TEST_MODEL = "test"
+"""The model name of :class:`planrun.testing.TestModel`."""
+TEST_MODEL_NOTE = (
+    "Recorded from planrun's test model (planrun.testing.TestModel, --model test): answers "
+    "made from the app's kinds and schemas, not by a language model."
+)
 SYNTHESIZED_NOTE = (
     "Produced by planrun's own recorder (planrun.testing.record) running the real client "
     "against the local stand-in server (tools/standin.py, synthetic answers from "
@@ -1133,6 +1139,8 @@ def _about(recorder: Recorder, *, base_url: str | None, model: str | None,
     first_url = recorder.urls[0] if recorder.urls else ""
     first_body = cassette.interactions[0].request.body if cassette.interactions else None
     first_model = first_body.get("model") if isinstance(first_body, dict) else None
+    if first_model == TEST_MODEL and made == "recorded":  # answered by no real model
+        made, note = "synthesized", note or TEST_MODEL_NOTE
     return {
         "format": FORMAT,
         "made": made,

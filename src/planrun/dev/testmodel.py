@@ -36,13 +36,12 @@ import httpx2
 
 from planrun._facade import App
 from planrun.core import Registry, producers_of
+from planrun.dev.fixtures import TEST_MODEL
 from planrun.dev.testing import ChatRequest, FakeOpenAI
 from planrun.model import Model
 
-__all__ = ["TEST_MODEL", "TestModel", "build_plan", "instance", "model_named"]
+__all__ = ["TestModel", "build_plan", "instance", "model_named"]
 
-TEST_MODEL = "test"
-"""The model name a :class:`TestModel` sends and is priced by (0 USD)."""
 
 PLAN_SCHEMA = "plan"
 """The schema name of the decomposer's requests."""
