@@ -294,3 +294,16 @@ def test_worker_processes_answer_with_the_test_model(
     memo = next(t for t in report["tasks"] if t["kind"] == "memo")
     assert memo["result"] == {"title": "test", "body": "test"}
     assert f"{len(plan['tasks'])} completed, 0 failed" in worker_err, worker_err[-2000:]
+
+
+@pytest.mark.parametrize(("structured", "api"), [("json_object", "chat"),
+                                                 ("strict", "responses"),
+                                                 ("json_object", "responses")])
+def test_the_plan_is_the_same_whichever_way_structure_is_asked(
+        first_app: App, structured: str, api: str) -> None:
+    from planrun import decompose
+
+    plain = decompose(GOAL, first_app.registry, TestModel(first_app), min_tasks=5)
+    other = decompose(GOAL, first_app.registry,
+                      TestModel(first_app, structured=structured, api=api), min_tasks=5)
+    assert other.to_document() == plain.to_document()
