@@ -294,3 +294,42 @@ def test_worker_processes_answer_with_the_test_model(
     memo = next(t for t in report["tasks"] if t["kind"] == "memo")
     assert memo["result"] == {"title": "test", "body": "test"}
     assert f"{len(plan['tasks'])} completed, 0 failed" in worker_err, worker_err[-2000:]
+
+
+@pytest.mark.parametrize(("structured", "api"), [("json_object", "chat"),
+                                                 ("strict", "responses"),
+                                                 ("json_object", "responses")])
+def test_the_plan_is_the_same_whichever_way_structure_is_asked(
+        first_app: App, structured: str, api: str) -> None:
+    from planrun import decompose
+
+    plain = decompose(GOAL, first_app.registry, TestModel(first_app), min_tasks=5)
+    other = decompose(GOAL, first_app.registry,
+                      TestModel(first_app, structured=structured, api=api), min_tasks=5)
+    assert other.to_document() == plain.to_document()
+
+
+def test_a_kind_that_can_lead_to_no_deliverable_is_left_out_with_what_it_needed() -> None:
+    """``review`` needs the deliverable (so nothing it makes leads to one) and needs a
+    ``note`` of its own: neither may stay behind as a dead end."""
+    from pydantic import BaseModel
+
+    from planrun import Registry
+    from planrun.dev.testmodel import build_plan
+
+    class Text(BaseModel):
+        text: str
+
+    def handler(payload: Any, ctx: Any) -> str:
+        return "ok"
+
+    registry = Registry()
+    registry.register("fact", handler, payload=Text)
+    registry.register("report", handler, payload=Text, needs=["fact"], delivers=True,
+                      max_count=1)
+    registry.register("review", handler, payload=Text, needs=["report", "note"])
+    registry.register("note", handler, payload=Text, unique=True)
+    for low in (1, 3, 5):
+        plan = build_plan(registry, "a goal", min_tasks=low, max_tasks=8)
+        assert validate_plan(plan, registry, min_tasks=low, max_tasks=8) == [], plan
+        assert "review" not in {t["kind"] for t in plan["tasks"]}

@@ -184,7 +184,6 @@ class _Builder:
 
     def __init__(self, kinds: Sequence[_Kind], goal: str, max_tasks: int) -> None:
         self.kinds = {k.name: k for k in kinds}
-        self.order = [k.name for k in kinds]
         self.goal = goal
         self.max_tasks = max_tasks
         self.tasks: list[tuple[str, Any, set[int]]] = []
@@ -247,13 +246,17 @@ class _Builder:
                  "depends_on": sorted(at[d] for d in self.tasks[i][2])} for i in placed]
 
 
-def build_plan(kinds: Registry | Sequence[_Kind], goal: str, *, min_tasks: int = 1,
+def build_plan(registry: Registry, goal: str, *, min_tasks: int = 1,
                max_tasks: int = 8) -> dict[str, Any]:
-    """A plan document ``{"tasks": [...]}`` over ``kinds`` for ``goal`` that keeps every
-    contract: a deliverable (when a kind delivers) with what it needs, then a task of each
-    other kind (led to the deliverable), then more tasks up to ``min_tasks``, never more
-    than ``max_tasks``. Deterministic: the same kinds and goal give the same plan."""
-    kinds = _kinds_of(kinds) if isinstance(kinds, Registry) else list(kinds)
+    """A plan document ``{"tasks": [...]}`` over the kinds of ``registry`` for ``goal``
+    that keeps every contract: a deliverable (when a kind delivers) with what it needs,
+    then a task of each other kind (led to the deliverable), then more tasks up to
+    ``min_tasks``, never more than ``max_tasks``. Deterministic: the same kinds and goal
+    give the same plan."""
+    return _build(_kinds_of(registry), goal, min_tasks, max_tasks)
+
+
+def _build(kinds: Sequence[_Kind], goal: str, min_tasks: int, max_tasks: int) -> dict[str, Any]:
     plan = _Builder(kinds, goal, max_tasks)
     delivering = [k.name for k in kinds if k.delivers]
     sink = plan.add(delivering[0]) if delivering else None
@@ -275,11 +278,12 @@ def build_plan(kinds: Registry | Sequence[_Kind], goal: str, *, min_tasks: int =
 def _add_leading(plan: _Builder, name: str, sink: int | None) -> None:
     """Add a task of ``name`` that leads to the deliverable ``sink`` (it delivers itself,
     or the sink then depends on it); nothing when that would make a cycle."""
+    before = len(plan.tasks)
     added = plan.add(name)
     if added is None or sink is None or plan.kinds[name].delivers:
         return
     if plan.leads_to(added, sink):  # it needs the deliverable: the sink cannot wait for it
-        del plan.tasks[added:]
+        del plan.tasks[before:]  # with what was made for it
         plan.count = Counter(kind for kind, _, _ in plan.tasks)
         return
     plan.tasks[sink][2].add(added)
@@ -323,9 +327,9 @@ class _Answers(FakeOpenAI):
         offered = _kinds_in_schema(schema)
         known = self.registry is not None and {k.name for k in offered} <= {
             spec.name for spec in self.registry}
-        kinds: Any = self.registry if known else offered
-        return build_plan(kinds, goal_of(chat.prompt), min_tasks=int(tasks.get("minItems", 1)),
-                          max_tasks=int(tasks.get("maxItems", 8)))
+        kinds = _kinds_of(self.registry) if known and self.registry is not None else offered
+        return _build(kinds, goal_of(chat.prompt), int(tasks.get("minItems", 1)),
+                      int(tasks.get("maxItems", 8)))
 
 
 class _Handler(BaseHTTPRequestHandler):
