@@ -330,7 +330,7 @@ async def test_an_unknown_run_is_named(store: Store) -> None:
 async def test_a_run_id_is_created_once(store: Store) -> None:
     run = RunInfo(new_run_id(), 1.0)
     await store.create_run(run)
-    with pytest.raises(StoreError):
+    with pytest.raises(RunExists, match=run.id):  # a usage error: the caller chose the id
         await store.create_run(run)
 
 
