@@ -30,7 +30,7 @@ from planrun.examples.answers import answers
 from planrun.examples.ticket_data import generate_tickets
 from planrun.examples.tickets import Classification, TicketPayload
 from planrun.model import Model, ModelWorker, Usage
-from planrun.runtime import Supervisor, UsageJournal, hold_run
+from planrun.runtime import Supervisor, hold_run
 from planrun.stores import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ async def run(url: str, model: Model, waiting: threading.Event) -> None:
                      approvals={"send_reply": Approval("start")},
                      extras={"model": model, "usage": meter},
                      goal="Triage this morning's support tickets and answer the billing ones")
-    meter.listen(UsageJournal(sup).recorded)  # each request a usage event (as plan_and_run)
+    meter.listen(sup.usage_journal().recorded)  # each request a usage event (as plan_and_run)
     sup.add_tasks([
         Task(id="fetch", kind="fetch"),
         Task(id="draft", kind="draft_reply", depends_on=("fetch",), joins=("fetch",)),

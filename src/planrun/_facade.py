@@ -47,7 +47,6 @@ from planrun.runtime import (
     EffectFn,
     RealClock,
     Supervisor,
-    UsageJournal,
     WaitHook,
     run_blocking,
 )
@@ -55,7 +54,7 @@ from planrun.runtime import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from planrun.core.scheduling import Backoff, RetryPolicy, SpawnLimits
+    from planrun.core.scheduling import RetryPolicy, SpawnLimits
     from planrun.model import (
         Batcher,
         Batching,
@@ -96,7 +95,6 @@ class SupervisorOptions(TypedDict, total=False):
 
     max_attempts: int | None
     retry: RetryPolicy | None
-    backoff: RetryPolicy | Backoff | None
     retry_budget: int | None
     timeout: float | None
     stale_after: float
@@ -705,7 +703,7 @@ async def _running(store: Store | None, sup: Supervisor, batcher: Batcher | None
     sup.core.use_tiers(_tier_policy(sup, batcher))
     async with _owning(store, sup.run_id, sup.clock, **owning), _batching(batcher, sup):
         meter = sup.extras.get("usage")
-        stop = meter.listen(UsageJournal(sup).recorded) if meter is not None else None
+        stop = meter.listen(sup.usage_journal().recorded) if meter is not None else None
         try:
             yield
         finally:

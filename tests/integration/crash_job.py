@@ -134,7 +134,7 @@ async def main(url: str, run_id: str, mode: str, spec: str, target_url: str) -> 
         store=CrashingStore(store, crash),  # type: ignore[arg-type]
         run_id=run_id,
         effects={"step": send, "send": send},
-        backoff=RetryPolicy(base=0.01, cap=0.05),
+        retry=RetryPolicy(attempts=3, base=0.01, cap=0.05),
         max_reclaims=0,  # a restart is no reclaim of an expired lease: none may count
         on_event=lambda event, task: crash.hit(f"event:{event.event}"),
         goal="crash test",

@@ -56,7 +56,7 @@ async def main(url: str, run_id: str, mode: str, spec: str) -> int:
     sup = Supervisor(
         registry, [WorkerSpec(f"w{i}", None, 8) for i in range(2)],
         store=CrashingStore(store, crash),  # type: ignore[arg-type]
-        run_id=run_id, backoff=RetryPolicy(base=0.01, cap=0.05), max_reclaims=20,
+        run_id=run_id, retry=RetryPolicy(attempts=3, base=0.01, cap=0.05), max_reclaims=20,
         on_event=lambda event, task: crash.hit(f"event:{event.event}"), seed=1,
     )
     try:

@@ -27,7 +27,6 @@ HOMES = {
         "RateLimited", "RunResult", "StallError", "Task", "UnstorableValue", "WorkerError",
         "WorkerSpec", "analyze", "plan_schema", "read_jsonl", "redact",
     ],
-    "planrun.core.scheduling": ["Backoff"],
     "planrun.model": [
         "Completion", "Limiter", "OutputTruncated", "Price", "PromptLibrary", "ProviderLimits",
         "RateLimiter", "RenderedPrompt", "SharedBudget", "SharedRateLimiter", "Usage",

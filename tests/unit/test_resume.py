@@ -185,7 +185,7 @@ def test_a_store_briefly_down_loses_nothing() -> None:
     async def go() -> Any:
         store = FlakyStore(failures=3)
         await store.open()
-        sup = make(store, clock=None, backoff=RetryPolicy(base=0.01))
+        sup = make(store, clock=None, retry=RetryPolicy(attempts=3, base=0.01))
         sup.add_tasks(chain(3))
         result = await sup.arun()
         return result, await store.load("r1")
@@ -221,7 +221,7 @@ def test_transient_failure_is_durable_with_its_deadline() -> None:
     async def go(store: InMemoryStore) -> Any:
         registry = Registry([KindSpec("k", handler=flaky)])
         sup = Supervisor(registry, store=store, run_id="r1", clock=None,
-                         backoff=RetryPolicy(base=0.01, jitter=0.0))
+                         retry=RetryPolicy(attempts=3, base=0.01, jitter=0.0))
         sup.add(Task(id="t", kind="k"))
         await sup.arun()
         return await store.load("r1")
@@ -252,7 +252,7 @@ def test_resume_keeps_what_the_retry_budget_has_spent() -> None:
                               [Event(0, 0.0, "a", "failed", "w", 1, {"retry_at": 0.0})])
         sup = Supervisor(Registry([KindSpec("k", handler=always_transient)]), store=store,
                          run_id="r1", clock=None, retry_budget=1,
-                         backoff=RetryPolicy(base=0.001, jitter=0.0))
+                         retry=RetryPolicy(attempts=3, base=0.001, jitter=0.0))
         return await sup.aresume()
 
     result = asyncio.run(with_store(go))

@@ -102,7 +102,7 @@ def test_transient_errors_retry_with_exponential_backoff() -> None:
             raise TransientError("try again")
         return "ok"
 
-    sup = supervisor({"k": flaky}, backoff=RetryPolicy(base=2.0, cap=60.0, jitter=0.0))
+    sup = supervisor({"k": flaky}, retry=RetryPolicy(attempts=3, base=2.0, cap=60.0, jitter=0.0))
     sup.add(Task(id="t", kind="k"))
     result = sup.run()
     assert calls == [0.0, 2.0, 6.0]  # waits 2 s, then 4 s
@@ -125,16 +125,6 @@ def test_the_default_backoff_jitter_takes_up_to_25_percent_off_and_caps() -> Non
         assert max(delays) - min(delays) > nominal * 0.2  # there is jitter
 
 
-def test_the_old_backoff_spelling_warns_and_still_works() -> None:
-    from planrun.core.scheduling import Backoff
-
-    with pytest.warns(DeprecationWarning, match="RetryPolicy"):
-        old = Backoff(base=2.0, cap=60.0, jitter=0.0)
-    sup = supervisor({"k": lambda p, c: "ok"}, backoff=old)
-    assert sup.retry == RetryPolicy(attempts=3, base=2.0, cap=60.0, jitter=0.0,
-                                    max_retry_after=60.0)
-
-
 def test_retry_after_is_honoured_as_a_minimum_wait() -> None:
     calls: list[float] = []
 
@@ -144,7 +134,7 @@ def test_retry_after_is_honoured_as_a_minimum_wait() -> None:
             raise TransientError("429", retry_after=30.0)
         return "ok"
 
-    sup = supervisor({"k": limited}, backoff=RetryPolicy(jitter=0.0))
+    sup = supervisor({"k": limited}, retry=RetryPolicy(attempts=3, jitter=0.0))
     sup.add(Task(id="t", kind="k"))
     sup.run()
     assert calls == [0.0, 30.0]
@@ -173,7 +163,8 @@ def test_unknown_exceptions_are_permanent_timeouts_transient() -> None:
     async def slow(payload: Any, ctx: TaskContext) -> None:
         await asyncio.sleep(100)
 
-    sup = supervisor({"bug": bug, "slow": slow}, timeout=10.0, backoff=RetryPolicy(jitter=0.0))
+    sup = supervisor({"bug": bug, "slow": slow}, timeout=10.0,
+                     retry=RetryPolicy(attempts=3, jitter=0.0))
     sup.add_tasks([Task(id="b", kind="bug"), Task(id="s", kind="slow")])
     result = sup.run()
     assert result.tasks["b"].attempts == 1 and result.tasks["b"].error_class == "permanent"

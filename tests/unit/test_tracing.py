@@ -110,7 +110,7 @@ def answers(fake: FakeOpenAI, first: dict[str, Any] = UNKNOWN) -> None:
 
 def run(tmp_path: Any, **options: Any) -> Any:
     return plan_and_run("trace me", app(tmp_path), model=fake_model(), min_tasks=1,
-                        backoff=RetryPolicy(base=0.01, cap=0.01, jitter=0.0), **options)
+                        retry=RetryPolicy(attempts=3, base=0.01, cap=0.01, jitter=0.0), **options)
 
 
 def by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:

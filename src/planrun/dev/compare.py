@@ -224,7 +224,7 @@ def run_supervisor(
         specs,
         strategy="balanced",
         max_attempts=max_retries + 1,
-        backoff=RetryPolicy(base=1.0),
+        retry=RetryPolicy(base=1.0),
         on_dead="abort_run",
         clock=VirtualClock(),
         run_id="release",

@@ -35,7 +35,7 @@ from planrun.model._usage import BATCH_PRICE
 
 if TYPE_CHECKING:
     from planrun.core import TaskContext
-    from planrun.model._client_setup import _ModelSetup as Model
+    from planrun.model._transport import Transport
 
 __all__ = ["BATCH_PRICE", "BatchJournal", "Batcher", "Batching", "Recorded", "TakenBack",
            "custom_id", "parsed_line"]
@@ -244,8 +244,8 @@ class Batcher:
         gathered = sum(len(lines) for lines in self._gathering.values())
         return gathered + sum(len(job.lines) for job in self._jobs.values())
 
-    async def send(self, model: Model, body: dict[str, Any], url: str, key: str | None,
-                   task: TaskContext | None,
+    async def send(self, transport: Transport, body: dict[str, Any], url: str,
+                   key: str | None, task: TaskContext | None,
                    late: Callable[[Mapping[str, Any]], None] | None = None) -> Any:
         """Wait for the batch line of this request; return its parsed reply.
 
@@ -254,17 +254,17 @@ class Batcher:
         live. Raises :class:`TakenBack` when the call must be sent live, or the API error
         the line carries (an ``openai.APIStatusError``, as a live request raises it)."""
         cid = custom_id(key, body)
-        await self._adopt(model)
+        await self._adopt(transport)
         found = self._found.pop(cid, None)
         if found is None:
             if self._hurry(self.waiting + 1):
                 raise TakenBack("the deadline leaves no time for a batch")
             cid = self._unique(cid)
-            found = self._gather(model, _Line(
+            found = self._gather(transport, _Line(
                 cid, task.task_id if task else "", body, url,
                 asyncio.get_running_loop().create_future(),
                 task.heartbeat if task else None, late))
-        return _parsed(await found, url, model.base_url)
+        return _parsed(await found, url, transport.base_url)
 
     def _hurry(self, waiting: int) -> bool:
         """The run's deadline rule (:attr:`due`), asked at most every half second: it weighs
@@ -284,33 +284,33 @@ class Batcher:
 
     # -- gathering and submitting
 
-    def _gather(self, model: Model, line: _Line) -> asyncio.Future[Any]:
+    def _gather(self, transport: Transport, line: _Line) -> asyncio.Future[Any]:
         group = (line.url, str(line.body.get("model", "")))
         self._ids.add(line.custom_id)
         lines = self._gathering.setdefault(group, [])
         lines.append(line)
         if len(lines) >= self.options.size:
-            self._flush(model, group)
+            self._flush(transport, group)
         elif group not in self._timers:
             loop = asyncio.get_running_loop()
-            self._timers[group] = loop.call_later(self.options.wait_s, self._flush, model,
+            self._timers[group] = loop.call_later(self.options.wait_s, self._flush, transport,
                                                   group)
         return line.future
 
-    def _flush(self, model: Model, group: tuple[str, str]) -> None:
+    def _flush(self, transport: Transport, group: tuple[str, str]) -> None:
         timer = self._timers.pop(group, None)
         if timer is not None:
             timer.cancel()
         lines = self._gathering.pop(group, [])
         if lines:
-            self._run(self._submit(model, lines))
+            self._run(self._submit(transport, lines))
 
     def _run(self, coro: Any) -> None:
         handle = asyncio.ensure_future(coro)
         self._background.add(handle)
         handle.add_done_callback(self._background.discard)
 
-    async def _submit(self, model: Model, lines: list[_Line]) -> None:
+    async def _submit(self, transport: Transport, lines: list[_Line]) -> None:
         if self.due(self.waiting):
             self.taken_back += len(lines)
             self._ids.difference_update(line.custom_id for line in lines)
@@ -324,7 +324,7 @@ class Batcher:
         try:
             if self.journal is not None:
                 await self.journal.submitting(key, tasks, time.time())
-            job.batch_id = await self._created(model, key, lines)
+            job.batch_id = await self._created(transport, key, lines)
             if self.journal is not None:
                 await self.journal.submitted(key, job.batch_id, tasks)
         except Exception as exc:  # nothing was submitted, or we cannot tell: go live
@@ -333,18 +333,18 @@ class Batcher:
             self._give_up(job)
             return
         log.info("batch %s submitted as %s with %d calls", key, job.batch_id, len(lines))
-        await self._follow(model, job)
+        await self._follow(transport, job)
 
-    async def _created(self, model: Model, key: str, lines: Sequence[_Line]) -> str:
+    async def _created(self, transport: Transport, key: str, lines: Sequence[_Line]) -> str:
         """Submit the batch; its id. When the answer is lost (a timeout, a dropped
         connection, a 5xx) the API may have created it anyway: it is looked for by its key
         (now and once more a moment later) before its calls go live, so they are not paid
         for twice."""
         at = time.time()
         try:
-            return await _create(model, key, lines, self.options.window)
+            return await _create(transport, key, lines, self.options.window)
         except (openai.APIConnectionError, openai.InternalServerError):
-            client = await model._client()
+            client = await transport.client()
             for pause in (0.0, min(self.options.poll_s, _LOOK_AGAIN_S)):
                 await asyncio.sleep(pause)
                 found = await _find(client, key, at)
@@ -356,18 +356,18 @@ class Batcher:
 
     # -- following a batch
 
-    async def _follow(self, model: Model, job: _Job) -> None:
+    async def _follow(self, transport: Transport, job: _Job) -> None:
         """:meth:`_poll` the batch; whatever goes wrong there, its calls go live."""
         try:
-            await self._poll(model, job)
+            await self._poll(transport, job)
         except Exception as exc:
             log.warning("following batch %s failed (%s); its calls go live", job.batch_id,
                         _short(exc))
             self._give_up(job)
 
-    async def _poll(self, model: Model, job: _Job) -> None:
+    async def _poll(self, transport: Transport, job: _Job) -> None:
         """Poll the batch until it is over; hand each line to its call."""
-        client = await model._client()
+        client = await transport.client()
         loop = asyncio.get_running_loop()
         failures = 0
         while True:
@@ -456,7 +456,7 @@ class Batcher:
 
     # -- resuming
 
-    async def _adopt(self, model: Model) -> None:
+    async def _adopt(self, transport: Transport) -> None:
         """Find the batches an earlier process submitted (once, on the first call)."""
         if self._earlier is None:
             earlier, self.numbered_from = (self.journal.recorded() if self.journal is not None
@@ -465,12 +465,12 @@ class Batcher:
         if not self._earlier and self._adopting is None:
             return
         if self._adopting is None:
-            self._adopting = asyncio.ensure_future(self._find_all(model))
+            self._adopting = asyncio.ensure_future(self._find_all(transport))
         await asyncio.shield(self._adopting)
 
-    async def _find_all(self, model: Model) -> None:
+    async def _find_all(self, transport: Transport) -> None:
         earlier, self._earlier = self._earlier or [], []
-        client = await model._client()
+        client = await transport.client()
         loop = asyncio.get_running_loop()
         for key, recorded_id, waiting, at in earlier:
             try:
@@ -489,12 +489,13 @@ class Batcher:
             self._found.update({cid: line.future for cid, line in lines.items()})
             log.info("batch %s (%s) found again: waiting for its %d lines", key, batch_id,
                      len(lines))
-            self._run(self._follow(model, job))
+            self._run(self._follow(transport, job))
 
 
-async def _create(model: Model, key: str, lines: Sequence[_Line], window: str) -> str:
+async def _create(transport: Transport, key: str, lines: Sequence[_Line],
+                  window: str) -> str:
     """Upload the lines and submit the batch; return its id."""
-    client = await model._client()
+    client = await transport.client()
     data = b"".join(
         json.dumps({"custom_id": line.custom_id, "method": "POST", "url": line.url,
                     "body": line.body}, separators=(",", ":")).encode() + b"\n"

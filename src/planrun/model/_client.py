@@ -1,41 +1,64 @@
-"""The client: :class:`Model`, one policy for structure, retries, rate and usage."""
+"""The client: :class:`Model`, one policy for structure, retries, rate and usage.
+
+A :class:`Model` holds its parts, each an object with its own state:
+
+* :class:`~planrun.model._request.Requests`: how structure is asked for (and the fallback
+  a rejected schema leads to) and the one place a request's keyword arguments are built;
+* :class:`~planrun.model._transport.Transport`: the SDK client of each event loop, and the
+  one place a request leaves;
+* :mod:`planrun.model._reply`: what is read of an answer (``_Reply.of``, usage and how it
+  was served) and the result made of it (:func:`completion_of`);
+* :class:`~planrun.model._accounting.Accounting`: the budget's reservations, the rate
+  limiter and the usage recorded on the meter.
+
+The model itself keeps the call's settings and runs a call: its retries, its fallback,
+live or in a batch.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import logging
+import os
+import random
 from collections.abc import Mapping
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
+import openai
 from pydantic import BaseModel
-from tenacity import AsyncRetrying, retry_if_exception_type
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from planrun.core import (
-    TaskContext,
-    TransientError,
+from planrun.core import PermanentError, PlanrunError, TaskContext, TransientError
+from planrun.core.scheduling import RetryPolicy
+from planrun.model._accounting import Accounting
+from planrun.model._batch import Batcher, TakenBack
+from planrun.model._batch import parsed_line as _parsed_line
+from planrun.model._errors import rejects_schema
+from planrun.model._limits import Limiter
+from planrun.model._prompts import RenderedPrompt
+from planrun.model._reply import (
+    Completion,
+    Mode,
+    _Reply,
+    _SchemaRejected,
+    completion_of,
+    own_error,
+    request_error,
 )
-from planrun.model._batch import Batcher
-from planrun.model._client_setup import (
-    DEFAULT_COMPLETION_ESTIMATE,
-    DEFAULT_MODEL,
-    DEFAULT_TIMEOUT,
+from planrun.model._request import (
     PROMPT_HEADER,
     Api,
-    Completion,
-    M,
     Messages,
-    Mode,
+    Requests,
     SchemaMode,
     Structured,
     _Call,
-    _chat,
-    _sleep,
+    chat_messages,
 )
-from planrun.model._client_wire import _ModelWire
-from planrun.model._prompts import RenderedPrompt
-from planrun.model._schema import (
-    check_max_tokens,
-)
-from planrun.model._usage import Usage
+from planrun.model._schema import check_max_tokens
+from planrun.model._transport import DEFAULT_TIMEOUT, UNSET, Transport, _Unset, request_timeout
+from planrun.model._usage import Reservation, Usage
 from planrun.obs import tracing
 
 __all__ = [
@@ -52,8 +75,18 @@ __all__ = [
     "Structured",
 ]
 
+log = logging.getLogger("planrun.model")
 
-class Model(_ModelWire):
+DEFAULT_MODEL = "gpt-4o-mini"
+DEFAULT_COMPLETION_ESTIMATE = 1024
+"""The output bound of a call with no result schema and no ``max_tokens`` of its own or
+of its Model (a structured call's bound is :func:`~planrun.model.output_bound` of its
+schema). Every call sends its bound, and the budget and the limiter reserve it."""
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Model:
     """An async chat model client: one policy for structure, retries, rate and usage.
 
     Configuration comes from the arguments; what is not given is read from the
@@ -107,6 +140,87 @@ class Model(_ModelWire):
     connection pool.
     """
 
+    _batcher: Batcher | None = None
+    """Set on the twin :meth:`batched` makes: its calls go to the Batch API."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        timeout: float | _Unset | None = UNSET,
+        retry: int | RetryPolicy = 4,
+        structured: Structured | None = None,
+        limiter: Limiter | None = None,
+        meter: Usage | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        rng: random.Random | None = None,
+        schema: SchemaMode | None = None,
+        compat: bool | None = None,
+        api: Api | None = None,
+    ) -> None:
+        self.model = model or os.environ.get("PLANRUN_MODEL") or DEFAULT_MODEL
+        self._requests = Requests(self.model, structured=structured, schema=schema,
+                                  compat=compat, api=api)
+        self.timeout = request_timeout(timeout)
+        self._transport = Transport(api_key=api_key, base_url=base_url, client=client,
+                                    timeout=self.timeout,
+                                    responses=self._requests.api == "responses")
+        self._accounting = Accounting(self.model, limiter)
+        self.retry = RetryPolicy.of(retry)
+        self.meter = meter if meter is not None else Usage()
+        self.max_tokens = check_max_tokens(max_tokens, "Model")
+        self.temperature = temperature
+        self._rng = rng or random.Random()
+
+    def __repr__(self) -> str:
+        return (
+            f"Model(model={self.model!r}, base_url={self.base_url!r}, "
+            f"structured={self.structured!r})"
+        )
+
+    @property
+    def structured(self) -> Structured:
+        """How a result schema is asked for (see the class's arguments)."""
+        return self._requests.structured
+
+    @property
+    def schema(self) -> SchemaMode:
+        """``full`` or ``portable`` (see the class's arguments)."""
+        return self._requests.schema
+
+    @property
+    def compat(self) -> bool:
+        """Whether ``max_tokens`` is sent beside ``max_completion_tokens``."""
+        return self._requests.compat
+
+    @property
+    def api(self) -> Api:
+        """``chat`` or ``responses``."""
+        return self._requests.api
+
+    @property
+    def limiter(self) -> Limiter | None:
+        """The limiter awaited before every request, if any."""
+        return self._accounting.limiter
+
+    @limiter.setter
+    def limiter(self, limiter: Limiter | None) -> None:
+        self._accounting.limiter = limiter
+
+    @property
+    def base_url(self) -> str:
+        """Where requests go."""
+        return self._transport.base_url
+
+    @property
+    def json_schema_supported(self) -> bool:
+        """False once the server has rejected a ``json_schema`` and JSON mode is used for it."""
+        return not self._requests.fell_back
+
     def batched(self, batcher: Batcher) -> Model:
         """This model sending its calls through ``batcher`` (the Batch API, at batch
         prices): same client, limiter, meter and settings. Calls a batch cannot serve in
@@ -120,6 +234,10 @@ class Model(_ModelWire):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the running loop (other loops close theirs at shutdown)."""
+        await self._transport.aclose()
 
     @overload
     async def complete(
@@ -197,20 +315,163 @@ class Model(_ModelWire):
             prompt_hash = prompt_hash or messages.hash
             prompt_name = prompt_name or messages.name
         check_max_tokens(max_tokens, "Model.complete")
-        target = self._target(result_model, schema_name)
+        target = self._requests.target(result_model, schema_name)
         bound = max_tokens or self.max_tokens or (
             target.bound if target is not None else DEFAULT_COMPLETION_ESTIMATE)
-        call = _Call(_chat(messages), target, prompt_hash, idempotency_key,
+        call = _Call(chat_messages(messages), target, prompt_hash, idempotency_key,
                      meter if meter is not None else self.meter,
                      self.timeout if timeout is None else timeout, bound,
                      self.temperature if temperature is None else temperature, validate,
                      prompt_name=prompt_name, task=task)
-        call.level = self._level(call)
+        call.level = self._requests.level(call)
         retrying = AsyncRetrying(stop=self._stop, wait=self._wait, sleep=_sleep,
                                  retry=retry_if_exception_type(TransientError),
-                                 before_sleep=self._log_retry, reraise=True)
+                                 before_sleep=_log_retry, reraise=True)
         with tracing.model_call(self.model, call.messages, base_url=self.base_url,
-                                secrets=self._secrets, max_tokens=call.max_tokens,
+                                secrets=self._transport.secrets, max_tokens=call.max_tokens,
                                 temperature=call.temperature,
                                 structured=call.target is not None) as traced:
             return traced.done(await retrying(self._attempt, call))
+
+    async def _attempt(self, call: _Call) -> Completion[Any]:
+        """One attempt of ``call``: a request, again in JSON mode while the server rejects
+        how the schema was asked for (unless the model is ``strict``)."""
+        while True:
+            try:
+                return await self._request(call)
+            except _SchemaRejected as exc:
+                if self._requests.only_strict or call.level >= 2:
+                    raise PermanentError(str(exc)) from exc.__cause__
+                self._requests.fall_back(call)
+                log.warning(
+                    "the model API at %s rejected the %s response schema %r (%s); using JSON "
+                    "mode%s with local validation for it from now on",
+                    self.base_url,
+                    "strict" if call.level == 1 else "JSON-mode",
+                    call.target.name if call.target is not None else "",
+                    exc,
+                    " with the schema in the request" if call.level == 1 else "",
+                )
+
+    async def _request(self, call: _Call) -> Completion[Any]:
+        params = self._requests.params(call)
+        prompt_estimate = self._requests.prompt_estimate(params)
+        if self._batcher is None:
+            return await self._live(call, params, prompt_estimate)
+        try:
+            return await self._batched(call, params, prompt_estimate)
+        except TakenBack as taken:
+            log.info("a batched call goes live: %s", taken)
+        async with self._batcher.live_gate():  # as many at once as the workers' capacity
+            return await self._live(call, params, prompt_estimate)
+
+    async def _live(self, call: _Call, params: dict[str, Any],
+                    prompt_estimate: int) -> Completion[Any]:
+        """One live request: reserved, rate limited, sent, counted."""
+        accounting = self._accounting
+        reservation = await accounting.reserve(call, prompt_estimate)
+        try:
+            counted = await accounting.acquire(prompt_estimate, call.max_tokens)
+            reply = await self._send(call, params, counted, reservation)
+            record = accounting.record(call, reply)
+            reservation.used(record)
+            await accounting.answered(prompt_estimate, reply)
+            return completion_of(call, reply, record)
+        finally:
+            await reservation.aclose()
+
+    async def _send(self, call: _Call, params: dict[str, Any], counted: int,
+                    reservation: Reservation) -> _Reply:
+        """One HTTP request to the model API (see :meth:`Transport.send`)."""
+        call.attempts += 1
+        try:
+            return await self._transport.send(params, call.timeout)
+        except AssertionError:
+            raise  # a test harness refusing the request (respx's "not mocked"), not the API
+        except Exception as exc:
+            raise await self._failed(call, exc, counted, reservation) from exc
+
+    async def _batched(self, call: _Call, params: dict[str, Any],
+                       prompt_estimate: int) -> Completion[Any]:
+        """The request as a line of a Batch API job, reserved and counted at batch prices;
+        :class:`TakenBack` when it is to be sent live instead."""
+        batcher = self._batcher
+        assert batcher is not None
+        price = batcher.options.price
+        body = {k: v for k, v in params.items() if k not in ("extra_headers", "timeout")}
+        url = self._requests.batch_url()
+        reservation = await self._accounting.reserve(call, prompt_estimate, price=price,
+                                                     tier="batch")
+        try:
+            call.attempts += 1
+            try:
+                raw = await batcher.send(self._transport, body, url, call.idempotency_key,
+                                         call.task,
+                                         late=lambda line: self._late(call, line, price))
+            except TakenBack:
+                call.attempts -= 1
+                raise
+            except openai.APIStatusError as exc:
+                raise await self._failed(call, exc, 0, reservation, live=False) from exc
+            reply = _Reply.of(raw, self.base_url)
+            record = self._accounting.record(call, reply, price=price, tier="batch")
+            reservation.used(record)
+            return completion_of(call, reply, record)
+        finally:
+            await reservation.aclose()
+
+    def _late(self, call: _Call, line: Mapping[str, Any], price: float) -> None:
+        """A batch line that came back after its call went live: billed, so counted."""
+        try:
+            body = (line.get("response") or {}).get("body") or {}
+            raw = _parsed_line(body, self._requests.batch_url())
+            self._accounting.record(call, _Reply.of(raw, self.base_url), price=price,
+                                    tier="batch")
+        except Exception:  # a line we cannot read is not counted; the call is done anyway
+            log.warning("a late batch line could not be read; its usage is not counted")
+
+    async def _failed(self, call: _Call, exc: BaseException, counted: int,
+                      reservation: Reservation, live: bool = True) -> PlanrunError:
+        """Meter, tell the limiter (of a live request), and turn ``exc`` into the planrun
+        error to raise."""
+        if live:
+            await self._accounting.refused(counted, exc)
+        own = own_error(exc)
+        if own is not None:
+            # A planrun error raised beneath the SDK (a fixture miss in a replaying
+            # transport) is not a connection problem: never retried, never translated.
+            return own
+        error = request_error(call, exc, secrets=self._transport.secrets,
+                              server=self._transport.server)
+        reservation.used(self._accounting.record_error(call, error))
+        if live:
+            await self._accounting.penalize(error, self.retry.base)
+        if call.target is not None and call.level < 2 and rejects_schema(exc):
+            return _SchemaRejected(str(error))
+        return error
+
+    def _stop(self, state: RetryCallState) -> bool:
+        if state.attempt_number >= self.retry.attempts:
+            return True
+        retry_after = _retry_after(state)
+        return retry_after is not None and retry_after > self.retry.max_retry_after
+
+    def _wait(self, state: RetryCallState) -> float:
+        return self.retry.delay(state.attempt_number, _retry_after(state), self._rng)
+
+
+def _retry_after(state: RetryCallState) -> float | None:
+    error = state.outcome.exception() if state.outcome else None
+    return error.retry_after if isinstance(error, TransientError) else None
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    wait = state.next_action.sleep if state.next_action else 0.0
+    log.info("model call attempt %d failed (%s); retrying in %.3f s",
+             state.attempt_number, error, wait)
+
+
+async def _sleep(seconds: float) -> None:
+    # Looked up at call time, so a virtual loop (or a patched asyncio.sleep) governs it.
+    await asyncio.sleep(seconds)

@@ -23,7 +23,7 @@ from typing import Any
 
 from planrun.core import Plan, Registry, TaskContext, UsageError
 from planrun.core.scheduling import check_tiers
-from planrun.model._client_setup import _Target
+from planrun.model._request import _Target
 from planrun.model._schema import expected_output
 from planrun.model._usage import PriceTable
 from planrun.model._workers import ModelWorker

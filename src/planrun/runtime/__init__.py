@@ -15,8 +15,7 @@ from planrun.runtime._dbos_wire import dbos_settings
 from planrun.runtime._dbos_worker import DBOSWorker, import_dbos, register_workflows
 from planrun.runtime._decisions import approve_task, reject_task
 from planrun.runtime._ownership import WaitHook, hold_run
-from planrun.runtime._supervisor import EffectFn, Replanner, Supervisor
-from planrun.runtime._supervisor_state import STALE_AFTER_S
+from planrun.runtime._supervisor import STALE_AFTER_S, EffectFn, Replanner, Supervisor
 from planrun.runtime._usage_journal import UsageJournal
 
 __all__ = [

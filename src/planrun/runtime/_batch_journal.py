@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from planrun.core import EventName
 
 if TYPE_CHECKING:
-    from planrun.runtime._supervisor_store import _SupervisorStore as Supervisor
+    from planrun.core.scheduling import Scheduler
+    from planrun.runtime._run_log import RunLog
+    from planrun.runtime._run_writes import RunWrites
 
 __all__ = ["LedgerJournal", "Recorded"]
 
@@ -25,34 +27,36 @@ waiting (``custom_id`` -> task id) and when it was recorded (epoch seconds)."""
 
 
 class LedgerJournal:
-    """The :class:`~planrun.model.BatchJournal` of a run driven by ``supervisor``."""
+    """The :class:`~planrun.model.BatchJournal` of a supervised run: its ``core``'s
+    records, its ``log`` and the ``writes`` that take the log to its store (see
+    :meth:`planrun.runtime.Supervisor.batch_journal`)."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._sup = supervisor
+    def __init__(self, core: Scheduler, log: RunLog, writes: RunWrites) -> None:
+        self._core, self._log, self._writes = core, log, writes
 
     async def submitting(self, key: str, lines: Mapping[str, str], at: float) -> None:
         """One ``batched`` event per task, written to the store now (before submission)."""
-        tasks = self._sup.core.tasks
+        tasks, log = self._core.tasks, self._log
         for cid, task_id in lines.items():
             task = tasks.get(task_id)
             if task is not None:
-                self._sup._log(task, EventName.BATCHED, {"batch": key, "line": cid, "at": at})
-        await self._sup._flush()
+                log.log(task, EventName.BATCHED, {"batch": key, "line": cid, "at": at})
+        await self._writes.flush()
 
     async def submitted(self, key: str, batch_id: str, lines: Mapping[str, str]) -> None:
         """The API's id of ``key``, on the event of its first task (written with the next
         batch of changes: without it a resume finds the batch by its key)."""
-        tasks = self._sup.core.tasks
+        tasks = self._core.tasks
         task = next((tasks[t] for t in lines.values() if t in tasks), None)
         if task is not None:
-            self._sup._log(task, EventName.BATCHED, {"batch": key, "id": batch_id})
-            self._sup._to_store()
+            self._log.log(task, EventName.BATCHED, {"batch": key, "id": batch_id})
+            self._writes.to_store()
 
     def recorded(self) -> tuple[list[Recorded], int]:
         """The batches the run recorded whose lines' tasks are not finished, and how many
         batches it recorded in all."""
         keys: dict[str, tuple[list[str | None], dict[str, str], list[float]]] = {}
-        for event in self._sup.ledger.view():
+        for event in self._log.ledger.view():
             if event.event != EventName.BATCHED:
                 continue
             detail: Mapping[str, Any] = event.detail or {}
@@ -63,7 +67,7 @@ class LedgerJournal:
             if detail.get("line"):
                 lines[str(detail["line"])] = event.task
                 at[0] = max(at[0], float(detail.get("at") or 0.0))
-        tasks = self._sup.core.tasks
+        tasks = self._core.tasks
         found: list[Recorded] = []
         for key, (ids, lines, at) in keys.items():
             left = {cid: t for cid, t in lines.items()

@@ -5,51 +5,75 @@ beat; time passed) and carries out what the core decided: start an attempt as an
 task, apply an effect, write each change and its ledger event to the store in batches. It
 decides nothing itself: readiness, routing, retries, deaths, reclaims, locks, the budget
 stop, the deadline and stall detection are the core's.
+
+It is made of parts it holds, each with its own state:
+
+* :class:`~planrun.runtime._run_log.RunLog`: the ledger and the core's sink;
+* :class:`~planrun.runtime._run_writes.RunWrites`: the run written to its store in batches;
+* :class:`~planrun.runtime._in_flight.InFlight`: the attempts running on asyncio tasks;
+* :class:`~planrun.runtime._side_work.SideWork`: effects applied and replans asked.
+
+The supervisor itself keeps the run's settings, adds tasks, takes decisions from outside
+(approvals) and runs the loop that sleeps until something is due.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 from planrun.core import (
+    Event,
     Ledger,
+    Registry,
+    Router,
     RunResult,
     StallError,
+    StoreError,
+    Task,
     UsageError,
+    WorkerSpec,
     analyze,
     audit_when_read,
+    get_router,
 )
 from planrun.core.scheduling import (
-    Backoff,
+    EFFECT_RETRY,
+    SCHEDULER_RETRY,
+    Approval,
+    OnDead,
+    RetryPolicy,
+    Scheduler,
+    SpawnLimits,
+    as_policy,
+    check_policies,
 )
 from planrun.runtime import _heap
 from planrun.runtime._batch_journal import LedgerJournal
-from planrun.runtime._clock import run_blocking
-from planrun.runtime._supervisor_attempts import _SupervisorAttempts
-from planrun.runtime._supervisor_state import (  # noqa: F401
-    _FINISHED_AT,
-    _RECLAIMED,
-    _REJECTED,
-    _STARTED,
-    _STATUS,
-    _WAITING,
-    GATHER_MAX_S,
-    GATHER_S,
-    WRITE_STALL_S,
-    EffectFn,
-    Replanner,
-    _How,
-    _new_object,
-    _partial,
-    _set_attr,
-    ask_replanner,
-)
+from planrun.runtime._clock import Clock, RealClock, run_blocking
+from planrun.runtime._in_flight import InFlight
+from planrun.runtime._run_log import RunLog
+from planrun.runtime._run_writes import RunWrites
+from planrun.runtime._side_work import EffectFn, Replanner, SideWork
+from planrun.runtime._usage_journal import UsageJournal
 
-__all__ = ["Backoff", "EffectFn", "Replanner", "RunResult", "Supervisor"]
+if TYPE_CHECKING:
+    from planrun.stores.base import Store
+
+__all__ = ["STALE_AFTER_S", "EffectFn", "Replanner", "RunResult", "Supervisor"]
+
+STALE_AFTER_S = 90.0
+"""Seconds without a heartbeat after which a running task is reclaimed, unless given."""
+
+_FINISHED_AT = attrgetter("finished_at")
 
 
-class Supervisor(_SupervisorAttempts):
+class Supervisor:
     """Owns a run's tasks and drives them to completion through registered workers.
 
     Args:
@@ -60,8 +84,6 @@ class Supervisor(_SupervisorAttempts):
         retry: the :class:`~planrun.RetryPolicy` between attempts (default: 2 s doubling to
             60 s, up to 25 % less at random, ``Retry-After`` honoured up to 60 s). Its
             ``attempts`` is the default of ``max_attempts`` when that is not given.
-        backoff: the older name of ``retry`` (a ``RetryPolicy``; a deprecated
-            :class:`Backoff` still works).
         retry_budget: retries allowed over the whole run; ``None`` for no limit.
         timeout: seconds one attempt may take before it counts as a transient failure
             (a kind's ``KindSpec.timeout_s`` overrides it).
@@ -103,6 +125,183 @@ class Supervisor(_SupervisorAttempts):
             wrote (only while a task waits, and only with a store).
     """
 
+    freeze_heap: bool = _heap.ENABLED
+    """While a run goes on, keep the objects the process had when it began out of the garbage
+    collector's passes (``gc.freeze``, undone when the last run ends; see ``planrun._heap``).
+    False, or ``PLANRUN_GC_FREEZE=0`` in the environment, turns it off."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        workers: Iterable[WorkerSpec] | None = None,
+        *,
+        strategy: str | Router = "balanced",
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        retry_budget: int | None = None,
+        timeout: float | None = None,
+        stale_after: float = STALE_AFTER_S,
+        max_reclaims: int = 3,
+        on_dead: OnDead = "cancel_dependents",
+        stall_after: float = 900.0,
+        deadline_s: float | None = None,
+        clock: Clock | None = None,
+        run_id: str | None = None,
+        effects: Mapping[str, EffectFn] | None = None,
+        on_event: Callable[[Event, Task], None] | None = None,
+        extras: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        store: Store | None = None,
+        goal: str = "",
+        meta: Mapping[str, Any] | None = None,
+        store_patience: float = 120.0,
+        effect_retry: RetryPolicy | None = None,
+        spawn_limits: SpawnLimits | None = None,
+        replanner: Replanner | None = None,
+        max_replans: int = 2,
+        approvals: Mapping[str, Approval | str] | None = None,
+        task_approvals: Mapping[str, Approval | str] | None = None,
+        approval_poll: float = 1.0,
+    ) -> None:
+        if not approval_poll > 0:
+            raise UsageError(f"approval_poll must be > 0, got {approval_poll}")
+        self.retry = as_policy(retry, SCHEDULER_RETRY)
+        self.max_attempts = max_attempts if max_attempts is not None else self.retry.attempts
+        check_policies(on_dead=on_dead, retry_budget=retry_budget, timeout=timeout,
+                       stale_after=stale_after, stall_after=stall_after,
+                       max_reclaims=max_reclaims, max_attempts=self.max_attempts,
+                       deadline_s=deadline_s)
+        self.registry, self.timeout, self.deadline_s = registry, timeout, deadline_s
+        self.clock: Clock = clock or RealClock()
+        self._now: Callable[[], float] = (  # plain time.time for the real clock: a call less
+            time.time if type(self.clock) is RealClock else self.clock.now)
+        self.effects, self.extras = dict(effects or {}), dict(extras or {})
+        self.store, self.goal, self.meta = store, goal, dict(meta or {})
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.store_patience, self.approval_poll = store_patience, approval_poll
+        self._run_log = log = RunLog(on_event, self._now)
+        self.core = Scheduler(
+            router=get_router(strategy), retry=self.retry, sink=log.record,
+            retry_budget=retry_budget, max_reclaims=max_reclaims, on_dead=on_dead,
+            stale_after=stale_after, stall_after=stall_after, effects=self.effects, seed=seed,
+            effect_retry=effect_retry or EFFECT_RETRY, kinds=registry,
+            spawn_limits=spawn_limits, default_attempts=self.max_attempts,
+            max_replans=max_replans, approvals=approvals, task_approvals=task_approvals,
+            can_replan=replanner is not None)
+        self._assemble(replanner, workers)
+
+    def _assemble(self, replanner: Replanner | None, workers: Iterable[WorkerSpec] | None,
+                  ) -> None:
+        """The parts around the core (its store's writes, its side work, its attempts in
+        flight), its workers, and the loop's state."""
+        core, log = self.core, self._run_log
+        self._writes = RunWrites(self.store, self.run_id, core, log, now=self.clock.now,
+                                 patience=self.store_patience, wake=self._wake_up)
+        self._side = SideWork(core, self.run_id, effects=self.effects, replanner=replanner,
+                              log=log, writes=self._writes, now=self.clock.now,
+                              dispatch=self._dispatch, wake=self._wake_up)
+        self._in_flight = InFlight(core, self.registry, run_id=self.run_id,
+                                   extras=self.extras, timeout=self.timeout, now=self._now,
+                                   due=self._side.carry_out_due, settled=self._settled)
+        log.bind(core, noted=self._writes.noted, reclaimed=self._in_flight.reclaimed,
+                 started=self._in_flight.started, wake=self._wake_up)
+        for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
+            self.register(spec)
+        self._wake: asyncio.Event | None = None
+        self._timer_at, self._next_poll = float("inf"), 0.0
+        self._started = self._resumed = False
+
+    # ---- what a caller reads and decides ---------------------------------------------------
+
+    @property
+    def ledger(self) -> Ledger:
+        """The run's ledger: every event so far."""
+        return self._run_log.ledger
+
+    @property
+    def on_event(self) -> Callable[[Event, Task], None] | None:
+        """The listener every ledger event is handed to, if any."""
+        return self._run_log.on_event
+
+    @property
+    def replanner(self) -> Replanner | None:
+        """What is asked for a fragment replacing a dead task, if anything."""
+        return self._side.replanner
+
+    @property
+    def tasks(self) -> Mapping[str, Task]:
+        """Current records by id (read-only view)."""
+        return dict(self.core.tasks)
+
+    @property
+    def waiting(self) -> list[str]:
+        """Ids of the tasks waiting for a person's approval."""
+        return sorted(self.core.awaiting)
+
+    @property
+    def stale_after(self) -> float:
+        """Lease length of a running attempt."""
+        return self.core.stale_after
+
+    def register(self, worker: WorkerSpec) -> None:
+        """Add a worker; names are unique."""
+        self.core.add_worker(worker)
+
+    def add(self, task: Task) -> Task:
+        """Add one task; its dependencies must already be added."""
+        return self.add_tasks([task])[0]
+
+    def add_tasks(self, tasks: Iterable[Task]) -> list[Task]:
+        """Add tasks in any order; dependencies must be in the batch or already added.
+
+        Raises:
+            InvalidPlan: the batch has a dependency cycle.
+            UsageError: a duplicate id, an unknown dependency or kind, or a started run.
+        """
+        if self._started:
+            raise UsageError("tasks cannot be added once the run has started")
+        self._run_log.choose_sink(durable=self.store is not None)
+        with _heap.frozen_heap(self.freeze_heap):  # a large batch: a record per task
+            return self.core.add(list(tasks), self.clock.now(),
+                                 default_attempts=self.max_attempts,
+                                 known=self.registry.__contains__)
+
+    def approve(self, task_id: str, note: str | None = None) -> Task:
+        """Approve a waiting task (call it on the run's event loop, e.g. from ``on_event``).
+
+        Raises:
+            UsageError: the task is not waiting (approving twice included).
+        """
+        task = self.core.approve(task_id, self.clock.now(), note, by="api")
+        self._after_decision()
+        return task
+
+    def reject(self, task_id: str, reason: str) -> Task:
+        """Reject a waiting task: it is ``dead`` with cause ``rejected``.
+
+        Raises:
+            UsageError: the task is not waiting, or ``reason`` is empty.
+        """
+        task = self.core.reject(task_id, self.clock.now(), reason, by="api")
+        self._after_decision()
+        return task
+
+    def batch_due(self, waiting: int, slots: int, margin_s: float) -> bool:
+        """Whether ``waiting`` model calls in Batch API jobs must go live now to finish by
+        the deadline, ``slots`` at once (the core's rule; see :meth:`Scheduler.batch_due`)."""
+        return self.core.batch_due(self.clock.now(), waiting, slots, margin_s)
+
+    def batch_journal(self) -> LedgerJournal:
+        """Where this run's Batch API jobs are recorded: its ledger (see
+        :class:`~planrun.model.BatchJournal`)."""
+        return LedgerJournal(self.core, self._run_log, self._writes)
+
+    def usage_journal(self) -> UsageJournal:
+        """Where the usage records of this run's tasks go: its ledger (listen with it to
+        the run's :class:`~planrun.model.Usage`; made on the loop the run goes on)."""
+        return UsageJournal(self.core, self._run_log)
+
+    # ---- running ------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         """Run to completion from synchronous code (under the supervisor's clock).
@@ -121,20 +320,22 @@ class Supervisor(_SupervisorAttempts):
         if self._started:
             raise UsageError("a supervisor runs once; create a new one")
         self._started = True
-        self._check_workers()
+        _check_workers(self.core)
         self._wake = asyncio.Event()
         started = self.clock.now()
         if self.deadline_s is not None:
             self.core.set_deadline(started + self.deadline_s)
         # The store's first and last batches (every record) are built while it is frozen too.
         with _heap.frozen_heap(self.freeze_heap):
-            await self._open_run(started)
-            self._choose_sink()
+            await self._writes.open(started, resumed=self._resumed, goal=self.goal,
+                                    meta=self.meta)
+            self._run_log.choose_sink(durable=self.store is not None)
             status = "failed"
             try:
                 self.core.start(started)
                 if self._resumed:
-                    self._recover(started)
+                    self._side.recover()
+                    self.core.recover(started)
                 self._advance(started)
                 await self._loop()
                 status = "aborted" if self.core.facts.aborted_by else "finished"
@@ -143,14 +344,14 @@ class Supervisor(_SupervisorAttempts):
                 raise
             finally:
                 try:
-                    leftovers = [*self._running.values(), *self._background, *self._zombies]
+                    leftovers = [*self._in_flight.handles(), *self._side.handles()]
                     for handle in leftovers:
                         handle.cancel()
                     if leftovers:
                         await asyncio.gather(*leftovers, return_exceptions=True)
                 finally:
-                    await self._close_run(status)
-            return self._result(started)
+                    await self._writes.close(status)
+            return _result(self, started)
 
     async def aresume(self) -> RunResult:
         """Carry on the run ``run_id`` from the store after a crash or a stop.
@@ -167,8 +368,8 @@ class Supervisor(_SupervisorAttempts):
         state = await self.store.load(self.run_id)
         self.goal = self.goal or state.run.goal
         self.meta = {**state.run.meta, **self.meta}
-        self.ledger = Ledger(state.events)
-        self._effect_records = dict(state.effects)
+        self._run_log.ledger = Ledger(state.events)
+        self._side.effect_records = dict(state.effects)
         self.core.spent_before(state.events)
         self.core.restore(list(state.tasks))
         self.core.timing.answered_before(state.events)
@@ -179,22 +380,6 @@ class Supervisor(_SupervisorAttempts):
         """Synchronous :meth:`aresume` (on a private thread inside a running loop)."""
         return run_blocking(self.clock, self.aresume)
 
-    def batch_due(self, waiting: int, slots: int, margin_s: float) -> bool:
-        """Whether ``waiting`` model calls in Batch API jobs must go live now to finish by
-        the deadline, ``slots`` at once (the core's rule; see :meth:`Scheduler.batch_due`)."""
-        return self.core.batch_due(self.clock.now(), waiting, slots, margin_s)
-
-    def batch_journal(self) -> LedgerJournal:
-        """Where this run's Batch API jobs are recorded: its ledger (see
-        :class:`~planrun.model.BatchJournal`)."""
-        return LedgerJournal(self)
-
-    def _recover(self, now: float) -> None:
-        for task_id, record in self._effect_records.items():
-            if record.state == "applied":
-                self.core.effect_known(task_id)
-        self.core.recover(now)
-
     async def _loop(self) -> None:
         """Sleep until the run ends or the next time something is due.
 
@@ -203,18 +388,17 @@ class Supervisor(_SupervisorAttempts):
         """
         assert self._wake is not None
         loop = asyncio.get_running_loop()
-        core = self.core
-        while not core.done or self._background:
+        core, side = self.core, self._side
+        while not core.done or side.busy:
             self._wake.clear()
-            if self._flusher is not None and self._flusher.done():
-                self._flusher.result()  # a store that stayed down: raise its StoreError
+            self._writes.check()  # a store that stayed down: raise its StoreError
             now = self.clock.now()
             await self._poll_decisions(now)
             now = self.clock.now()
             self._advance(now)
-            if core.stalled(now) and not self._background:
+            if core.stalled(now) and not side.busy:
                 raise StallError(core.stall_message(self.run_id, now))
-            if core.done and not self._background:
+            if core.done and not side.busy:
                 break
             self._timer_at = core.next_wakeup(now)
             if self.store is not None and core.awaiting:
@@ -229,42 +413,82 @@ class Supervisor(_SupervisorAttempts):
     def _advance(self, now: float) -> None:
         """Let the core handle what is due, then carry out what it decided."""
         core = self.core
-        core.pause(self._store_down)
+        core.pause(self._writes.down)
         core.tick(now)
-        self._launch(core.dispatch(now))
-        for task in core.effects_due(now):
-            self._spawn(self._apply_effect(task))
-        self._ask_replans()
-        self._to_store()
+        self._in_flight.launch(core.dispatch(now))
+        self._side.carry_out_due(now)
+        self._writes.to_store()
 
-    def _check_workers(self) -> None:
-        done: set[str] = set()  # kinds some worker does
-        for task in self.core.tasks.values():
-            if task.kind in done or task.finished:
-                continue
-            if not self.core.capable(task.kind):
-                raise UsageError(f"no registered worker does kind {task.kind!r} (task {task.id!r})")
-            done.add(task.kind)
+    def _dispatch(self, now: float) -> None:
+        """Start what is ready (after a replan's fragment was added)."""
+        self._in_flight.launch(self.core.dispatch(now))
+        self._writes.to_store()
 
-    def _result(self, started: float) -> RunResult:
-        tasks = dict(self.core.tasks)
-        # A run ends no earlier than it starts: a resume whose tasks all ended before it
-        # began (a finished run resumed again) lasts 0 s, never a negative time.
-        finished = max(filter(None, map(_FINISHED_AT, tasks.values())), default=started)
-        finished = max(finished, started)
-        facts = self.core.facts
-        return RunResult(
-            run_id=self.run_id,
-            tasks=tasks,
-            events=self.ledger.view(),
-            audit=audit_when_read(functools.partial(
-                analyze, tasks.values(), self.ledger.view(), tuple(self.effects))),
-            started_at=started,
-            finished_at=finished,
-            aborted_by=facts.aborted_by,
-            budget_exhausted=facts.budget_exhausted,
-            workers={w.name: {"tasks": w.done, "busy_s": w.busy_s}
-                     for w in self.core.workers.values()},
-            deadline_reached=facts.deadline_reached,
-            effects_failed=dict(facts.effects_failed),
-        )
+    def _settled(self, now: float) -> None:
+        """After the outcomes of a pass of the event loop (see :class:`InFlight`): write
+        them, and wake :meth:`_loop` if it sleeps until a time that is no longer the next
+        one (the run ended, a lease or retry falls due sooner)."""
+        self._writes.to_store()
+        if self.core.wakes_before(self._timer_at, now):
+            self._wake_up()
+
+    def _after_decision(self) -> None:
+        if self._started and self._wake is not None:
+            self._advance(self.clock.now())
+            self._wake_up()
+
+    async def _poll_decisions(self, now: float) -> None:
+        """Read the waiting rows for decisions another process wrote (``planrun approve``)."""
+        if self.store is None or not self.core.awaiting or now < self._next_poll:
+            return
+        self._next_poll = now + self.approval_poll
+        try:
+            records = await self.store.load_some(self.run_id, sorted(self.core.awaiting))
+        except StoreError:
+            return  # read again at the next poll; the writes have their own patience
+        took = False
+        for record in records:
+            took = self.core.take_decision(record, self.clock.now()) or took
+        if took:
+            self._advance(self.clock.now())
+
+    def _wake_up(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+
+def _check_workers(core: Scheduler) -> None:
+    """Every kind some unfinished task has is done by some worker."""
+    done: set[str] = set()  # kinds some worker does
+    for task in core.tasks.values():
+        if task.kind in done or task.finished:
+            continue
+        if not core.capable(task.kind):
+            raise UsageError(f"no registered worker does kind {task.kind!r} (task {task.id!r})")
+        done.add(task.kind)
+
+
+def _result(sup: Supervisor, started: float) -> RunResult:
+    """The result of ``sup``'s run, started at ``started``."""
+    core, ledger = sup.core, sup.ledger
+    tasks = dict(core.tasks)
+    # A run ends no earlier than it starts: a resume whose tasks all ended before it
+    # began (a finished run resumed again) lasts 0 s, never a negative time.
+    finished = max(filter(None, map(_FINISHED_AT, tasks.values())), default=started)
+    finished = max(finished, started)
+    facts = core.facts
+    return RunResult(
+        run_id=sup.run_id,
+        tasks=tasks,
+        events=ledger.view(),
+        audit=audit_when_read(functools.partial(
+            analyze, tasks.values(), ledger.view(), tuple(sup.effects))),
+        started_at=started,
+        finished_at=finished,
+        aborted_by=facts.aborted_by,
+        budget_exhausted=facts.budget_exhausted,
+        workers={w.name: {"tasks": w.done, "busy_s": w.busy_s}
+                 for w in core.workers.values()},
+        deadline_reached=facts.deadline_reached,
+        effects_failed=dict(facts.effects_failed),
+    )

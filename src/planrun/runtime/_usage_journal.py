@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from planrun.core import EventName
 
 if TYPE_CHECKING:
-    from planrun.runtime._supervisor_store import _SupervisorStore as Supervisor
+    from planrun.core.scheduling import Scheduler
+    from planrun.runtime._run_log import RunLog
 
 __all__ = ["UsageJournal", "usage_detail"]
 
@@ -40,11 +41,12 @@ def usage_detail(record: Any) -> dict[str, Any]:
 
 
 class UsageJournal:
-    """Writes the usage records of ``supervisor``'s tasks into its ledger; made on the
-    loop the run goes on (a record added on another thread is handed to it)."""
+    """Writes the usage records of a supervised run's tasks (its ``core``'s) into its
+    ``log``; made on the loop the run goes on (a record added on another thread is handed
+    to it). See :meth:`planrun.runtime.Supervisor.usage_journal`."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._sup = supervisor
+    def __init__(self, core: Scheduler, log: RunLog) -> None:
+        self._core, self._run_log = core, log
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
 
@@ -60,9 +62,9 @@ class UsageJournal:
             self._loop.call_soon_threadsafe(self._log, task_id, usage_detail(record))
 
     def _log(self, task_id: str, detail: dict[str, Any]) -> None:
-        core = self._sup.core
+        core = self._core
         task = core.tasks.get(task_id)
         if task is not None:
-            self._sup._log(task, EventName.USAGE, detail)
+            self._run_log.log(task, EventName.USAGE, detail)
             if "latency_s" in detail:
                 core.timing.answered(task.kind, detail["tier"], detail["latency_s"])

@@ -30,7 +30,6 @@ from planrun.core.scheduling._outcome import Failure, ReportedFailure, failure_o
 from planrun.core.scheduling._retry import (
     SCHEDULER_RETRY,
     STORE_PATIENCE,
-    Backoff,
     RetryPolicy,
     as_policy,
     store_wait,
@@ -59,7 +58,6 @@ __all__ = [
     "TIERS",
     "Addition",
     "Approval",
-    "Backoff",
     "Failure",
     "Latencies",
     "OnDead",

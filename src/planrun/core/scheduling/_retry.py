@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import random
-import warnings
 from dataclasses import dataclass
 
 from planrun.core._errors import UsageError
 
-__all__ = ["STORE_PATIENCE", "Backoff", "RetryPolicy", "store_wait"]
+__all__ = ["STORE_PATIENCE", "RetryPolicy", "store_wait"]
 
 
 @dataclass(frozen=True)
@@ -68,47 +67,10 @@ SCHEDULER_RETRY = RetryPolicy(attempts=3, base=2.0, cap=60.0, jitter=0.25, max_r
 ``Retry-After`` honoured up to 60 s."""
 
 
-class Backoff:
-    """Deprecated: use :class:`RetryPolicy` (one policy type for every layer).
-
-    ``Backoff(base, cap, jitter)`` still works and becomes
-    ``RetryPolicy(base=base, cap=cap, jitter=jitter)`` where a policy is expected.
-    """
-
-    def __init__(self, base: float = 2.0, cap: float = 60.0, jitter: float = 0.25) -> None:
-        warnings.warn(
-            "Backoff is deprecated; pass planrun.RetryPolicy(base=..., cap=..., "
-            "jitter=...) instead", DeprecationWarning, stacklevel=2,
-        )
-        self.policy = RetryPolicy(attempts=SCHEDULER_RETRY.attempts, base=base, cap=cap,
-                                  jitter=jitter, max_retry_after=SCHEDULER_RETRY.max_retry_after)
-
-    @property
-    def base(self) -> float:
-        """Seconds before the first retry."""
-        return self.policy.base
-
-    @property
-    def cap(self) -> float:
-        """Longest wait between attempts."""
-        return self.policy.cap
-
-    @property
-    def jitter(self) -> float:
-        """The random fraction of each wait."""
-        return self.policy.jitter
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait after the ``attempt``-th failure."""
-        return self.policy.backoff(attempt, rng)
-
-
-def as_policy(value: RetryPolicy | Backoff | None, default: RetryPolicy) -> RetryPolicy:
-    """Normalise what a caller passed as a retry policy."""
+def as_policy(value: RetryPolicy | None, default: RetryPolicy) -> RetryPolicy:
+    """What a caller passed as a retry policy, or ``default`` for None."""
     if value is None:
         return default
-    if isinstance(value, Backoff):
-        return value.policy
     if isinstance(value, RetryPolicy):
         return value
     raise UsageError(f"expected a planrun.RetryPolicy, got {type(value).__name__}")

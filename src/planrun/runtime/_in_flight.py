@@ -1,39 +1,78 @@
-"""The in-process driver's attempts, replans and effects: carrying out what the core decided."""
+"""A supervised run's attempts in flight: each on an asyncio task, its outcome to the core."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextvars
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from planrun.core import EventName as E
-from planrun.core import (
-    SpawnRequest,
-    Task,
-    TaskContext,
-    WorkerState,
-    redact,
-)
-from planrun.core.scheduling import (
-    ReplanRequest,
-    failure_of,
-    timed_out,
-)
-from planrun.runtime._attempt import call, checked, is_coroutine_handler, jsonable, maybe_await
-from planrun.runtime._supervisor_state import (
-    _How,
-    _new_object,
-    _partial,
-    _set_attr,
-    ask_replanner,
-)
-from planrun.runtime._supervisor_store import _SupervisorStore
+from planrun.core import Handler, KindSpec, Registry, SpawnRequest, Task, TaskContext, WorkerState
+from planrun.core.scheduling import Scheduler, failure_of, timed_out
+from planrun.runtime._attempt import call, checked, is_coroutine_handler
+
+__all__ = ["InFlight"]
+
+if {f.name for f in dataclasses.fields(TaskContext)} != {
+        "run_id", "task_id", "kind", "attempt", "worker", "skill", "payload", "estimate_s",
+        "inputs", "heartbeat", "extras", "spawned"}:  # pragma: no cover - a field was added
+    raise ImportError("InFlight._context must give every field of TaskContext")
+
+_new_object = object.__new__
+_set_attr = object.__setattr__
+_partial = functools.partial
+
+_How = tuple[KindSpec, "Handler | None", "float | None", dict[str, Any], bool]
+"""How a worker runs a kind (see :meth:`InFlight._how`)."""
 
 
-class _SupervisorAttempts(_SupervisorStore):
-    """The in-process driver's attempts, replans and effects: carrying out what the core decided."""
+class InFlight:
+    """The attempts in flight: each started on an asyncio task, its handler given its
+    context, its outcome handed to the core, and what the core decided then carried out
+    (the next start, mostly on the same asyncio task).
 
-    def _launch(self, starts: Sequence[tuple[WorkerState, Task]]) -> None:
+    What became ready is given out once per pass of the event loop (:meth:`_settle`): the
+    next attempt of a worker starts first, and the other attempts that end in the same pass
+    start theirs sooner. A reclaimed attempt may still be alive: its handle is kept apart
+    (a zombie) and its late outcome is fenced off by its token.
+
+    Args:
+        core: the scheduling core.
+        registry: the kinds, with their handlers and time limits.
+        run_id: given to every handler in its context.
+        extras: objects given to every handler in its context.
+        timeout: seconds an attempt may take, unless its kind says.
+        now: the run's clock.
+        due: carries out the effects and replans the core has due at a time.
+        settled: after the outcomes of a pass of the loop were carried out (at a time).
+    """
+
+    def __init__(self, core: Scheduler, registry: Registry, *, run_id: str,
+                 extras: Mapping[str, Any], timeout: float | None, now: Callable[[], float],
+                 due: Callable[[float], None], settled: Callable[[float], None]) -> None:
+        self.core, self.registry, self.run_id = core, registry, run_id
+        self.extras, self.timeout = extras, timeout
+        self._now, self._due, self._settled = now, due, settled
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._zombies: set[asyncio.Task[None]] = set()
+        self._hows: dict[tuple[str, str], _How] = {}
+        self._start_contexts: dict[str, contextvars.Context] = {}
+        self._settling = False
+        """An outcome asked for :meth:`_settle` and it has not run yet."""
+        self._passes = 0
+        """Passes of the event loop that had outcomes (:meth:`_settle` counts them): an
+        attempt that ends in the pass its predecessor on the same asyncio task ended in
+        never let the loop go round."""
+        self._beat = self.heartbeat  # one bound method for every attempt's heartbeat
+
+    def handles(self) -> list[asyncio.Task[None]]:
+        """Every asyncio task running an attempt, reclaimed ones included."""
+        return [*self._running.values(), *self._zombies]
+
+    def launch(self, starts: Sequence[tuple[WorkerState, Task]]) -> None:
+        """Start each attempt on an asyncio task of its own."""
         for worker, task in starts:
             ctx = self._start_contexts.pop(task.id, None)
             if ctx is None:
@@ -41,6 +80,22 @@ class _SupervisorAttempts(_SupervisorStore):
             else:  # in the context the start's observer left (a tracing span current)
                 self._running[task.id] = ctx.run(asyncio.ensure_future,
                                                  self._attempt(worker, task))
+
+    def started(self, task: Task) -> None:
+        """A listener heard ``task`` start: its attempt runs in the context it leaves."""
+        self._start_contexts[task.id] = contextvars.copy_context()
+
+    def reclaimed(self, task: Task) -> None:
+        """The core reclaimed ``task``: its attempt may still be alive; its late result
+        will be fenced off, not trusted."""
+        zombie = self._running.pop(task.id, None)
+        if zombie is not None:
+            self._zombies.add(zombie)
+            zombie.add_done_callback(self._zombies.discard)
+
+    def heartbeat(self, task_id: str, token: int) -> None:
+        """An attempt's ``ctx.heartbeat()``: its lease is extended."""
+        self.core.heartbeat(task_id, token, self._now())
 
     async def _attempt(self, worker: WorkerState, task: Task) -> None:
         """Run the attempt, then each start its outcome frees that this asyncio task can
@@ -119,10 +174,6 @@ class _SupervisorAttempts(_SupervisorStore):
         _set_attr(ctx, "__dict__", state)
         return ctx
 
-    def _heartbeat(self, task_id: str, token: int) -> None:
-        """An attempt's ``ctx.heartbeat()``: its lease is extended."""
-        self.core.heartbeat(task_id, token, self._now())
-
     def _outcome(self, worker: WorkerState, task: Task, token: int, result: Any,
                  exc: BaseException | None, spawned: Sequence[SpawnRequest] = (),
                  ) -> tuple[WorkerState, Task] | None:
@@ -130,9 +181,6 @@ class _SupervisorAttempts(_SupervisorStore):
         the calling asyncio task carries on with, if any."""
         now = self._now()
         core = self.core
-        # What became ready is given out once per pass of the loop (_settle): the next
-        # attempt of this worker starts first, and the other attempts that end in this
-        # pass start theirs sooner.
         if exc is None and not spawned:
             nxt = core.finish(worker, task.id, token, result, now)
             if nxt is False:
@@ -146,7 +194,7 @@ class _SupervisorAttempts(_SupervisorStore):
                     self._settling = True
                     asyncio.get_running_loop().call_soon(self._settle)
                 if core.has_due(now):
-                    self._carry_out_due(now)
+                    self._due(now)
                 return carried
             starts = [(worker, nxt)] if nxt is not True else []
             starts += core.extra_starts()
@@ -164,84 +212,21 @@ class _SupervisorAttempts(_SupervisorStore):
             carried = starts[0]
             self._running[carried[1].id] = handle
             if len(starts) > 1:
-                self._launch(starts[1:])
+                self.launch(starts[1:])
         elif starts:
-            self._launch(starts)
+            self.launch(starts)
         if core.has_due(now):
-            self._carry_out_due(now)
+            self._due(now)
         if not self._settling:  # once for all the outcomes of this pass of the event loop
             self._settling = True
             asyncio.get_running_loop().call_soon(self._settle)
         return carried
 
-    def _carry_out_due(self, now: float) -> None:
-        """Apply the effects due and ask the replans due (see ``Scheduler.has_due``)."""
-        for due in self.core.effects_due(now):
-            self._spawn(self._apply_effect(due))
-        self._ask_replans()
-
     def _settle(self) -> None:
         """After the outcomes of a pass of the event loop: start what they made ready, and
-        wake :meth:`_loop` if it sleeps until a time that is no longer the next one (the
-        run ended, a lease or retry falls due sooner)."""
+        tell the supervisor (see ``settled``)."""
         self._settling = False
         self._passes += 1
         now = self._now()
-        self._launch(self.core.dispatch(now))
-        self._to_store()
-        if self.core.wakes_before(self._timer_at, now):
-            self._wake_up()
-
-    def _ask_replans(self) -> None:
-        for request in self.core.replans_due():
-            self._spawn(self._replan(request))
-
-    async def _replan(self, request: ReplanRequest) -> None:
-        """Ask the replanner; the core validates and adds what it answers."""
-        assert self.replanner is not None
-        fragment, error = await ask_replanner(self.replanner, request)
-        now = self.clock.now()
-        self.core.replan_done(request, fragment, error, now)
-        self._launch(self.core.dispatch(now))
-        self._to_store()
-
-    async def _apply_effect(self, task: Task) -> None:
-        """Apply the kind's effect once, keyed by ``"<run>:<task>"``.
-
-        With a store: the completion is written first, then the effect is recorded as
-        begun, applied with its key, and recorded as applied together with its ``effect``
-        event (one transaction). A failure anywhere (the effect raised, the store did) is
-        handed to the core, which says when to try again with the same key; the effect's
-        target must accept that key as an idempotency key.
-        """
-        key = f"{self.run_id}:{task.id}"
-        try:
-            if self.store is not None:
-                await self._flush()
-                record = await self.store.effect_begin(self.run_id, task.id, key,
-                                                       self.clock.now())
-                if record.state == "applied":  # applied and logged by an earlier process
-                    self.core.effect_applied(task.id, self.clock.now())
-                    return
-            outcome = await maybe_await(self.effects[task.kind](task, key))
-            entry = self._effect_events.get(task.id)
-            if entry is None:
-                entry = self.ledger.append(self.clock.now(), task.id, E.EFFECT,
-                                           attempt=task.token, detail={"key": key})
-                self._effect_events[task.id] = entry
-                if self.store is not None:  # written with the effect's record, below
-                    self._apart.add(entry.seq)
-                self._notify(entry, task)
-            if self.store is not None:
-                # The event goes to the store with the effect's record, not with a batch.
-                await self.store.effect_done(self.run_id, task.id, jsonable(outcome),
-                                             self.clock.now(), entry)
-        except Exception as exc:
-            error = redact(f"{type(exc).__name__}: {exc}")
-            now = self.clock.now()
-            retry_at = self.core.effect_failed(task.id, error, now)
-            self._wake_up()
-            self._log(task, E.EFFECT_FAILED,
-                      {"key": key, "error": error, "retry_at": retry_at})
-            return
-        self.core.effect_applied(task.id, self.clock.now())
+        self.launch(self.core.dispatch(now))
+        self._settled(now)
