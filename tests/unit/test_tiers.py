@@ -41,6 +41,8 @@ def test_with_room_to_spare_the_cheapest_tier_whose_extra_time_fits() -> None:
     flex = choose_tier(allowed=CHEAP_FIRST, slack=100.0, latency=LAT)
     assert flex.tier == "flex"
     assert flex.flex_retry_s == pytest.approx(100.0 - 2.7)  # the slack flex leaves
+    shared = choose_tier(allowed=CHEAP_FIRST, slack=100.0, latency=LAT, rounds=10)
+    assert shared.flex_retry_s == pytest.approx((100.0 - 2.7) / 10)  # a round's share
     assert choose_tier(allowed=("flex", "default"), slack=2.7, latency=LAT).tier == "flex"
     assert choose_tier(allowed=("flex", "default"), slack=2.69, latency=LAT).tier == "default"
 
@@ -150,7 +152,7 @@ def test_a_loose_deadline_sends_calls_at_flex_and_moves_up_as_the_slack_runs_out
     assert core.tier_for("c0", 94.0).tier == "priority"  # the rest needs more than is left
     choice = core.tier_for("c0", 0.0)
     assert choice is not None and choice.slack_s == pytest.approx(93.7)
-    assert choice.flex_retry_s == pytest.approx(91.0)
+    assert choice.flex_retry_s == pytest.approx(91.0 / 21)  # 21 rounds share it
 
 
 def test_a_task_on_the_critical_path_moves_up_first() -> None:
@@ -200,19 +202,35 @@ def test_latencies_start_conservative_and_learn_from_answers() -> None:
     lat.observe("k", "flex", 30.0)  # one slow answer weighs a fifth, and widens the margin
     assert 8.0 < lat.of("flex", "k") < 30.0
     assert lat.answers("flex", "k") == 42
-    with pytest.raises(UsageError, match="latency of tier 'flex' must be seconds >= 0"):
+    with pytest.raises(UsageError, match="latency of tier 'flex' must be seconds > 0"):
         Latencies({"flex": -1})
 
 
+def test_a_live_tier_not_tried_is_scaled_from_one_that_was() -> None:
+    lat = Latencies({"default": 30.0, "flex": 300.0, "priority": 15.0})
+    for _ in range(40):
+        lat.observe("k", "priority", 0.15)
+    assert lat.of("priority", "k") == pytest.approx(0.15, abs=0.01)
+    assert lat.of("default", "k") == pytest.approx(0.3, abs=0.02)  # 2x, as the start says
+    assert lat.of("flex", "k") == pytest.approx(3.0, abs=0.2)  # 20x
+    assert lat.of("batch", "k") == DEFAULT_LATENCY_S["batch"]  # a batch is not scaled
+    for _ in range(40):
+        lat.observe("k", "default", 0.5)
+    assert lat.of("default", "k") == pytest.approx(0.5, abs=0.02)  # learned beats scaled
+    assert lat.of("flex", "k") == pytest.approx(5.0, abs=0.3)  # default comes first
+
+
 def test_a_resumed_run_learns_the_latencies_of_its_earlier_answers() -> None:
-    core = _core(100.0, _classify_and_summarise(3), TierPolicy(("flex",), slots=3))
+    core = _core(100.0, _classify_and_summarise(3), TierPolicy(None, slots=3))
     used = [Event(0, 0.0, "c0", EventName.USAGE, detail={"tier": "flex", "latency_s": 3.0}),
             Event(1, 0.0, "c1", EventName.USAGE, detail={"tier": "default", "error": "x"}),
             Event(2, 0.0, "c1", EventName.COMPLETED)]
-    core.timing.answered_before(used)
-    assert core.timing.tiers is not None
-    assert core.timing.tiers.latencies.answers("flex", "k") == 1
-    assert core.timing.tiers.latencies.of("default") == DEFAULT_LATENCY_S["default"]
+    core.timing.resumed_tiers(["flex"], used)
+    tiers = core.timing.tiers
+    assert tiers is not None and tiers.allowed == ("flex", "default")
+    assert tiers.latencies.answers("flex", "k") == 1
+    assert tiers.latencies.answers("default") == 0  # the failed request taught nothing
+    assert tiers.latencies.of("flex") == pytest.approx(4.5)
 
 
 def test_a_choice_travels_as_json() -> None:
