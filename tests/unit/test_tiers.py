@@ -137,6 +137,24 @@ def test_the_batch_rule_uses_the_learned_default_tier_figure() -> None:
     assert learned.batch_due(93.5, 10, 10, 5.0)
 
 
+def _taught(policy: TierPolicy, seconds: dict[str, float]) -> TierPolicy:
+    """``policy`` after steady answers of kind ``k`` that took ``seconds`` at each tier."""
+    for _ in range(80):
+        for tier, took in seconds.items():
+            policy.latencies.observe("k", tier, took)
+    return policy
+
+
+def test_before_any_answer_a_spent_slack_means_the_default_tier_not_priority() -> None:
+    policy = TierPolicy(("flex", "priority"), slots=3)  # conservative starting figures only
+    core = _core(30.0, _classify_and_summarise(60), policy)
+    assert core.tier_for("c0", 0.0).tier == "default"  # 21 rounds of 30 s: "spent", unproven
+    policy.latencies.observe("k", "priority", 0.2)  # one answer (0.3 s with its margin):
+    # default is taken as 0.6 s and flex 6 s, so 21 rounds need 12.6 s and flex's 5.4 s fits
+    assert core.tier_for("c0", 0.0).tier == "flex"
+    assert core.tier_for("c0", 20.0).tier == "priority"  # now the slack is known to be spent
+
+
 def _classify_and_summarise(n: int) -> list[Task]:
     tasks = [Task(f"c{i}", "k") for i in range(n)]
     return [*tasks, Task("sum", "s", depends_on=tuple(t.id for t in tasks))]
@@ -144,7 +162,7 @@ def _classify_and_summarise(n: int) -> list[Task]:
 
 def test_a_loose_deadline_sends_calls_at_flex_and_moves_up_as_the_slack_runs_out() -> None:
     # 60 classifications and a summary, 3 slots: 21 rounds of 0.3 s = 6.3 s at default
-    policy = TierPolicy(("flex", "priority"), latency_s=LAT, slots=3)
+    policy = _taught(TierPolicy(("flex", "priority"), slots=3), LAT)
     core = _core(100.0, _classify_and_summarise(60), policy)
     assert core.tier_for("c0", 0.0).tier == "flex"  # 93.7 s of slack: 2.7 s more fits
     assert core.tier_for("c0", 90.9).tier == "flex"  # 2.8 s of slack still
@@ -159,8 +177,8 @@ def test_a_task_on_the_critical_path_moves_up_first() -> None:
     # a chain a-b-c-d-e (5 calls one after the other) beside a lone task x, 10 slots
     chain = [Task("a", "k")]
     chain += [Task(n, "k", depends_on=(p,)) for p, n in zip("abcd", "bcde", strict=True)]
-    policy = TierPolicy(("flex", "priority"), latency_s={"default": 1.0, "flex": 3.0,
-                                                         "priority": 0.5}, slots=10)
+    policy = _taught(TierPolicy(("flex", "priority"), slots=10),
+                     {"default": 1.0, "flex": 3.0, "priority": 0.5})
     core = _core(6.9, [*chain, Task("x", "k")], policy)
     x, a = core.tier_for("x", 0.0), core.tier_for("a", 0.0)
     assert x is not None and a is not None

@@ -16,8 +16,9 @@ the rest of the run needs at the default tier, counting for its own chain only t
 that depend on it: ``deadline - now - max(unfinished / slots, depth) * lat(default) -
 margin``. Its call goes at the cheapest allowed tier whose extra latency over the default
 tier (``lat(tier) - lat(default)``) fits that slack; when none fits (the slack is spent),
-at the fastest allowed tier. Without a deadline nothing is at stake: the cheapest allowed
-tier.
+at the fastest allowed tier (before the run has any answer to learn from, at the default
+one: the starting figures are a worst case, no evidence that the slack is gone). Without
+a deadline nothing is at stake: the cheapest allowed tier.
 
 The Batch API's take-back (:func:`batch_take_back`) is a case of the same rule: calls
 waiting in a batch go live once the run's slack (its whole longest chain counted) is gone.
@@ -153,12 +154,16 @@ class TierChoice:
 
 
 def choose_tier(*, allowed: Sequence[str], slack: float | None,
-                latency: Mapping[str, float], rounds: int = 1) -> TierChoice:
+                latency: Mapping[str, float], rounds: int = 1,
+                learned: bool = True) -> TierChoice:
     """The cheapest of ``allowed`` (cheapest first, as :func:`check_tiers` gives them)
     whose extra latency over the default tier fits ``slack``; when none fits, the fastest
     allowed; without a deadline (``slack`` None) the cheapest. ``latency``: seconds of one
     call at each tier; ``rounds``: the rounds of calls ahead, which share what is left of
-    the slack (a refused flex call's :attr:`TierChoice.flex_retry_s`)."""
+    the slack (a refused flex call's :attr:`TierChoice.flex_retry_s`). ``learned``: the
+    latencies come from the run's answers; before any (the starting figures are a worst
+    case, not evidence that the slack is spent) a call that fits no tier goes at the
+    default one, not the fastest."""
     if slack is None:
         return TierChoice(allowed[0] if allowed else "default")
     base = latency["default"]
@@ -167,6 +172,8 @@ def choose_tier(*, allowed: Sequence[str], slack: float | None,
         if extra <= slack:
             room = (slack - extra) / max(1, rounds) if tier == "flex" else 0.0
             return TierChoice(tier, slack, room)
+    if not learned:
+        return TierChoice("default", slack)
     fastest = min(allowed or ("default",), key=lambda t: (latency[t], TIERS.index(t)))
     return TierChoice(fastest, slack)
 
@@ -244,6 +251,12 @@ class Latencies:
                     return known * self.defaults[tier] / self.defaults[other]
         return self.defaults[tier]
 
+    @property
+    def learned_live(self) -> bool:
+        """Some answer at a live tier was learned from (every live figure is then scaled
+        from evidence)."""
+        return any((None, tier) in self._seen for tier in self.LIVE)
+
     def answers(self, tier: str, kind: str | None = None) -> int:
         """How many answers at ``tier`` (of ``kind``; None: of any kind) were learned from."""
         return self._seen.get((kind, tier), (0, 0.0, 0.0))[0]
@@ -300,4 +313,5 @@ class TierPolicy:
         slack = slack_s(now=now, deadline=deadline, unfinished=unfinished, depth=depth,
                         slots=slots, default_s=latency["default"], margin_s=self.margin_s)
         return choose_tier(allowed=allowed, slack=slack, latency=latency,
-                           rounds=rounds_ahead(unfinished, depth, slots))
+                           rounds=rounds_ahead(unfinished, depth, slots),
+                           learned=self.latencies.learned_live)
