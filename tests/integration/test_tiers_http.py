@@ -291,3 +291,17 @@ async def _usage_events(url: str, run_id: str) -> list[Any]:
         return [e for e in (await store.load(run_id)).events if e.event == EventName.USAGE]
     finally:
         await store.close()
+
+
+def test_a_flex_answer_slower_than_the_lease_keeps_its_task() -> None:
+    """Flex answers take 4 s, the lease 3 s: while a flex request is out its task's lease is
+    renewed, so no attempt is reclaimed and each call is sent once."""
+    server = _server(latency=0.02, flex_latency=4.0, flex_slots=8)
+    try:
+        report = plan_and_run(_plan(4), app, model=_model(server), tiers=("flex",),
+                              deadline_s=600, stale_after=3.0)
+    finally:
+        server.stop()
+    assert report.ok, report.summary()
+    assert not [e for e in report.events if e.event == EventName.RECLAIMED]
+    assert _asked(server) == {"flex": 4}

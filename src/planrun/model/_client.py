@@ -57,7 +57,7 @@ from planrun.model._request import (
     chat_messages,
 )
 from planrun.model._schema import check_max_tokens
-from planrun.model._tiers import Tiers, send_at_tier, tier_refusal
+from planrun.model._tiers import FLEX_TIMEOUT_S, Tiers, heartbeats, send_at_tier, tier_refusal
 from planrun.model._transport import DEFAULT_TIMEOUT, UNSET, Transport, _Unset, request_timeout
 from planrun.model._usage import Reservation, Usage
 from planrun.obs import tracing
@@ -382,9 +382,12 @@ class Model:
         :func:`~planrun.model._tiers.send_at_tier`)."""
         if choice is None:
             return await self._live(call, params, prompt_estimate)
-        return await send_at_tier(
-            choice, params, lambda sent, tier: self._live(call, sent, prompt_estimate, tier),
-            self._tiers, self.retry, self._rng, model=self.model, base_url=self.base_url)
+        if choice.tier == "flex" and call.timeout is not None:
+            call.timeout = max(call.timeout, FLEX_TIMEOUT_S)  # flex answers slowly
+        async with heartbeats(call.task if choice.tier == "flex" else None):
+            return await send_at_tier(
+                choice, params, lambda sent, tier: self._live(call, sent, prompt_estimate, tier),
+                self._tiers, self.retry, self._rng, model=self.model, base_url=self.base_url)
 
     async def _live(self, call: _Call, params: dict[str, Any], prompt_estimate: int,
                     tier: str = "default") -> Completion[Any]:

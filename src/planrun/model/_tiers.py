@@ -19,10 +19,11 @@ request's ``service_tier`` and reads the tier that served the answer from the an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import openai
@@ -30,14 +31,21 @@ import openai
 from planrun.core import PermanentError, TransientError
 
 if TYPE_CHECKING:
+    from planrun.core import TaskContext
     from planrun.core.scheduling import RetryPolicy, TierChoice
 
-__all__ = ["FLEX_REFUSED_CODE", "FlexRefused", "TierRejected", "Tiers", "send_at_tier",
-           "tier_refusal"]
+__all__ = ["FLEX_REFUSED_CODE", "FLEX_TIMEOUT_S", "FlexRefused", "TierRejected", "Tiers",
+           "heartbeats", "send_at_tier", "tier_refusal"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("planrun.model")
+
+FLEX_TIMEOUT_S = 900.0
+"""A flex request may take this long (the provider's advice) whatever the model's timeout."""
+HEARTBEAT_S = 2.0
+"""While a flex request is out, its task's lease is renewed this often (a flex answer may
+take longer than a lease)."""
 
 FLEX_REFUSED_CODE = "resource_unavailable"
 """The error code of flex's 429 when it lacks capacity (a rate limit's is
@@ -128,3 +136,26 @@ async def send_at_tier(choice: TierChoice, params: Mapping[str, Any],
             if wire is None:
                 raise
             tiers.reject(wire, model, base_url)
+
+
+@contextlib.asynccontextmanager
+async def heartbeats(task: TaskContext | None, every: float = HEARTBEAT_S,
+                     ) -> AsyncIterator[None]:
+    """Renew ``task``'s lease every ``every`` seconds while the block runs (nothing for
+    None): a flex answer may take longer than the lease."""
+    if task is None:
+        yield
+        return
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every)
+            task.heartbeat()
+
+    beating = asyncio.ensure_future(beat())
+    try:
+        yield
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
