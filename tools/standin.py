@@ -25,6 +25,15 @@ counts the 429s, ``admitted`` holds the arrival time of every request let throug
 server with N parallel sequences, each answer taking S seconds (``most_busy`` says how many
 were generated at once).
 
+Tiers: a request's ``service_tier`` is served as the OpenAI API serves it. ``flex`` answers
+take ``flex_latency`` seconds (default ten times ``latency``) with room for ``flex_slots``
+at once (its own capacity, apart from ``slots``); a flex request beyond that room is refused
+at once with the API's 429 ``resource_unavailable`` (``flex_refused`` counts them), which is
+not billed. ``priority`` answers take ``priority_latency`` (default half of ``latency``). The
+answer's ``service_tier`` names the tier that served it (see
+:class:`planrun.dev.testing.FakeOpenAI`'s ``tiers`` and ``reject_tiers``), and ``billed``
+logs what each answer cost at it (``cost_usd`` sums them; ``--log-cost`` prints each).
+
 The Batch API's endpoints are served by :class:`planrun.dev.testing.FakeBatchAPI`
 (``batch_api=``, by default one over the same fake; ``server.batch_api``): ``POST /v1/files``
 (the SDK's multipart upload), ``GET /v1/files/{id}`` and ``/v1/files/{id}/content`` (the
@@ -60,6 +69,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -78,8 +88,9 @@ from planrun.dev.testing import (
     prompt_tokens_of,
 )
 from planrun.examples.answers import answers
+from planrun.model import FLEX_REFUSED_CODE, PriceTable
 
-__all__ = ["EMULATIONS", "StandIn", "eval_planner", "for_scenario", "main"]
+__all__ = ["EMULATIONS", "Billed", "StandIn", "eval_planner", "for_scenario", "main"]
 
 CHAT_PATH = "/v1/chat/completions"
 DROP = None
@@ -184,6 +195,10 @@ class StandIn:
         slots: int | None = None,
         latency: float = 0.0,
         batch_api: FakeBatchAPI | None = None,
+        flex_latency: float | None = None,
+        flex_slots: int | None = None,
+        priority_latency: float | None = None,
+        log_cost: bool = False,
     ) -> None:
         if not 0.0 <= malformed < 1.0:
             raise ValueError(f"malformed must be a fraction in [0, 1), got {malformed!r}")
@@ -226,6 +241,18 @@ class StandIn:
         self.busy = 0
         """Answers being generated now; ``most_busy`` is the most seen at once."""
         self.most_busy = 0
+        self.flex_latency = 10 * latency if flex_latency is None else flex_latency
+        self.priority_latency = latency / 2 if priority_latency is None else priority_latency
+        self._flex = threading.BoundedSemaphore(flex_slots) if flex_slots else None
+        self.flex_refused = 0
+        """Flex requests refused for want of room (429 ``resource_unavailable``)."""
+        self.flex_busy = 0
+        """Flex answers being generated now; ``most_flex_busy`` the most seen at once."""
+        self.most_flex_busy = 0
+        self.billed: list[Billed] = []
+        """What each answer cost, at the tier that served it."""
+        self.log_cost = log_cost
+        self._prices = PriceTable()
         self._server = _QuietServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -312,6 +339,8 @@ class StandIn:
             out = {k: v for k, v in response.headers.items()
                    if k.lower() not in ("content-length", "content-type")}
             content = response.content
+            if response.status_code == 200:
+                self._bill(content)
             if response.status_code == 200 and self.malformed_every:
                 self._answered += 1
                 if self._answered % self.malformed_every == 0:
@@ -321,24 +350,79 @@ class StandIn:
             return (response.status_code, {**out, **limit_headers, **self.extra_headers},
                     content)
 
+    @property
+    def cost_usd(self) -> float:
+        """What every answer cost, summed."""
+        with self._lock:
+            return sum(b.cost_usd for b in self.billed)
+
     @contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, tier: str | None = None) -> Iterator[bool]:
         """Hold one of ``slots`` (waiting for one) for ``latency`` seconds, as a server with
-        that many parallel sequences generates; without ``slots``, no wait beyond latency."""
+        that many parallel sequences generates; without ``slots``, no wait beyond latency.
+        At ``tier`` ``flex``: one of ``flex_slots`` for ``flex_latency`` (False, at once,
+        when none is free: the request is refused); ``priority``: ``priority_latency``."""
+        if tier in self.fake.reject_tiers:
+            yield True  # answered at once: the fake refuses it
+            return
+        if tier == "flex":
+            with self._flex_slot() as free:
+                yield free
+            return
         if self._slots is not None:
             self._slots.acquire()
         with self._lock:
             self.busy += 1
             self.most_busy = max(self.most_busy, self.busy)
         try:
-            if self.latency:
-                time.sleep(self.latency)
-            yield
+            latency = self.priority_latency if tier == "priority" else self.latency
+            if latency:
+                time.sleep(latency)
+            yield True
         finally:
             with self._lock:
                 self.busy -= 1
             if self._slots is not None:
                 self._slots.release()
+
+    @contextmanager
+    def _flex_slot(self) -> Iterator[bool]:
+        if self._flex is not None and not self._flex.acquire(blocking=False):
+            with self._lock:
+                self.flex_refused += 1
+            yield False
+            return
+        with self._lock:
+            self.flex_busy += 1
+            self.most_flex_busy = max(self.most_flex_busy, self.flex_busy)
+        try:
+            if self.flex_latency:
+                time.sleep(self.flex_latency)
+            yield True
+        finally:
+            with self._lock:
+                self.flex_busy -= 1
+            if self._flex is not None:
+                self._flex.release()
+
+    def _bill(self, content: bytes) -> None:
+        """Log what one answer (a chat completion or a response) cost (under the lock)."""
+        try:
+            answer = json.loads(content)
+        except json.JSONDecodeError:
+            return
+        usage = answer.get("usage") or {}
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        cached = details.get("cached_tokens") or 0
+        output = usage.get("completion_tokens", usage.get("output_tokens", 0))
+        tier = str(answer.get("service_tier") or "default")
+        model = str(answer.get("model") or "")
+        cost = self._prices.cost(model, prompt, cached, output, tier=tier) or 0.0
+        self.billed.append(Billed(tier, model, prompt, cached, output, cost))
+        if self.log_cost:
+            print(f"answer at {tier}: {prompt} prompt ({cached} cached) + {output} output "
+                  f"tokens = ${cost:.6f}", flush=True)
 
     def _take_raw(self) -> Raw | object:
         with self._lock:
@@ -403,9 +487,12 @@ class StandIn:
                     if late:
                         time.sleep(float(late))  # outside the lock: others are answered
                 else:
-                    with server.slot():
-                        status, extra, content = server.answer(self.command, self.path,
-                                                               headers, body)
+                    with server.slot(_asked_tier(body)) as admitted:
+                        if admitted:
+                            status, extra, content = server.answer(self.command, self.path,
+                                                                   headers, body)
+                        else:
+                            status, extra, content = _flex_refusal()
                 # JSON unless the answer says otherwise (a file's content: its bytes)
                 extra = {"content-type": "application/json", **extra}
                 self.send_response(status)
@@ -422,6 +509,36 @@ class StandIn:
                 pass
 
         return Handler
+
+
+@dataclass(frozen=True)
+class Billed:
+    """What one answer cost, at the tier that served it."""
+
+    tier: str
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+def _asked_tier(body: bytes) -> str | None:
+    """The ``service_tier`` a request asks for (None: none, or no JSON body)."""
+    if b"service_tier" not in body:
+        return None
+    try:
+        asked = json.loads(body).get("service_tier")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return str(asked) if asked else None
+
+
+def _flex_refusal() -> tuple[int, dict[str, str], bytes]:
+    """The API's answer to a flex request when flex has no room: 429, not billed."""
+    return _error(429, "Resource unavailable: flex processing has no capacity for this "
+                  "request now. Retry later, or send it at the default tier.",
+                  FLEX_REFUSED_CODE)
 
 
 DEFAULT_BOUND = 1024
@@ -533,6 +650,17 @@ def main(argv: list[str] | None = None) -> int:
                         "steadily meanwhile (default: at once)")
     parser.add_argument("--batch-expire-after", type=float, metavar="S",
                         help="an unfinished batch expires S seconds after it is created")
+    parser.add_argument("--latency", type=float, default=0.0, metavar="S",
+                        help="seconds a default-tier answer takes")
+    parser.add_argument("--flex-latency", type=float, metavar="S",
+                        help="seconds a flex answer takes (default ten times --latency)")
+    parser.add_argument("--flex-slots", type=int, metavar="N",
+                        help="flex answers generated at once; a flex request beyond them is "
+                        "refused (429 resource_unavailable)")
+    parser.add_argument("--priority-latency", type=float, metavar="S",
+                        help="seconds a priority answer takes (default half of --latency)")
+    parser.add_argument("--log-cost", action="store_true",
+                        help="print what each answer cost, at the tier that served it")
     args = parser.parse_args(argv)
     for flag, value in (("--rpm-limit", args.rpm_limit), ("--tpm-limit", args.tpm_limit)):
         if value is not None and not value > 0:
@@ -543,9 +671,17 @@ def main(argv: list[str] | None = None) -> int:
                         ("--batch-expire-after", args.batch_expire_after)):
         if value is not None and value < 0:
             parser.error(f"{flag} must be >= 0 seconds, got {value}")
+    for flag, value in (("--latency", args.latency), ("--flex-latency", args.flex_latency),
+                        ("--priority-latency", args.priority_latency)):
+        if value is not None and value < 0:
+            parser.error(f"{flag} must be >= 0 seconds, got {value}")
+    if args.flex_slots is not None and args.flex_slots < 1:
+        parser.error(f"--flex-slots must be >= 1, got {args.flex_slots}")
     server = for_scenario(args.scenario, port=args.port, emulate=args.emulate,
                           rpm_limit=args.rpm_limit, tpm_limit=args.tpm_limit,
-                          malformed=args.malformed)
+                          malformed=args.malformed, latency=args.latency,
+                          flex_latency=args.flex_latency, flex_slots=args.flex_slots,
+                          priority_latency=args.priority_latency, log_cost=args.log_cost)
     server.batch_api = FakeBatchAPI(server.fake, complete_after=args.batch_complete_after,
                                     progress=True, expire_after=args.batch_expire_after)
     print(f"stand-in serving at {server.base_url}", flush=True)

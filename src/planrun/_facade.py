@@ -38,7 +38,14 @@ from planrun.core import (
     fast_init,
     redact,
 )
-from planrun.core.scheduling import DEFAULT_LATENCY_S, Approval, TierPolicy, as_approval
+from planrun.core.scheduling import (
+    DEFAULT_LATENCY_S,
+    Approval,
+    TierPolicy,
+    as_approval,
+    check_policies,
+    check_tiers,
+)
 from planrun.model import ModelWorker, PromptLibrary
 from planrun.obs import tracing
 from planrun.runtime import (
@@ -68,6 +75,11 @@ if TYPE_CHECKING:
     )
     from planrun.runtime import Replanner
     from planrun.stores.base import Store
+
+Tiers = Sequence[str] | str | TierPolicy
+"""The tiers a run's calls may go at beside the default one: names (``("flex",
+"priority")`` or ``"flex,priority"``), or a :class:`~planrun.core.scheduling.TierPolicy`
+with its own starting latencies."""
 
 READY_PLAN_MAX_TASKS = 1_000_000
 """A ready plan is bounded only by this; ``min_tasks``/``max_tasks`` bound decomposition."""
@@ -130,6 +142,7 @@ class RunOptions(SupervisorOptions, total=False):
     store: Store | str | None
     meta: Mapping[str, Any] | None
     batch: Batching | bool | None
+    tiers: Tiers
 
 
 class ResumeOptions(SupervisorOptions, total=False):
@@ -142,8 +155,29 @@ class ResumeOptions(SupervisorOptions, total=False):
     progress: Callable[[Event, Task], None] | None
     clock: Clock | None
     batch: Batching | bool | None
+    tiers: Tiers | None
     wait: bool
     on_wait: WaitHook | None
+
+
+def _check_run(function: str, given: Mapping[str, Any], tiers: Tiers,
+               model: Model | None, prices: PriceTable | None) -> Tiers:
+    """The keywords (:func:`_check_keywords`) and the tiers of a new run, checked before
+    anything is spent: known names, ``priority`` only for a model with a priority price, a
+    deadline > 0. Returns the tiers beside the default one (a policy as it is)."""
+    import os
+
+    from planrun.model import DEFAULT_MODEL
+    from planrun.model import PriceTable as Prices
+
+    _check_keywords(function, given, SupervisorOptions)
+    allowed = tiers.allowed if isinstance(tiers, TierPolicy) else check_tiers(tiers)
+    name = model.model if model is not None else os.environ.get("PLANRUN_MODEL", DEFAULT_MODEL)
+    for tier in allowed:
+        Prices.of(prices).check_tier(name, tier)
+    check_policies(deadline_s=given.get("deadline_s"))  # before anything is spent
+    return tiers if isinstance(tiers, TierPolicy) else tuple(t for t in allowed
+                                                              if t != "default")
 
 
 def _check_keywords(function: str, given: Mapping[str, Any], allowed: type) -> None:
@@ -385,6 +419,11 @@ class RunReport:
                     k: {"tokens": v.total_tokens, "cost_usd": round(v.cost_usd, 6)}
                     for k, v in sorted(self.usage.by_key().items())
                 },
+                "by_tier": {
+                    k: {"requests": v.requests, "tokens": v.total_tokens,
+                        "cached_tokens": v.cached_tokens, "cost_usd": round(v.cost_usd, 6)}
+                    for k, v in self.usage.by_tier().items()
+                },
             }
         return {
             "run_id": self.run_id,
@@ -413,6 +452,10 @@ class RunReport:
                 f"({t.prompt_tokens} prompt, {t.cached_tokens} cached, "
                 f"{t.completion_tokens} completion), ${t.cost_usd:.4f}"
             )
+            tiers = self.usage.by_tier()
+            if set(tiers) != {"default"}:
+                lines.append("by tier: " + ", ".join(
+                    f"{k} {v.requests} requests ${v.cost_usd:.4f}" for k, v in tiers.items()))
         if self.budget_exhausted:
             lines.append("budget exhausted: remaining tasks were cancelled (cause: budget)")
         if self.aborted_by:
@@ -446,10 +489,11 @@ async def aplan_and_run(
     store: Store | str | None = None,
     meta: Mapping[str, Any] | None = None,
     batch: Batching | bool | None = None,
+    tiers: Tiers = (),
     **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Decompose (or validate) and run; see :func:`plan_and_run`."""
-    _check_keywords("aplan_and_run", supervisor_options, SupervisorOptions)
+    tiers = _check_run("aplan_and_run", supervisor_options, tiers, model, prices)
     from planrun.model import Usage as UsageMeter
     from planrun.model import adecompose
 
@@ -457,8 +501,7 @@ async def aplan_and_run(
     plan = _ready_plan(goal_or_plan, app.registry)
     if model is None and (plan is None or app.needs_model()):
         model = _default_model()  # a missing key fails here, before any task starts
-    clock = clock or RealClock()
-    named, run_id = run_id, run_id or uuid.uuid4().hex[:12]
+    clock, (named, run_id) = clock or RealClock(), (run_id, run_id or uuid.uuid4().hex[:12])
     goal = plan.goal if plan else str(goal_or_plan)
     with tracing.traced_run(run_id, clock=clock, goal=goal, progress=progress) as traced:
         async with _opened(store, new_run=named) as opened:
@@ -471,7 +514,7 @@ async def aplan_and_run(
                                         prompts=prompts, meter=meter)
             _with_replanner(supervisor_options, plan.goal, app.registry, model, meter,
                             repair_attempts=repair_attempts, prompts=prompts, max_tasks=max_tasks)
-            batcher, run_model = _batcher(batch, model, app, supervisor_options)
+            batcher, run_model = _batcher(batch, model, app, supervisor_options, tiers)
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock,
                 run_id=run_id, effects=app.effects, approvals=app.approvals,
@@ -482,7 +525,7 @@ async def aplan_and_run(
                       **(traced.meta if traced else {}), **(meta or {})},
                 **supervisor_options)
             sup.add_tasks(plan.to_tasks())
-            async with _running(opened, sup, batcher, new_run=True):
+            async with _running(opened, sup, batcher, tiers, new_run=True):
                 result = await (traced.run(sup.arun()) if traced else sup.arun())
         if traced:
             traced.set_result(result)
@@ -544,20 +587,20 @@ async def aresume_run(
     wait: bool = True,
     on_wait: WaitHook | None = None,
     batch: Batching | bool | None = None,
+    tiers: Tiers | None = None,
     **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
 
-    The run is resumed under its owner lease (:func:`planrun.runtime.hold_run`). An owner that is a
-    process of this host that no longer exists is taken over at once. Another owner is
-    waited for until its lease runs out (``wait=True``; ``on_wait(owner, seconds_left)``
-    is called about once a second meanwhile); a live owner keeps renewing it, and then (or
-    at once with ``wait=False``) this raises :class:`~planrun.RunInUse` and changes
-    nothing.
-    With ``batch``, a batch the run submitted before it stopped is found again and its
-    lines awaited, not submitted twice.
-    The budget draws on what the run already spent (stored with it); ``budget`` replaces
-    the stored limits, if given. Reservations of calls that died with the run are dropped.
+    The run is resumed under its owner lease (:func:`planrun.runtime.hold_run`). An owner
+    that is a process of this host that no longer exists is taken over at once. Another owner
+    is waited for until its lease runs out (``wait=True``; ``on_wait(owner, seconds_left)``
+    is called about once a second meanwhile); a live owner keeps renewing it, and then (or at
+    once with ``wait=False``) this raises :class:`~planrun.RunInUse` and changes nothing.
+    With ``batch``, a batch the run submitted before it stopped is found again and its lines
+    awaited, not submitted twice; ``tiers`` (None: those stored with the run) as in
+    :func:`plan_and_run`. The budget draws on what the run already spent (stored with it);
+    ``budget`` replaces the stored limits, if given; reservations of dead calls are dropped.
     """
     from planrun.model import Usage as UsageMeter
 
@@ -575,14 +618,14 @@ async def aresume_run(
             if supervisor_options.get("on_dead") == "replan":
                 goal = (await opened.load_tasks(run_id)).run.goal
                 _with_replanner(supervisor_options, goal, app.registry, model, meter)
-            batcher, run_model = _batcher(batch, model, app, supervisor_options)
+            batcher, run_model = _batcher(batch, model, app, supervisor_options, tiers)
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock, run_id=run_id,
                 effects=app.effects, approvals=app.approvals,
                 on_event=traced.on_event if traced else progress,
                 extras={"model": run_model, "usage": meter}, store=opened, **supervisor_options,
             )
-            async with _running(opened, sup, batcher, wait=wait, on_wait=on_wait):
+            async with _running(opened, sup, batcher, tiers, wait=wait, on_wait=on_wait):
                 result = await (traced.run(sup.aresume()) if traced else sup.aresume())
             if traced:
                 traced.set_result(result)
@@ -636,17 +679,20 @@ async def _owning(
 
 
 def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
-             options: SupervisorOptions) -> tuple[Batcher | None, Model | None]:
+             options: SupervisorOptions, tiers: Tiers | None = (),
+             ) -> tuple[Batcher | None, Model | None]:
     """The run's :class:`~planrun.model.Batcher` and the model its tasks call (sending
-    through it), or None and ``model`` without batch mode. Decomposition and replanning
-    keep ``model``: they stay live. Live calls keep to the app's workers' capacity.
+    through it), or None and ``model`` without batch mode (which ``batch`` among the
+    ``tiers`` asks for too). Decomposition and replanning keep ``model``: they stay live.
+    Live calls keep to the app's workers' capacity.
 
     A task waiting in a batch changes no record for as long as the batch takes, and renews
     its lease at each poll: unless given, ``stall_after`` is the batch's window (a day) and
     ``stale_after`` three polls."""
     from planrun.model import Batcher, Batching
 
-    settings = Batching.of(batch)
+    names = tiers.allowed if isinstance(tiers, TierPolicy) else tiers or ()
+    settings = Batching.of(batch or "batch" in names)
     if settings is None or model is None:
         return None, model
     options.setdefault("stall_after", BATCH_STALL_S)
@@ -655,16 +701,24 @@ def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
     return batcher, model.batched(batcher)
 
 
-def _tier_policy(sup: Supervisor, batcher: Batcher | None) -> TierPolicy:
-    """The run's tiers and their learned latencies, over the calls its workers make at once
-    (in batch mode, its live calls): the default tier's starting figure is the batch
-    settings' ``live_s`` in batch mode."""
+def _tier_policy(sup: Supervisor, batcher: Batcher | None, tiers: Tiers | None) -> TierPolicy:
+    """The run's tiers (None: those stored with a resumed run) and their learned latencies,
+    over the calls its workers make at once (in batch mode, its live calls): the default
+    tier's starting figure is the batch settings' ``live_s`` in batch mode. Given tiers are
+    kept in the run's meta, for a resume."""
     if batcher is not None:
         live_s, slots = batcher.options.live_s, batcher.slots or 1
     else:
         live_s = DEFAULT_LATENCY_S["default"]
         slots = sum(w.spec.capacity for w in sup.core.workers.values())
-    return TierPolicy((), latency_s={"default": live_s}, slots=slots)
+    if isinstance(tiers, TierPolicy):  # the caller's starting figures
+        policy = tiers
+        policy.slots = policy.slots or slots
+    else:
+        policy = TierPolicy(tiers, latency_s={"default": live_s}, slots=slots)
+    if policy.active:
+        sup.meta = {**sup.meta, "tiers": [t for t in policy.allowed if t != "default"]}
+    return policy
 
 
 def _specs(app: App, batcher: Batcher | None) -> list[WorkerSpec]:
@@ -697,10 +751,11 @@ async def _batching(batcher: Batcher | None, sup: Supervisor) -> AsyncIterator[N
 
 @contextlib.asynccontextmanager
 async def _running(store: Store | None, sup: Supervisor, batcher: Batcher | None,
-                   **owning: Any) -> AsyncIterator[None]:
-    """While the run goes on: its owner lease held, its batcher connected to it, what its
-    tasks spend written to its ledger."""
-    sup.core.use_tiers(_tier_policy(sup, batcher))
+                   tiers: Tiers | None, **owning: Any) -> AsyncIterator[None]:
+    """While the run goes on: its tiers set, its owner lease held, its batcher connected to
+    it, what its tasks spend written to its ledger (and how long their answers took,
+    learned by its tiers)."""
+    sup.core.use_tiers(_tier_policy(sup, batcher, tiers))
     async with _owning(store, sup.run_id, sup.clock, **owning), _batching(batcher, sup):
         meter = sup.extras.get("usage")
         stop = meter.listen(sup.usage_journal().recorded) if meter is not None else None

@@ -47,7 +47,8 @@ def _nothing(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     yield {}
 
 
-SETUP = {"docs/guides/models.md": _model_server, "docs/guides/batch.md": _model_server}
+SETUP = {"docs/guides/models.md": _model_server, "docs/guides/batch.md": _model_server,
+         "docs/concepts/tiers.md": _model_server}
 
 
 def run_document(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -79,7 +80,8 @@ def test_every_python_block_runs(path: Path, tmp_path: Path,
 def test_the_documents_with_code_are_all_found() -> None:
     names = {_name(p) for p in _with_python_blocks()}
     assert {"README.md", "docs/index.md", "docs/concepts/failures.md",
-            "docs/guides/durable.md", "docs/guides/models.md"} <= names
+            "docs/guides/durable.md", "docs/guides/models.md",
+            "docs/concepts/tiers.md"} <= names
 
 
 def test_the_readme_is_a_front_door() -> None:

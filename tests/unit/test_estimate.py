@@ -174,3 +174,21 @@ def test_a_run_that_cannot_afford_its_plan_is_refused_before_any_call(
                         "0.0001", "--force", "--quiet")
     assert code == 1  # forced: it starts, and the budget stops it before any call
     assert len(endpoint.fake.requests) == 10
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tiers", "flex,fast"], "unknown tier 'fast'"),
+    (["--model", "gpt-5-nano", "--tiers", "priority"], "has no priority price"),
+    (["--tiers", "flex", "--deadline", "0"], "must be > 0"),
+    (["--tiers", "flex", "--deadline", "-5"], "must be > 0"),
+    (["--tiers", "batch", "--workers", "external", "--db", "sqlite:///x.db"],
+     "--batch runs with local workers"),
+])
+def test_planrun_run_bad_tiers_are_one_line_exit_2_and_nothing_is_spent(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, endpoint: Any, argv: list[str],
+        message: str) -> None:
+    code, _, err = _cli(capsys, "run", _plan_file(tmp_path), "--app", "classify_app:app",
+                          *argv)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and message in last and "error:" in last and "Traceback" not in err
+    assert endpoint.fake.requests == []

@@ -41,6 +41,8 @@ def test_with_room_to_spare_the_cheapest_tier_whose_extra_time_fits() -> None:
     flex = choose_tier(allowed=CHEAP_FIRST, slack=100.0, latency=LAT)
     assert flex.tier == "flex"
     assert flex.flex_retry_s == pytest.approx(100.0 - 2.7)  # the slack flex leaves
+    shared = choose_tier(allowed=CHEAP_FIRST, slack=100.0, latency=LAT, rounds=10)
+    assert shared.flex_retry_s == pytest.approx((100.0 - 2.7) / 10)  # a round's share
     assert choose_tier(allowed=("flex", "default"), slack=2.7, latency=LAT).tier == "flex"
     assert choose_tier(allowed=("flex", "default"), slack=2.69, latency=LAT).tier == "default"
 
@@ -135,6 +137,24 @@ def test_the_batch_rule_uses_the_learned_default_tier_figure() -> None:
     assert learned.batch_due(93.5, 10, 10, 5.0)
 
 
+def _taught(policy: TierPolicy, seconds: dict[str, float]) -> TierPolicy:
+    """``policy`` after steady answers of kind ``k`` that took ``seconds`` at each tier."""
+    for _ in range(80):
+        for tier, took in seconds.items():
+            policy.latencies.observe("k", tier, took)
+    return policy
+
+
+def test_before_any_answer_a_spent_slack_means_the_default_tier_not_priority() -> None:
+    policy = TierPolicy(("flex", "priority"), slots=3)  # conservative starting figures only
+    core = _core(30.0, _classify_and_summarise(60), policy)
+    assert core.tier_for("c0", 0.0).tier == "default"  # 21 rounds of 30 s: "spent", unproven
+    policy.latencies.observe("k", "priority", 0.2)  # one answer (0.3 s with its margin):
+    # default is taken as 0.6 s and flex 6 s, so 21 rounds need 12.6 s and flex's 5.4 s fits
+    assert core.tier_for("c0", 0.0).tier == "flex"
+    assert core.tier_for("c0", 20.0).tier == "priority"  # now the slack is known to be spent
+
+
 def _classify_and_summarise(n: int) -> list[Task]:
     tasks = [Task(f"c{i}", "k") for i in range(n)]
     return [*tasks, Task("sum", "s", depends_on=tuple(t.id for t in tasks))]
@@ -142,7 +162,7 @@ def _classify_and_summarise(n: int) -> list[Task]:
 
 def test_a_loose_deadline_sends_calls_at_flex_and_moves_up_as_the_slack_runs_out() -> None:
     # 60 classifications and a summary, 3 slots: 21 rounds of 0.3 s = 6.3 s at default
-    policy = TierPolicy(("flex", "priority"), latency_s=LAT, slots=3)
+    policy = _taught(TierPolicy(("flex", "priority"), slots=3), LAT)
     core = _core(100.0, _classify_and_summarise(60), policy)
     assert core.tier_for("c0", 0.0).tier == "flex"  # 93.7 s of slack: 2.7 s more fits
     assert core.tier_for("c0", 90.9).tier == "flex"  # 2.8 s of slack still
@@ -150,15 +170,15 @@ def test_a_loose_deadline_sends_calls_at_flex_and_moves_up_as_the_slack_runs_out
     assert core.tier_for("c0", 94.0).tier == "priority"  # the rest needs more than is left
     choice = core.tier_for("c0", 0.0)
     assert choice is not None and choice.slack_s == pytest.approx(93.7)
-    assert choice.flex_retry_s == pytest.approx(91.0)
+    assert choice.flex_retry_s == pytest.approx(91.0 / 21)  # 21 rounds share it
 
 
 def test_a_task_on_the_critical_path_moves_up_first() -> None:
     # a chain a-b-c-d-e (5 calls one after the other) beside a lone task x, 10 slots
     chain = [Task("a", "k")]
     chain += [Task(n, "k", depends_on=(p,)) for p, n in zip("abcd", "bcde", strict=True)]
-    policy = TierPolicy(("flex", "priority"), latency_s={"default": 1.0, "flex": 3.0,
-                                                         "priority": 0.5}, slots=10)
+    policy = _taught(TierPolicy(("flex", "priority"), slots=10),
+                     {"default": 1.0, "flex": 3.0, "priority": 0.5})
     core = _core(6.9, [*chain, Task("x", "k")], policy)
     x, a = core.tier_for("x", 0.0), core.tier_for("a", 0.0)
     assert x is not None and a is not None
@@ -200,19 +220,35 @@ def test_latencies_start_conservative_and_learn_from_answers() -> None:
     lat.observe("k", "flex", 30.0)  # one slow answer weighs a fifth, and widens the margin
     assert 8.0 < lat.of("flex", "k") < 30.0
     assert lat.answers("flex", "k") == 42
-    with pytest.raises(UsageError, match="latency of tier 'flex' must be seconds >= 0"):
+    with pytest.raises(UsageError, match="latency of tier 'flex' must be seconds > 0"):
         Latencies({"flex": -1})
 
 
+def test_a_live_tier_not_tried_is_scaled_from_one_that_was() -> None:
+    lat = Latencies({"default": 30.0, "flex": 300.0, "priority": 15.0})
+    for _ in range(40):
+        lat.observe("k", "priority", 0.15)
+    assert lat.of("priority", "k") == pytest.approx(0.15, abs=0.01)
+    assert lat.of("default", "k") == pytest.approx(0.3, abs=0.02)  # 2x, as the start says
+    assert lat.of("flex", "k") == pytest.approx(3.0, abs=0.2)  # 20x
+    assert lat.of("batch", "k") == DEFAULT_LATENCY_S["batch"]  # a batch is not scaled
+    for _ in range(40):
+        lat.observe("k", "default", 0.5)
+    assert lat.of("default", "k") == pytest.approx(0.5, abs=0.02)  # learned beats scaled
+    assert lat.of("flex", "k") == pytest.approx(5.0, abs=0.3)  # default comes first
+
+
 def test_a_resumed_run_learns_the_latencies_of_its_earlier_answers() -> None:
-    core = _core(100.0, _classify_and_summarise(3), TierPolicy(("flex",), slots=3))
+    core = _core(100.0, _classify_and_summarise(3), TierPolicy(None, slots=3))
     used = [Event(0, 0.0, "c0", EventName.USAGE, detail={"tier": "flex", "latency_s": 3.0}),
             Event(1, 0.0, "c1", EventName.USAGE, detail={"tier": "default", "error": "x"}),
             Event(2, 0.0, "c1", EventName.COMPLETED)]
-    core.timing.answered_before(used)
-    assert core.timing.tiers is not None
-    assert core.timing.tiers.latencies.answers("flex", "k") == 1
-    assert core.timing.tiers.latencies.of("default") == DEFAULT_LATENCY_S["default"]
+    core.timing.resumed_tiers(["flex"], used)
+    tiers = core.timing.tiers
+    assert tiers is not None and tiers.allowed == ("flex", "default")
+    assert tiers.latencies.answers("flex", "k") == 1
+    assert tiers.latencies.answers("default") == 0  # the failed request taught nothing
+    assert tiers.latencies.of("flex") == pytest.approx(4.5)
 
 
 def test_a_choice_travels_as_json() -> None:

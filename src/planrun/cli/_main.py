@@ -8,7 +8,8 @@
     planrun estimate PLAN.json --app module:attr [--model M] [--tiers flex,priority,batch]
                 [--rpm N] [--tpm N] [--json]
     planrun run GOAL|PLAN.json --app module:attr [--strategy S] [--budget-tokens N]
-                [--budget-usd X [--force]] [--rpm N] [--tpm N] [--db URL] [--run-id ID] [--json]
+                [--budget-usd X [--force]] [--rpm N] [--tpm N] [--deadline S]
+                [--tiers flex,priority,batch] [--db URL] [--run-id ID] [--json]
     planrun run PLAN.json --app module:attr --db URL --workers external [--stale-after S]
     planrun worker --db URL --app module:attr [--kinds a,b] [--concurrency N] [--name NAME]
                    [--rpm N] [--tpm N]
@@ -684,6 +685,10 @@ def _add_run(subparsers: _Subparsers) -> None:
     parser.add_argument("--deadline", type=_seconds, metavar="S",
                         help="seconds after which nothing new starts: tasks not started are "
                         "cancelled (cause: deadline); attempts in flight keep their timeout")
+    parser.add_argument("--tiers", type=_tier_list, default=(), metavar="flex,priority,batch",
+                        help="tiers each task's model calls may go at beside the default "
+                        "one, chosen per task by its slack before --deadline (without one: "
+                        "the cheapest); stored with the run for a resume")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
     parser.add_argument("--run-id", type=_run_id, metavar="ID",
                         help="the new run's id (default: a random one); an id the store "
@@ -775,7 +780,7 @@ def _refuse_unhonoured(args: argparse.Namespace) -> None:
         if args.strategy is not None:
             raise _CliError("--strategy routes local workers; with --workers external the "
                             "coordinator assigns (drop --strategy)")
-        if args.batch:
+        if args.batch or "batch" in args.tiers:
             raise _CliError("--batch runs with local workers; worker processes on DBOS call "
                             "the model live (drop --batch or --workers external)")
 
@@ -821,6 +826,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "model": _limited(model, limits), "strategy": strategy, "budget": budget,
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
         "meta": meta, "retry_budget": args.retry_budget, "deadline_s": args.deadline,
+        "tiers": args.tiers,
     }
     _batch_option(options, batch)
     if args.run_id is not None:
@@ -1006,6 +1012,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         raise _CliError("--batch runs with local workers; this run's attempts go to worker "
                         "processes on DBOS, which call the model live")
     _batch_option(options, None if external else _batching(args, meta.get("batch")))
+    if meta.get("tiers"):  # the run's tiers, as it was started with them
+        options["tiers"] = tuple(meta["tiers"])
     if needs_model:
         options["model"] = _limited(_model(args, app), limits)
     return _execute(None, app, options, args)

@@ -22,11 +22,14 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from planrun.core._errors import UsageError
+
+if TYPE_CHECKING:
+    from planrun.core.scheduling import TierChoice
 
 __all__ = [
     "Handler",
@@ -119,6 +122,9 @@ class TaskContext:
 
     spawned: list[SpawnRequest] = field(default_factory=list, repr=False, compare=False)
     """What this attempt asked to add (:meth:`spawn`); recorded only if it completes."""
+    tier: TierChoice | None = field(default=None, compare=False)
+    """The tier this attempt's model calls go at, as the scheduling core chose it from the
+    task's slack (None: the run uses no tiers; the model client sends none)."""
 
     def spawn(self, kind: str, payload: Mapping[str, Any] | BaseModel | None = None, *,
               depends_on: Iterable[str] = (), joins: Iterable[str] = (),

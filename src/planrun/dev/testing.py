@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +195,10 @@ class FakeOpenAI:
         script: replies to serve first, in order, before any answerer (errors, refusals).
         model_suffix: appended to the requested model's name in replies (dated, as the API
             does).
+        tiers: the ``service_tier`` values it serves as asked (the answer's ``service_tier``
+            names them); any other request is served at ``default``.
+        reject_tiers: ``service_tier`` values it rejects with the API's 400 naming
+            ``service_tier`` (a server that does not sell the tier).
     """
 
     def __init__(
@@ -203,7 +207,11 @@ class FakeOpenAI:
         *,
         script: Sequence[Scripted] = (),
         model_suffix: str = "-2024-07-18",
+        tiers: Collection[str] = ("flex", "priority"),
+        reject_tiers: Collection[str] = (),
     ) -> None:
+        self.tiers = frozenset(tiers)
+        self.reject_tiers = frozenset(reject_tiers)
         self.answers = dict(answers or {})
         self.script = list(script)
         self.model_suffix = model_suffix
@@ -226,6 +234,12 @@ class FakeOpenAI:
             "x-ratelimit-reset-requests": "6ms",
             "x-ratelimit-reset-tokens": "0s",
         }
+        asked = body.get("service_tier") if isinstance(body, dict) else None
+        if asked is not None and asked in self.reject_tiers:
+            error = error_body(400, f"Invalid value for 'service_tier': {asked!r} is not "
+                               f"available for this model.", code="invalid_value",
+                               param="service_tier")
+            return httpx2.Response(400, json=error, headers=headers)
         scripted = self.script.pop(0) if self.script else None
         if scripted is not None and scripted.status != 200:
             headers.update(scripted.headers)
@@ -237,6 +251,12 @@ class FakeOpenAI:
         else:
             reply = self.completion(chat, digest, scripted)
         return httpx2.Response(200, json=reply, headers=headers)
+
+    def served_tier(self, chat: ChatRequest) -> str:
+        """The tier that serves ``chat``: the one it asks for when served (:attr:`tiers`),
+        else ``default``."""
+        asked = chat.body.get("service_tier")
+        return str(asked) if asked in self.tiers else "default"
 
     def content_for(self, chat: ChatRequest) -> str:
         """The text the fake model answers ``chat`` with."""
@@ -288,7 +308,7 @@ class FakeOpenAI:
                                               "accepted_prediction_tokens": 0,
                                               "rejected_prediction_tokens": 0},
             },
-            "service_tier": "default",
+            "service_tier": self.served_tier(chat),
             "system_fingerprint": "fp_" + digest[29:39],
         }
 
@@ -329,7 +349,7 @@ class FakeOpenAI:
             "parallel_tool_calls": True,
             "previous_response_id": None,
             "reasoning": {"effort": None, "summary": None},
-            "service_tier": "default",
+            "service_tier": self.served_tier(chat),
             "store": bool(chat.body.get("store", True)),
             "temperature": chat.body.get("temperature", 1.0),
             "text": {"format": dict(chat.format) or {"type": "text"}},

@@ -82,6 +82,7 @@ from planrun.model._schema import (
     portable_schema,
     strict_schema,
 )
+from planrun.model._tiers import FLEX_REFUSED_CODE, FlexRefused
 from planrun.model._usage import (
     BATCH_PRICE,
     Budget,
@@ -98,6 +99,7 @@ __all__ = [
     "DEFAULT_COMPLETION_ESTIMATE",
     "DEFAULT_MODEL",
     "DEFAULT_TIMEOUT",
+    "FLEX_REFUSED_CODE",
     "PROMPT_HEADER",
     "VALIDATION_KEYWORDS",
     "Api",
@@ -107,6 +109,7 @@ __all__ = [
     "Budget",
     "Completion",
     "Estimate",
+    "FlexRefused",
     "Limiter",
     "Messages",
     "Mode",

@@ -75,8 +75,8 @@ class Accounting:
 
     async def reserve(self, call: _Call, prompt_estimate: int, price: float | None = None,
                       tier: str = "default") -> Reservation:
-        """The budget's reservation of one request of ``call`` (``price`` and ``tier``: a
-        Batch API line's)."""
+        """The budget's reservation of one request of ``call``, priced at ``tier`` (and
+        ``price``: a Batch API line's fraction)."""
         return await call.meter.areserve(self.model, prompt_estimate, call.max_tokens,
                                          price=price, tier=tier)
 
@@ -132,7 +132,8 @@ class Accounting:
             error=OutputTruncated.__name__ if truncated else None,
         )
 
-    def record_error(self, call: _Call, error: BaseException) -> UsageRecord:
-        """A failed request, recorded on the call's meter."""
+    def record_error(self, call: _Call, error: BaseException,
+                     tier: str = "default") -> UsageRecord:
+        """A failed request (sent at ``tier``), recorded on the call's meter."""
         return call.meter.record(self.model, prompt_hash=call.prompt_hash,
-                                 error=type(error).__name__)
+                                 error=type(error).__name__, tier=tier)

@@ -23,7 +23,7 @@ import logging
 import os
 import random
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import openai
 from pydantic import BaseModel
@@ -57,9 +57,13 @@ from planrun.model._request import (
     chat_messages,
 )
 from planrun.model._schema import check_max_tokens
+from planrun.model._tiers import FLEX_TIMEOUT_S, Tiers, heartbeats, send_at_tier, tier_refusal
 from planrun.model._transport import DEFAULT_TIMEOUT, UNSET, Transport, _Unset, request_timeout
 from planrun.model._usage import Reservation, Usage
 from planrun.obs import tracing
+
+if TYPE_CHECKING:
+    from planrun.core.scheduling import TierChoice
 
 __all__ = [
     "DEFAULT_COMPLETION_ESTIMATE",
@@ -170,6 +174,8 @@ class Model:
                                     timeout=self.timeout,
                                     responses=self._requests.api == "responses")
         self._accounting = Accounting(self.model, limiter)
+        self._tiers = Tiers()
+        """The tiers the provider rejected for this model (sent no more)."""
         self.retry = RetryPolicy.of(retry)
         self.meter = meter if meter is not None else Usage()
         self.max_tokens = check_max_tokens(max_tokens, "Model")
@@ -255,6 +261,7 @@ class Model:
         temperature: float | None = None,
         validate: Literal[True] = True,
         task: TaskContext | None = None,
+        prompt_cache_key: str | None = None,
     ) -> Completion[M]: ...
 
     @overload
@@ -273,6 +280,7 @@ class Model:
         temperature: float | None = None,
         validate: bool = True,
         task: TaskContext | None = None,
+        prompt_cache_key: str | None = None,
     ) -> Completion[Any]: ...
 
     async def complete(
@@ -290,6 +298,7 @@ class Model:
         temperature: float | None = None,
         validate: bool = True,
         task: TaskContext | None = None,
+        prompt_cache_key: str | None = None,
     ) -> Completion[Any]:
         """Ask the model; return its reply, parsed and validated when a result is given.
 
@@ -303,7 +312,8 @@ class Model:
         ignores and :mod:`planrun.dev.fixtures` stores, so a stale recording can name the
         template that changed. ``task`` is the attempt the call is for (a handler's
         ``ctx``): in batch mode (:meth:`batched`) its lease is renewed while the call waits
-        in a batch and the run's ledger records the batch under its id.
+        in a batch and the run's ledger records the batch under its id; its ``tier`` is sent
+        as ``service_tier`` (:mod:`planrun.model._tiers`), and ``prompt_cache_key`` as such.
 
         Every request is recorded on ``meter`` (default: the Model's) under its keys.
         Raises :class:`TransientError`/:class:`RateLimited` once retries are spent,
@@ -322,7 +332,7 @@ class Model:
                      meter if meter is not None else self.meter,
                      self.timeout if timeout is None else timeout, bound,
                      self.temperature if temperature is None else temperature, validate,
-                     prompt_name=prompt_name, task=task)
+                     prompt_name=prompt_name, task=task, prompt_cache_key=prompt_cache_key)
         call.level = self._requests.level(call)
         retrying = AsyncRetrying(stop=self._stop, wait=self._wait, sleep=_sleep,
                                  retry=retry_if_exception_type(TransientError),
@@ -356,8 +366,9 @@ class Model:
     async def _request(self, call: _Call) -> Completion[Any]:
         params = self._requests.params(call)
         prompt_estimate = self._requests.prompt_estimate(params)
-        if self._batcher is None:
-            return await self._live(call, params, prompt_estimate)
+        choice = call.task.tier if call.task is not None else None
+        if self._batcher is None or (choice is not None and choice.tier != "batch"):
+            return await self._tiered(call, params, prompt_estimate, choice)
         try:
             return await self._batched(call, params, prompt_estimate)
         except TakenBack as taken:
@@ -365,11 +376,24 @@ class Model:
         async with self._batcher.live_gate():  # as many at once as the workers' capacity
             return await self._live(call, params, prompt_estimate)
 
-    async def _live(self, call: _Call, params: dict[str, Any],
-                    prompt_estimate: int) -> Completion[Any]:
-        """One live request: reserved, rate limited, sent, counted."""
+    async def _tiered(self, call: _Call, params: dict[str, Any], prompt_estimate: int,
+                      choice: TierChoice | None) -> Completion[Any]:
+        """The request at the tier ``choice`` names (none: as it is; see
+        :func:`~planrun.model._tiers.send_at_tier`)."""
+        if choice is None:
+            return await self._live(call, params, prompt_estimate)
+        if choice.tier == "flex" and call.timeout is not None:
+            call.timeout = max(call.timeout, FLEX_TIMEOUT_S)  # flex answers slowly
+        async with heartbeats(call.task if choice.tier == "flex" else None):
+            return await send_at_tier(
+                choice, params, lambda sent, tier: self._live(call, sent, prompt_estimate, tier),
+                self._tiers, self.retry, self._rng, model=self.model, base_url=self.base_url)
+
+    async def _live(self, call: _Call, params: dict[str, Any], prompt_estimate: int,
+                    tier: str = "default") -> Completion[Any]:
+        """One live request: reserved (at ``tier``'s price), rate limited, sent, counted."""
         accounting = self._accounting
-        reservation = await accounting.reserve(call, prompt_estimate)
+        reservation = await accounting.reserve(call, prompt_estimate, tier=tier)
         try:
             counted = await accounting.acquire(prompt_estimate, call.max_tokens)
             reply = await self._send(call, params, counted, reservation)
@@ -389,7 +413,8 @@ class Model:
         except AssertionError:
             raise  # a test harness refusing the request (respx's "not mocked"), not the API
         except Exception as exc:
-            raise await self._failed(call, exc, counted, reservation) from exc
+            tier = str(params.get("service_tier") or "default")
+            raise await self._failed(call, exc, counted, reservation, tier=tier) from exc
 
     async def _batched(self, call: _Call, params: dict[str, Any],
                        prompt_estimate: int) -> Completion[Any]:
@@ -431,11 +456,16 @@ class Model:
             log.warning("a late batch line could not be read; its usage is not counted")
 
     async def _failed(self, call: _Call, exc: BaseException, counted: int,
-                      reservation: Reservation, live: bool = True) -> PlanrunError:
-        """Meter, tell the limiter (of a live request), and turn ``exc`` into the planrun
-        error to raise."""
+                      reservation: Reservation, live: bool = True,
+                      tier: str = "default") -> PlanrunError:
+        """Meter, tell the limiter (of a live request sent at ``tier``), and turn ``exc``
+        into the planrun error to raise."""
         if live:
             await self._accounting.refused(counted, exc)
+        about_tier = tier_refusal(exc) if live else None
+        if about_tier is not None:  # not billed, and not a rate limit: the limiter is spared
+            reservation.used(self._accounting.record_error(call, about_tier, tier))
+            return about_tier
         own = own_error(exc)
         if own is not None:
             # A planrun error raised beneath the SDK (a fixture miss in a replaying

@@ -95,6 +95,11 @@ class PromptTemplate:
                 )
 
     @property
+    def version(self) -> str:
+        """Identifies this template's text: 16 hex digits, changed by any edit."""
+        return prompt_hash(self.name, self.source)
+
+    @property
     def variables(self) -> tuple[str, ...]:
         """Placeholder names, in order of first use."""
         seen: dict[str, None] = {}

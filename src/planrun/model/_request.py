@@ -142,7 +142,10 @@ class _Call:
     malformed: set[str] = field(default_factory=set)
     """Fingerprints of the bodies that were not JSON (:class:`MalformedReply`)."""
     task: TaskContext | None = None
-    """The attempt the call is for (batch mode renews its lease while the call waits)."""
+    """The attempt the call is for (batch mode renews its lease while the call waits; its
+    ``tier`` says which tier the call goes at)."""
+    prompt_cache_key: str | None = None
+    """Sent as ``prompt_cache_key``: calls that share it share a prompt prefix."""
 
 
 def _choice(name: str, value: Any, env: str, allowed: tuple[str, ...], default: str) -> Any:
@@ -246,6 +249,8 @@ class Requests:
             params = self._chat_params(call)
         if call.temperature is not None:
             params["temperature"] = call.temperature
+        if call.prompt_cache_key:
+            params["prompt_cache_key"] = call.prompt_cache_key
         headers: dict[str, str] = {}
         if call.idempotency_key:
             headers["Idempotency-Key"] = call.idempotency_key

@@ -520,6 +520,17 @@ class Usage:
         with self._ledger.lock:
             return self._ledger.total
 
+    def by_tier(self) -> dict[str, Tally]:
+        """Sums per tier that served the requests (``default``, ``flex``, ``priority``,
+        ``batch``), cheapest first; a tier that served none is absent."""
+        with self._ledger.lock:
+            records = list(self._ledger.records)
+        sums: dict[str, Tally] = {}
+        for rec in records:
+            sums[rec.tier] = sums.get(rec.tier, Tally()) + rec.tally()
+        order = {t: i for i, t in enumerate(PRICED_TIERS)}
+        return dict(sorted(sums.items(), key=lambda item: order.get(item[0], len(order))))
+
     def by_key(self) -> dict[str, Tally]:
         """Sums per key, for every key seen."""
         with self._ledger.lock:

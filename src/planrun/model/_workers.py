@@ -114,8 +114,11 @@ class ModelWorker:
         meter: Usage | None = ctx.extras.get("usage")
         if meter is not None:
             meter = meter.scoped(f"task:{ctx.task_id}", f"worker:{ctx.worker}", f"kind:{ctx.kind}")
-        rendered = self.prompts.render(self.prompt, **self.render_variables(payload, ctx))
+        template = self.prompts.get(self.prompt)
+        rendered = template.render(**self.render_variables(payload, ctx))
         messages: list[dict[str, str]] = rendered.messages(self.system)
+        # In a run with tiers, calls of one kind share a cache key: their common prefix.
+        cache_key = f"{ctx.kind}:{template.version}" if ctx.tier is not None else None
         conversation = list(messages)
         errors = ""
         for attempt in range(self.reask + 1):
@@ -132,6 +135,7 @@ class ModelWorker:
                 max_tokens=self.max_tokens,
                 validate=False,
                 task=ctx,
+                prompt_cache_key=cache_key,
             )
             ctx.heartbeat()
             try:

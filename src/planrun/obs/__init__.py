@@ -11,8 +11,10 @@ from planrun.obs._status import (
     run_status,
     spend_timeline,
     spent_by_task,
+    spent_by_tier,
     timeline,
 )
 
 __all__ = ["Progress", "RunStatus", "Sample", "SpendSample", "plan_tree", "report_table",
-           "run_status", "spend_timeline", "spent_by_task", "timeline"]
+           "run_status", "spend_timeline", "spent_by_task", "spent_by_tier",
+           "timeline"]

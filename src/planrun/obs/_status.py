@@ -21,7 +21,7 @@ from planrun.core import FINAL, Event, LimiterState, SpendState, Status
 from planrun.stores.base import RunState, shown_status
 
 __all__ = ["RunStatus", "Sample", "SpendSample", "run_status", "spend_timeline",
-           "spent_by_task", "timeline"]
+           "spent_by_task", "spent_by_tier", "timeline"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ class RunStatus:
     """Tasks that ended without completing (``dead``, ``cancelled``) or whose last attempt
     failed (``failed``: a retry is due), in plan order: ``task``, ``kind``, ``status``,
     ``cause``, ``attempts``, ``error`` (whole; the text view shows its first line)."""
+    by_tier: dict[str, dict[str, float]] = field(default_factory=dict)
+    """What the run's tasks spent per tier that served their model requests
+    (:func:`spent_by_tier`)."""
 
     @property
     def finished(self) -> bool:
@@ -83,6 +86,10 @@ class RunStatus:
         if self.spend is not None and (self.spend["requests"] or _budgeted(self.spend)):
             lines += f"\n  spent:                  {_spent(self.spend)}"
             lines += f"\n  budget left:            {_left(self.spend)}"
+        if self.by_tier and set(self.by_tier) != {"default"}:
+            shown = ", ".join(f"{k} {v['requests']:.0f} requests ${v['cost_usd']:.4f}"
+                              for k, v in self.by_tier.items())
+            lines += f"\n  by tier:                {shown}"
         if self.limiter is not None:
             lines += f"\n  rate limit:             {_rate(self.limiter)}"
         if self.not_completed:
@@ -178,6 +185,7 @@ def run_status(
         spend=None if spend is None else spend.to_dict(),
         limiter=(None if limiter is None else dict(limiter) if isinstance(limiter, Mapping)
                  else {**limiter.to_dict(), "shared": True}),
+        by_tier=spent_by_tier(state.events),
     )
 
 
@@ -277,6 +285,27 @@ def spent_by_task(events: Sequence[Event]) -> dict[str, dict[str, float]]:
             e.detail.get("completion_tokens", 0))
         row["cost_usd"] += float(e.detail.get("cost_usd", 0.0))
     return spent
+
+
+def spent_by_tier(events: Sequence[Event]) -> dict[str, dict[str, float]]:
+    """What the run's tasks' model requests used per tier that served them, from the
+    ledger's ``usage`` events: ``{tier: {"requests", "tokens", "cached_tokens",
+    "cost_usd"}}``, cheapest tier first (a tier that served none is absent)."""
+    spent: dict[str, dict[str, float]] = {}
+    for e in events:
+        if e.event != _USAGE:
+            continue
+        row = spent.setdefault(str(e.detail.get("tier", "default")),
+                               {"requests": 0, "tokens": 0, "cached_tokens": 0,
+                                "cost_usd": 0.0})
+        row["requests"] += 1
+        row["tokens"] += int(e.detail.get("prompt_tokens", 0)) + int(
+            e.detail.get("completion_tokens", 0))
+        row["cached_tokens"] += int(e.detail.get("cached_tokens", 0))
+        row["cost_usd"] += float(e.detail.get("cost_usd", 0.0))
+    order = ("batch", "flex", "default", "priority")
+    return dict(sorted(spent.items(), key=lambda item: (
+        order.index(item[0]) if item[0] in order else len(order))))
 
 
 @dataclass(frozen=True)

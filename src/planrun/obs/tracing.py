@@ -536,6 +536,9 @@ class _ModelCall(_NullCall):
         span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
         span.set_attribute("planrun.model.attempts", c.attempts)
         span.set_attribute("planrun.cost_usd", float(usage.cost_usd))
+        span.set_attribute("openai.response.service_tier", usage.tier)
+        if usage.cached_tokens:
+            span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
         if c.prompt_hash:
             span.set_attribute("planrun.prompt.hash", c.prompt_hash)
         if _capture():

@@ -102,9 +102,12 @@ def dbos_settings(url: str, app_name: str = "planrun") -> dict[str, str]:
 
 def call_of(ctx: TaskContext) -> dict[str, Any]:
     """The call a worker process gets for the attempt ``ctx`` describes."""
-    return {"run_id": ctx.run_id, "task_id": ctx.task_id, "kind": ctx.kind,
+    call = {"run_id": ctx.run_id, "task_id": ctx.task_id, "kind": ctx.kind,
             "token": ctx.attempt, "payload": dict(ctx.payload),
             "estimate_s": ctx.estimate_s, "inputs": dict(ctx.inputs)}
+    if ctx.tier is not None:  # the tier the core chose travels with the attempt
+        call["tier"] = ctx.tier.to_dict()
+    return call
 
 
 def succeeded(result: Any, spawned: Sequence[SpawnRequest]) -> dict[str, Any]:

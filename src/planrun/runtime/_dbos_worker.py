@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from planrun.core import Registry, StoreError, Task, TaskContext, UsageError, redact
-from planrun.core.scheduling import check_policies, timed_out
+from planrun.core.scheduling import TierChoice, check_policies, timed_out
 from planrun.obs import tracing
 from planrun.runtime._attempt import run_attempt
 from planrun.runtime._dbos_wire import (
@@ -328,7 +328,8 @@ class DBOSWorker:
             ctx = TaskContext(run_id=str(call["run_id"]), task_id=task.id, kind=kind,
                               attempt=task.token, worker=self.name, skill=1.0,
                               payload=task.payload, estimate_s=task.estimate_s,
-                              inputs=dict(call.get("inputs") or {}), extras=extras)
+                              inputs=dict(call.get("inputs") or {}), extras=extras,
+                              tier=TierChoice.from_dict(call.get("tier")))
         except Exception as exc:
             return failed(exc)
         with _spent(extras.get("usage"), task.id) as used:

@@ -17,7 +17,7 @@ __all__ = ["InFlight"]
 
 if {f.name for f in dataclasses.fields(TaskContext)} != {
         "run_id", "task_id", "kind", "attempt", "worker", "skill", "payload", "estimate_s",
-        "inputs", "heartbeat", "extras", "spawned"}:  # pragma: no cover - a field was added
+        "inputs", "heartbeat", "extras", "spawned", "tier"}:  # pragma: no cover - a field was added
     raise ImportError("InFlight._context must give every field of TaskContext")
 
 _new_object = object.__new__
@@ -170,6 +170,7 @@ class InFlight:
         state["inputs"] = inputs
         state["heartbeat"] = _partial(self._beat, tid, token)
         state["spawned"] = []
+        state["tier"] = self.core.tier_for(tid, self._now())  # None without tiers
         ctx = _new_object(TaskContext)
         _set_attr(ctx, "__dict__", state)
         return ctx

@@ -372,7 +372,7 @@ class Supervisor:
         self._side.effect_records = dict(state.effects)
         self.core.spent_before(state.events)
         self.core.restore(list(state.tasks))
-        self.core.timing.answered_before(state.events)
+        self.core.timing.resumed_tiers(self.meta.get("tiers"), state.events)
         self._resumed = True
         return await self.arun()
 

@@ -16,15 +16,17 @@ the rest of the run needs at the default tier, counting for its own chain only t
 that depend on it: ``deadline - now - max(unfinished / slots, depth) * lat(default) -
 margin``. Its call goes at the cheapest allowed tier whose extra latency over the default
 tier (``lat(tier) - lat(default)``) fits that slack; when none fits (the slack is spent),
-at the fastest allowed tier. Without a deadline nothing is at stake: the cheapest allowed
-tier.
+at the fastest allowed tier (before the run has any answer to learn from, at the default
+one: the starting figures are a worst case, no evidence that the slack is gone). Without
+a deadline nothing is at stake: the cheapest allowed tier.
 
 The Batch API's take-back (:func:`batch_take_back`) is a case of the same rule: calls
 waiting in a batch go live once the run's slack (its whole longest chain counted) is gone.
 
 Latencies are learned (:class:`Latencies`), per kind and tier, from the run's own answers,
-starting from conservative figures. The rule is here, in the core, and nowhere else: the
-model client only sends the tier a :class:`TierChoice` names.
+starting from conservative figures (a live tier not tried yet is scaled from one that was).
+The rule is here, in the core, and nowhere else: the model client only sends the tier a
+:class:`TierChoice` names.
 """
 
 from __future__ import annotations
@@ -110,8 +112,13 @@ def slack_s(*, now: float, deadline: float, unfinished: int, depth: int, slots: 
     default tier: ``unfinished`` calls ``slots`` at once, and at least ``depth`` of them one
     after the other, ``default_s`` seconds each, plus ``margin_s``. Negative when even the
     default tier is too slow."""
-    rounds = max(math.ceil(unfinished / max(1, slots)), depth)
-    return deadline - now - rounds * default_s - margin_s
+    return deadline - now - rounds_ahead(unfinished, depth, slots) * default_s - margin_s
+
+
+def rounds_ahead(unfinished: int, depth: int, slots: int) -> int:
+    """Rounds of calls ``unfinished`` tasks need, ``slots`` at once and at least ``depth``
+    of them one after the other."""
+    return max(math.ceil(unfinished / max(1, slots)), depth)
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,8 @@ class TierChoice:
         slack_s: the task's slack when chosen (None: the run has no deadline).
         flex_retry_s: for ``flex``: how long after the choice a call that flex refused for
             want of capacity may still be sent at flex again; after that it goes at the
-            default tier at once (the slack that is left once flex's extra time is paid).
+            default tier at once (its round's share of the slack that is left once flex's
+            extra time is paid: the calls of every round ahead wait for flex in turn).
     """
 
     tier: str = "default"
@@ -146,19 +154,26 @@ class TierChoice:
 
 
 def choose_tier(*, allowed: Sequence[str], slack: float | None,
-                latency: Mapping[str, float]) -> TierChoice:
+                latency: Mapping[str, float], rounds: int = 1,
+                learned: bool = True) -> TierChoice:
     """The cheapest of ``allowed`` (cheapest first, as :func:`check_tiers` gives them)
     whose extra latency over the default tier fits ``slack``; when none fits, the fastest
     allowed; without a deadline (``slack`` None) the cheapest. ``latency``: seconds of one
-    call at each tier."""
+    call at each tier; ``rounds``: the rounds of calls ahead, which share what is left of
+    the slack (a refused flex call's :attr:`TierChoice.flex_retry_s`). ``learned``: the
+    latencies come from the run's answers; before any (the starting figures are a worst
+    case, not evidence that the slack is spent) a call that fits no tier goes at the
+    default one, not the fastest."""
     if slack is None:
         return TierChoice(allowed[0] if allowed else "default")
     base = latency["default"]
     for tier in allowed:
         extra = latency[tier] - base
         if extra <= slack:
-            room = slack - extra if tier == "flex" else 0.0
+            room = (slack - extra) / max(1, rounds) if tier == "flex" else 0.0
             return TierChoice(tier, slack, room)
+    if not learned:
+        return TierChoice("default", slack)
     fastest = min(allowed or ("default",), key=lambda t: (latency[t], TIERS.index(t)))
     return TierChoice(fastest, slack)
 
@@ -179,23 +194,28 @@ def batch_take_back(*, now: float, deadline: float | None, waiting: int, rounds:
 class Latencies:
     """Seconds one model call takes, learned per kind and tier from the run's answers.
 
-    Before any answer at a tier, a conservative figure (``defaults``, over
+    Before any answer, a conservative figure per tier (``defaults``, over
     :data:`DEFAULT_LATENCY_S`). Each answer moves an exponentially weighted mean and mean
     deviation (the first answers weigh most); the figure is the mean plus twice the
-    deviation, so an unsteady tier is taken to be slow. A kind with no answer at a tier
-    yet uses the tier's figure over every kind.
+    deviation, so an unsteady tier is taken to be slow. A kind with no answer at a tier yet
+    uses the tier's figure over every kind; a live tier with no answer at all (``flex``,
+    ``default``, ``priority``) is scaled from one that has answers, in the ratio of their
+    starting figures (so one answer at priority also tells how slow flex is taken to be).
     """
 
     ALPHA = 0.2
     """The weight of a new answer once five were seen."""
+
+    LIVE = ("default", "priority", "flex")
+    """The tiers whose figures are scaled from one another."""
 
     def __init__(self, defaults: Mapping[str, float] | None = None) -> None:
         figures = dict(DEFAULT_LATENCY_S)
         for tier, seconds in (defaults or {}).items():
             check_tiers([tier])
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or \
-                    not seconds >= 0:
-                raise UsageError(f"the latency of tier {tier!r} must be seconds >= 0, got "
+                    not seconds > 0:
+                raise UsageError(f"the latency of tier {tier!r} must be seconds > 0, got "
                                  f"{seconds!r}")
             figures[tier] = float(seconds)
         self.defaults: Mapping[str, float] = figures
@@ -215,13 +235,27 @@ class Latencies:
             dev += alpha * (abs(seconds - mean) - dev)
             self._seen[key] = (n + 1, mean, dev)
 
+    def _learned(self, tier: str, kind: str | None) -> float | None:
+        seen = self._seen.get((kind, tier)) or self._seen.get((None, tier))
+        return None if seen is None else seen[1] + 2 * seen[2]
+
     def of(self, tier: str, kind: str | None = None) -> float:
         """The figure of one call of ``kind`` (None: any) at ``tier``."""
-        seen = self._seen.get((kind, tier)) or self._seen.get((None, tier))
-        if seen is None:
-            return self.defaults[tier]
-        _, mean, dev = seen
-        return mean + 2 * dev
+        learned = self._learned(tier, kind)
+        if learned is not None:
+            return learned
+        if tier in self.LIVE:
+            for other in self.LIVE:
+                known = self._learned(other, kind)
+                if known is not None:
+                    return known * self.defaults[tier] / self.defaults[other]
+        return self.defaults[tier]
+
+    @property
+    def learned_live(self) -> bool:
+        """Some answer at a live tier was learned from (every live figure is then scaled
+        from evidence)."""
+        return any((None, tier) in self._seen for tier in self.LIVE)
 
     def answers(self, tier: str, kind: str | None = None) -> int:
         """How many answers at ``tier`` (of ``kind``; None: of any kind) were learned from."""
@@ -239,18 +273,26 @@ class TierPolicy:
 
     Args:
         tiers: the tiers a call may go at beside ``default`` (``flex``, ``priority``,
-            ``batch``); empty: every call at the default tier, and nothing is chosen.
+            ``batch``); empty: every call at the default tier, and nothing is chosen; None:
+            those a resumed run stored (:meth:`resume`).
         latency_s: starting figures per tier (over :data:`DEFAULT_LATENCY_S`).
-        slots: calls the run's workers make at once.
+        slots: calls the run's workers make at once (None: a runner sets it from the app).
         margin_s: time kept in hand beside the default tier's need.
     """
 
-    def __init__(self, tiers: Iterable[str] = (), *, latency_s: Mapping[str, float] | None = None,
-                 slots: int = 1, margin_s: float = 0.0) -> None:
-        self.allowed = check_tiers(tiers)
+    def __init__(self, tiers: Iterable[str] | None = (), *,
+                 latency_s: Mapping[str, float] | None = None, slots: int | None = None,
+                 margin_s: float = 0.0) -> None:
+        self.given = tiers is not None
+        self.allowed = check_tiers(tiers or ())
         self.latencies = Latencies(latency_s)
-        self.slots = max(1, int(slots))
+        self.slots = None if slots is None else max(1, int(slots))
         self.margin_s = float(margin_s)
+
+    def resume(self, stored: Iterable[str] | None) -> None:
+        """The tiers a resumed run was started with, unless others were given."""
+        if not self.given and stored:
+            self.allowed = check_tiers(stored)
 
     @property
     def active(self) -> bool:
@@ -267,7 +309,9 @@ class TierPolicy:
         latency = self.latencies.table(kind)
         if deadline is None:
             return choose_tier(allowed=allowed, slack=None, latency=latency)
+        slots = self.slots or 1
         slack = slack_s(now=now, deadline=deadline, unfinished=unfinished, depth=depth,
-                        slots=self.slots, default_s=latency["default"],
-                        margin_s=self.margin_s)
-        return choose_tier(allowed=allowed, slack=slack, latency=latency)
+                        slots=slots, default_s=latency["default"], margin_s=self.margin_s)
+        return choose_tier(allowed=allowed, slack=slack, latency=latency,
+                           rounds=rounds_ahead(unfinished, depth, slots),
+                           learned=self.latencies.learned_live)

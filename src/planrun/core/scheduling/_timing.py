@@ -154,11 +154,13 @@ class Timing:
         if self.tiers is not None:
             self.tiers.latencies.observe(kind, tier, seconds)
 
-    def answered_before(self, events: Iterable[Event]) -> None:
-        """Learn the latencies of a resumed run's earlier answers from its ledger's
+    def resumed_tiers(self, stored: Iterable[str] | None, events: Iterable[Event]) -> None:
+        """A resumed run's tiers: those it was started with (``stored``, unless the driver
+        gave others), and the latencies of its earlier answers, learned from its ledger's
         ``usage`` events (after the records are restored, which say each task's kind)."""
         if self.tiers is None:
             return
+        self.tiers.resume(stored)
         for e in events:
             seconds = e.detail.get("latency_s") if e.event == E.USAGE else None
             if seconds is not None:
