@@ -483,7 +483,7 @@ async def aplan_and_run(
                 meta={**({"plan": plan.to_document()} if opened is not None else {}),
                       **(traced.meta if traced else {}), **(meta or {})},
                 **supervisor_options)
-            sup.add_tasks(plan.to_tasks())
+            sup.add_tasks(plan.to_tasks(), repairs=plan.repairs)
             async with _running(opened, sup, batcher, new_run=True):
                 result = await (traced.run(sup.arun()) if traced else sup.arun())
         if traced:

@@ -115,7 +115,7 @@ def test_plan_json_shows_code_repairs_and_no_code_repair_turns_them_off(
     assert doc["repairs"] == [{"by": "code", "code": "self_dependency",
                                "rule": "drop_self_dependency", "task": 3,
                                "detail": "dropped task 3's dependency on itself",
-                               "attempt": 1}]
+                               "attempt": 1, "final_task": 3}]
     assert doc["tasks"][3]["depends_on"] == [0, 1]
     sent.clear()
     code, out, _ = run_cli(capsys, *argv, "--no-code-repair")

@@ -18,6 +18,7 @@ from planrun.core import (
     KindSpec,
     Ledger,
     Registry,
+    Repair,
     Router,
     SpawnRequest,
     StoreError,
@@ -231,8 +232,11 @@ class _SupervisorState:
         """Add one task; its dependencies must already be added."""
         return self.add_tasks([task])[0]
 
-    def add_tasks(self, tasks: Iterable[Task]) -> list[Task]:
+    def add_tasks(self, tasks: Iterable[Task], *, repairs: Sequence[Repair] = ()) -> list[Task]:
         """Add tasks in any order; dependencies must be in the batch or already added.
+
+        ``repairs``: those of the plan the tasks are (given in its order, as
+        :meth:`Plan.to_tasks` gives them), recorded in the ledger as ``repaired`` events.
 
         Raises:
             InvalidPlan: the batch has a dependency cycle.
@@ -242,9 +246,12 @@ class _SupervisorState:
             raise UsageError("tasks cannot be added once the run has started")
         self._choose_sink()
         with _heap.frozen_heap(self.freeze_heap):  # a large batch: a record per task
-            return self.core.add(list(tasks), self.clock.now(),
-                                 default_attempts=self.max_attempts,
-                                 known=self.registry.__contains__)
+            batch = list(tasks)
+            added = self.core.add(batch, self.clock.now(), default_attempts=self.max_attempts,
+                                  known=self.registry.__contains__)
+            if repairs:
+                self.core.ready.repaired(batch, repairs)
+            return added
 
     @property
     def tasks(self) -> Mapping[str, Task]:
