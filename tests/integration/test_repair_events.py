@@ -170,3 +170,85 @@ def test_a_resumed_run_keeps_its_repairs_once(fake_openai: FakeOpenAI, db: str) 
     assert report.ok and report.audit.clean
     assert repaired(after.events) == repaired(before.events)
     assert len(fake_openai.requests) == 2  # the plan was not asked for again
+
+
+# ---- repair="model" is kept by a resumed run's replans -----------------------------------------
+
+
+class Source(BaseModel):
+    source: str
+
+
+READY_PLAN = {"goal": "a report", "tasks": [
+    {"id": "scope", "kind": "research", "payload": {"source": "notes"}, "depends_on": []},
+    {"id": "dig", "kind": "research", "payload": {"source": "archive"}, "depends_on": ["scope"]},
+    {"id": "report", "kind": "report", "payload": {}, "depends_on": ["dig"]},
+]}
+FRAGMENT_WIRED_WRONG = {"tasks": [  # the replacement research waits for itself
+    {"kind": "research", "payload": {"source": "mirror"}, "depends_on": [0]},
+    {"kind": "report", "payload": {}, "depends_on": [0]},
+]}
+FRAGMENT = {"tasks": [
+    {"kind": "research", "payload": {"source": "mirror"}, "depends_on": []},
+    {"kind": "report", "payload": {}, "depends_on": [0]},
+]}
+
+
+def sources(archive: Any) -> App:
+    """research (``archive``: what reading the archive does) and report."""
+    from planrun.core import KindSpec
+
+    async def research(payload: Source, ctx: Any) -> str:
+        if payload.source == "archive":
+            return str(await archive())
+        return f"findings from {payload.source}"
+
+    return App(Registry([KindSpec("research", "Research one source", Source, handler=research),
+                         KindSpec("report", "Write the report",
+                                  handler=lambda p, c: len(c.inputs))]))
+
+
+@pytest.mark.parametrize(("repair", "requests"), [("model", 2), ("code", 1)])
+def test_a_resumed_run_replans_with_the_repair_mode_it_was_started_with(
+    fake_openai: FakeOpenAI, db: str, repair: str, requests: int,
+) -> None:
+    from planrun.core import PermanentError
+
+    queue = [FRAGMENT_WIRED_WRONG, FRAGMENT]
+    fake_openai.answers["plan"] = lambda req: queue.pop(0) if len(queue) > 1 else queue[0]
+
+    async def stuck() -> Any:
+        await asyncio.Event().wait()  # the first process stops here
+
+    async def gone() -> Any:
+        raise PermanentError("the archive is gone")
+
+    async def go() -> Any:
+        first = asyncio.ensure_future(aplan_and_run(
+            READY_PLAN, sources(stuck), model=fake_model(), store=db, run_id="replanned",
+            on_dead="replan", repair=repair))
+        await until_running(db, "replanned", "dig")
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return await aresume_run("replanned", sources(gone), db, model=fake_model(),
+                                 on_dead="replan")
+
+    report = asyncio.run(go())
+    assert report.counts["dead"] == 1 and report.counts["completed"] == 3  # dig replaced
+    assert len(fake_openai.requests) == requests  # the replan's decomposition only
+    if repair == "model":
+        assert "self_dependency" in fake_openai.requests[1].last_user
+    assert report.results()["dig/1"] == 1
+
+
+async def until_running(db: str, run_id: str, task_id: str) -> None:
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        try:
+            state = await stored_events(db, run_id)
+        except UnknownRun:
+            continue  # not stored yet
+        if any(t.id == task_id and t.status.value == "running" for t in state.tasks):
+            return
+    raise AssertionError(f"{task_id} never ran")
