@@ -46,7 +46,7 @@ from planrun.core.scheduling import (
     check_policies,
     check_tiers,
 )
-from planrun.model import ModelWorker, PromptLibrary
+from planrun.model import REPAIR_MODES, ModelWorker, PromptLibrary
 from planrun.obs import tracing
 from planrun.runtime import (
     STALE_AFTER_S,
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         Estimate,
         Model,
         PriceTable,
+        RepairMode,
         SharedBudget,
         Tally,
         Usage,
@@ -136,6 +137,7 @@ class RunOptions(SupervisorOptions, total=False):
     max_tasks: int
     repair_attempts: int
     prompts: PromptLibrary | None
+    repair: RepairMode
     progress: Callable[[Event, Task], None] | None
     run_id: str | None
     clock: Clock | None
@@ -483,6 +485,7 @@ async def aplan_and_run(
     max_tasks: int = 8,
     repair_attempts: int = 2,
     prompts: PromptLibrary | None = None,
+    repair: RepairMode = "code",
     progress: Callable[[Event, Task], None] | None = None,
     run_id: str | None = None,
     clock: Clock | None = None,
@@ -495,8 +498,8 @@ async def aplan_and_run(
     """Decompose (or validate) and run; see :func:`plan_and_run`."""
     tiers = _check_run("aplan_and_run", supervisor_options, tiers, model, prices)
     from planrun.model import Usage as UsageMeter
-    from planrun.model import adecompose
 
+    decomposing = _Decomposing(min_tasks, max_tasks, repair_attempts, prompts, repair)
     app = app if isinstance(app, App) else App(app)
     plan = _ready_plan(goal_or_plan, app.registry)
     if model is None and (plan is None or app.needs_model()):
@@ -509,22 +512,20 @@ async def aplan_and_run(
                 prices, budget, shared=await _shared_budget(opened, run_id, budget))
             if plan is None:
                 assert model is not None and isinstance(goal_or_plan, str)
-                plan = await adecompose(goal_or_plan, app.registry, model, min_tasks=min_tasks,
-                                        max_tasks=max_tasks, repair_attempts=repair_attempts,
-                                        prompts=prompts, meter=meter)
-            _with_replanner(supervisor_options, plan.goal, app.registry, model, meter,
-                            repair_attempts=repair_attempts, prompts=prompts, max_tasks=max_tasks)
+                plan = await decomposing.plan(goal_or_plan, app.registry, model, meter)
+            _with_replanner(supervisor_options, plan.goal, app.registry, model, meter, decomposing)
             batcher, run_model = _batcher(batch, model, app, supervisor_options, tiers)
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock,
                 run_id=run_id, effects=app.effects, approvals=app.approvals,
                 on_event=traced.on_event if traced else progress,
                 extras={"model": run_model, "usage": meter}, store=opened, goal=plan.goal,
-                # The plan document is for a resume, which reads it from the store.
-                meta={**({"plan": plan.to_document()} if opened is not None else {}),
+                # The plan document and how to re-plan are for a resume, which reads them.
+                meta={**({"plan": plan.to_document(), **decomposing.meta()}
+                         if opened is not None else {}),
                       **(traced.meta if traced else {}), **(meta or {})},
                 **supervisor_options)
-            sup.add_tasks(plan.to_tasks())
+            sup.add_tasks(plan.to_tasks(), repairs=plan.repairs)
             async with _running(opened, sup, batcher, tiers, new_run=True):
                 result = await (traced.run(sup.arun()) if traced else sup.arun())
         if traced:
@@ -615,9 +616,8 @@ async def aresume_run(
         meter = UsageMeter(prices, budget, shared=shared)
         stored = (await opened.load_tasks(run_id)).run.meta if tracing.enabled() else {}
         with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
-            if supervisor_options.get("on_dead") == "replan":
-                goal = (await opened.load_tasks(run_id)).run.goal
-                _with_replanner(supervisor_options, goal, app.registry, model, meter)
+            await _stored_replanner(supervisor_options, opened, run_id, app.registry, model,
+                                    meter)
             batcher, run_model = _batcher(batch, model, app, supervisor_options, tiers)
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock, run_id=run_id,
@@ -779,7 +779,7 @@ def plan_and_run(
         app: the kinds, workers and effects (:class:`App`), or a bare :class:`Registry`.
         options: ``model``, ``store`` (below), ``strategy``, ``budget``, ``prices``,
             ``usage``, ``min_tasks``, ``max_tasks``, ``repair_attempts``, ``prompts``,
-            ``progress``, ``run_id``, ``clock``, ``meta`` as named
+            ``repair``, ``progress``, ``run_id``, ``clock``, ``meta`` as named
             (:class:`RunOptions`); ``batch`` (``True`` or a
             :class:`~planrun.Batching`) sends the tasks' model calls as Batch API jobs at
             half price, live again when the deadline needs it; the keywords of
@@ -793,6 +793,10 @@ def plan_and_run(
         store (Store | str | None): a store, or its URL (``sqlite:///runs.db``,
             ``postgresql://...``): the run is durable and :func:`resume_run` carries it on
             after a crash; default ``None``: the run lives in memory.
+        repair (str): ``"code"`` (the default): a goal's plan goes through the code
+            repairs before the model is asked to repair it; ``"model"``: every repair is
+            asked of the model (:func:`~planrun.model.adecompose`), for the goal's plan and
+            its replans (``on_dead="replan"``), a resumed run's included.
 
     Raises:
         InvalidPlan: the plan did not validate (after repairs, for a goal).
@@ -851,14 +855,66 @@ def _default_model() -> Model:
 
 
 def _with_replanner(options: SupervisorOptions, goal: str, registry: Registry,
-                    model: Model | None, meter: Usage, **decompose_options: Any) -> None:
+                    model: Model | None, meter: Usage, decomposing: _Decomposing) -> None:
     """With ``on_dead="replan"`` and a model, re-plan through the decomposer (metered by
     the run's meter, so charged to its budget) unless a replanner was given."""
     if options.get("on_dead") != "replan" or "replanner" in options or model is None:
         return
     from planrun.model import replanner
 
-    options["replanner"] = replanner(goal, registry, model, meter=meter, **decompose_options)
+    options["replanner"] = replanner(goal, registry, model, meter=meter,
+                                     **decomposing.replanning())
+
+
+async def _stored_replanner(options: SupervisorOptions, store: Store, run_id: str,
+                            registry: Registry, model: Model | None, meter: Usage) -> None:
+    """:func:`_with_replanner` for a resumed run: its goal, and the decomposer's options
+    it stored (:meth:`_Decomposing.meta`)."""
+    if options.get("on_dead") == "replan":
+        run = (await store.load_tasks(run_id)).run
+        _with_replanner(options, run.goal, registry, model, meter,
+                        _Decomposing.from_meta(run.meta))
+
+
+@dataclass(frozen=True)
+class _Decomposing:
+    """How a run's goal becomes its plan, and its dead tasks' parts new ones
+    (``on_dead="replan"``): the decomposer's options of :func:`aplan_and_run`. A stored run
+    keeps what a resume needs to re-plan as the run did (:meth:`meta`)."""
+
+    min_tasks: int = 3
+    max_tasks: int = 8
+    repair_attempts: int = 2
+    prompts: PromptLibrary | None = None
+    repair: RepairMode = "code"
+
+    def __post_init__(self) -> None:
+        if self.repair not in REPAIR_MODES:
+            raise UsageError(f"repair must be one of {list(REPAIR_MODES)}, got {self.repair!r}")
+
+    async def plan(self, goal: str, registry: Registry, model: Model, meter: Usage) -> Plan:
+        """The run's plan: ``goal`` decomposed, its model calls charged to ``meter``."""
+        from planrun.model import adecompose
+
+        return await adecompose(
+            goal, registry, model, min_tasks=self.min_tasks, max_tasks=self.max_tasks,
+            repair_attempts=self.repair_attempts, prompts=self.prompts, meter=meter,
+            repair=self.repair)
+
+    def replanning(self) -> dict[str, Any]:
+        """The keywords of :func:`planrun.model.replanner` (a fragment's own ``min_tasks``)."""
+        return {"max_tasks": self.max_tasks, "repair_attempts": self.repair_attempts,
+                "prompts": self.prompts, "repair": self.repair}
+
+    def meta(self) -> dict[str, Any]:
+        """What a stored run keeps: ``{"repair": "model"}`` when the code repairs are off
+        (the other options a resume's replans take at their defaults)."""
+        return {"repair": self.repair} if self.repair != "code" else {}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any]) -> _Decomposing:
+        """The options :meth:`meta` stored (the defaults for a run that stored none)."""
+        return cls(repair=meta.get("repair", "code"))
 
 
 _TEXT = {s: s.value for s in Status}

@@ -115,7 +115,7 @@ def test_plan_json_shows_code_repairs_and_no_code_repair_turns_them_off(
     assert doc["repairs"] == [{"by": "code", "code": "self_dependency",
                                "rule": "drop_self_dependency", "task": 3,
                                "detail": "dropped task 3's dependency on itself",
-                               "attempt": 1}]
+                               "attempt": 1, "final_task": 3}]
     assert doc["tasks"][3]["depends_on"] == [0, 1]
     sent.clear()
     code, out, _ = run_cli(capsys, *argv, "--no-code-repair")
@@ -211,3 +211,33 @@ def test_piped_run_output_is_never_wider_than_the_terminal_nor_glued(
     assert max(map(len, lines)) <= columns, [line for line in lines if len(line) > columns]
     assert "active: -" in [line.strip() for line in lines]
     assert "run r1" in [line.strip() for line in lines]  # the report's title, on its own
+
+
+def test_run_no_code_repair_asks_the_model_for_every_repair_of_the_goals_plan(
+    capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    tasks = json.loads(json.dumps(answers.BRIEF_PLAN["tasks"]))
+    tasks[3]["depends_on"] = [0, 1, 3]  # an analysis that waits for itself
+    sent: list[int] = []
+
+    def planner(req: object) -> dict[str, object]:
+        sent.append(1)
+        return {"tasks": tasks} if len(sent) == 1 else answers.BRIEF_PLAN
+
+    endpoint.answers["plan"] = planner
+    argv = ["run", "a competitive brief", "--app", "planrun.examples.brief:app", "--json"]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and len(sent) == 1  # code dropped the edge
+    assert [(r["by"], r["code"]) for r in json.loads(out)["plan"]["repairs"]] == [
+        ("code", "self_dependency")]
+    sent.clear()
+    code, out, _ = run_cli(capsys, *argv, "--no-code-repair")
+    assert code == 0 and len(sent) == 2  # the model was asked again
+    assert [(r["by"], r["code"]) for r in json.loads(out)["plan"]["repairs"]] == [
+        ("model", "self_dependency")]
+    # a plan file is not decomposed: the flag would be ignored, so it is refused
+    path = tmp_path / "release.json"
+    path.write_text(json.dumps(RELEASE_PLAN))
+    code, _, err = run_cli(capsys, "run", str(path), "--app", "planrun.examples.release:app",
+                           "--no-code-repair")
+    assert code == 2 and "--no-code-repair" in err and len(err.strip().splitlines()) == 1

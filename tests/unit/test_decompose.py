@@ -322,3 +322,46 @@ def test_a_stored_run_keeps_the_repairs_of_its_plan(
     assert report.plan.repairs and len(fake_openai.requests) == 1
     assert [r["code"] for r in stored.meta["plan"]["repairs"]] == [
         "self_dependency", "missing_input", "missing_input"]
+
+
+def test_a_run_with_repair_model_asks_the_model_for_every_repair_and_stores_it(
+    fake_openai: FakeOpenAI, tmp_path: Any,
+) -> None:
+    import asyncio
+
+    from planrun import App, aplan_and_run, plan_and_run
+    from planrun.stores import open_store
+
+    good = {"tasks": [WIRED_WRONG["tasks"][0], {**WIRED_WRONG["tasks"][1], "depends_on": [0]},
+                      {**WIRED_WRONG["tasks"][2], "depends_on": [1]}]}
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+
+    async def meta(run_id: str) -> Any:
+        store = open_store(db)
+        await store.open()
+        try:
+            return (await store.load(run_id)).run.meta
+        finally:
+            await store.close()
+
+    fake_openai.answers["plan"] = replies(WIRED_WRONG, good)
+    report = plan_and_run("a brief", App(contracted()), model=fake_model(), min_tasks=1,
+                          repair="model", store=db)
+    assert len(fake_openai.requests) == 2
+    assert [(r.by, r.code) for r in report.plan.repairs] == [("model", "self_dependency")]
+    assert [e.detail["by"] for e in report.events if e.event == "repaired"] == ["model"]
+    assert asyncio.run(meta(report.run_id))["repair"] == "model"  # for a resume's replans
+
+    fake_openai.requests.clear()
+    fake_openai.answers["plan"] = replies(WIRED_WRONG, good)
+    report = plan_and_run("a brief", App(contracted()), model=fake_model(), min_tasks=1,
+                          store=db)
+    assert len(fake_openai.requests) == 1
+    assert {r.by for r in report.plan.repairs} == {"code"}
+    assert "repair" not in asyncio.run(meta(report.run_id))
+
+    fake_openai.requests.clear()
+    with pytest.raises(UsageError, match="repair must be one of"):
+        asyncio.run(aplan_and_run("a brief", App(contracted()), model=fake_model(),
+                                  repair="guess"))  # type: ignore[arg-type]
+    assert fake_openai.requests == []

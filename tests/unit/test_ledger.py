@@ -181,3 +181,40 @@ def test_an_audit_computed_when_read_is_the_audit_it_computes() -> None:
     assert repr(later) == repr(now) and isinstance(later, Audit)
     assert pickle.loads(pickle.dumps(later)) == now and calls == [1]
     assert later != analyze({"z": []}, ledger)
+
+
+# ---- the repairs of a run's plan -------------------------------------------------------------
+
+
+def test_a_repair_of_one_task_is_on_that_task_and_the_others_on_the_first() -> None:
+    from planrun.core import Repair, repair_events
+
+    ids = ["research", "analyse", "brief"]
+    asked = Repair("model", "unknown_kind", 2, "no kind 'brief_it'", attempt=2)
+    order = Repair("code", "forward_dependency", None, "sorted", rule="put_in_dependency_order",
+                   attempt=2)
+    link = Repair("code", "missing_input", 0, "linked", rule="add_needed_input", attempt=2,
+                  final_task=1)
+    events = repair_events([asked, order, link], ids)
+    assert [task for task, _ in events] == ["research", "research", "analyse"]
+    assert [detail for _, detail in events] == [asked.to_dict(), order.to_dict(),
+                                                link.to_dict()]
+    assert events[2][1] == {"by": "code", "code": "missing_input", "rule": "add_needed_input",
+                            "task": 0, "detail": "linked", "attempt": 2, "final_task": 1}
+    assert repair_events([asked], []) == []
+
+
+def test_repaired_events_change_no_finding_of_the_audit() -> None:
+    from planrun.core import EventName
+
+    tasks = [Task(id="a", kind="k"), Task(id="b", kind="k", depends_on=("a",))]
+    log = Ledger()
+    for t in tasks:
+        log.append(0.0, t.id, EventName.CREATED)
+    log.append(0.0, "a", EventName.REPAIRED, detail={"by": "code", "code": "self_dependency"})
+    log.append(1.0, "a", EventName.COMPLETED)
+    log.append(1.5, "b", EventName.REPAIRED, detail={"by": "model", "code": "unknown_kind"})
+    log.append(2.0, "b", EventName.COMPLETED)
+    assert analyze(tasks, log).clean
+    assert analyze(tasks, list(log)).clean
+    assert analyze(tasks, log) == analyze(tasks, [e for e in log if e.event != "repaired"])

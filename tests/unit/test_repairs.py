@@ -92,7 +92,7 @@ def test_the_issue_plan_self_dependency_and_missing_input_are_settled_by_code() 
     assert all(x.by == "code" for x in out.plan.repairs)
     assert out.plan.to_document()["repairs"][0] == {
         "by": "code", "code": "self_dependency", "rule": "drop_self_dependency", "task": 1,
-        "detail": "dropped task 1's dependency on itself", "attempt": 1}
+        "detail": "dropped task 1's dependency on itself", "attempt": 1, "final_task": 1}
 
 
 @pytest.mark.parametrize("dangling", [7, -1, "nowhere"])
@@ -150,6 +150,11 @@ def test_a_producer_that_comes_later_is_linked_then_ordered() -> None:
     assert rules(out.repairs) == [("add_needed_input", "missing_input"),
                                   ("put_in_dependency_order", "forward_dependency")]
     assert edges(out.plan) == [("fetch", []), ("sort", ["fetch"]), ("report", ["sort"])]
+    # the edge was added to sort, task 0 of the reply and task 1 of the accepted plan
+    link, order = out.repairs
+    assert (link.task, link.final_task) == (0, 1)
+    assert order.final_task is None and "final_task" not in order.to_dict()
+    assert link.to_dict()["final_task"] == 1
 
 
 def test_two_producers_are_a_choice_left_to_the_model() -> None:
@@ -221,6 +226,11 @@ def test_exact_duplicates_are_merged_and_their_edges_redirected() -> None:
     kept = next(t for t in out.plan.tasks if t.kind == "research")
     assert [out.plan.tasks[d].kind for d in kept.depends_on] == ["fetch_more"]
     assert edges(out.plan)[2] == ("analyse", ["research"])
+    # the merge concerns the copy (reply task 2); in the accepted plan, the research it
+    # went into
+    merge = out.repairs[0]
+    assert merge.task == 2 and out.plan.tasks[merge.final_task or 0].kind == "research"
+    assert merge.final_task == 1
 
 
 def test_linked_duplicates_are_left_to_the_model() -> None:
@@ -297,5 +307,11 @@ def test_a_repaired_plan_is_one_the_strict_validator_accepts_and_nothing_is_inve
     merged = sum(1 for r in out.repairs if r.code == "duplicate_task")
     assert len(kept) == len(plan["tasks"]) - merged
     assert out.plan.repairs == out.repairs
+    # each fix of one task names that task in the accepted plan; the reorder names none
+    for fix in out.repairs:
+        assert (fix.final_task is None) == (fix.rule == "put_in_dependency_order")
+        assert fix.final_task is None or 0 <= fix.final_task < len(out.plan.tasks)
+        if fix.rule in ("drop_self_dependency", "drop_unknown_dependency", "add_needed_input"):
+            assert fix.final_task is not None
     if not validate_plan(plan, brief(), max_tasks=8):
         assert out.repairs == ()

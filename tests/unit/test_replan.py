@@ -98,3 +98,27 @@ def test_a_fragment_repaired_once_runs(fake_openai: FakeOpenAI) -> None:
     assert len(fake_openai.requests) == 2
     assert result.tasks["dig/1"].status is Status.COMPLETED
     assert [e.event for e in result.events if e.task == "dig"][-1] == "replanned"
+
+
+WIRED_WRONG = {"goal": "replacement", "tasks": [  # research waits for itself
+    {"kind": "research", "payload": {"source": "mirror"}, "depends_on": [0]},
+    {"kind": "report", "payload": {}, "depends_on": [0]},
+]}
+
+
+def test_a_replanner_with_repair_model_leaves_every_repair_to_the_model(
+        fake_openai: FakeOpenAI) -> None:
+    fake_openai.answers["plan"] = replies(WIRED_WRONG, FRAGMENT)
+    run(None)
+    assert len(fake_openai.requests) == 1  # code dropped the edge
+
+    fake_openai.requests.clear()
+    fake_openai.answers["plan"] = replies(WIRED_WRONG, FRAGMENT)
+    clock = VirtualClock()
+    sup = Supervisor(REGISTRY, clock=clock, on_dead="replan", seed=0,
+                     replanner=replanner("a brief", REGISTRY, fake_model(), repair="model"))
+    sup.add_tasks([Task("dig", "research", {"source": "archive"})])
+    result = clock.run(sup.arun())
+    assert len(fake_openai.requests) == 2
+    assert "self_dependency" in fake_openai.requests[1].last_user
+    assert result.tasks["dig/1"].status is Status.COMPLETED

@@ -384,3 +384,25 @@ def test_a_worker_first_seen_after_its_tasks_counts_them_as_its_load() -> None:
     assert s.complete("a", 1, "ra", 1.0, "w9")
     assert (worker.active, worker.load_s) == (0, 3.0)
     assert index_problems(s, queues=False) == []
+
+
+def test_the_repairs_of_the_plan_added_go_to_the_sink_as_repaired_events() -> None:
+    from planrun.core import Repair
+
+    s, sink = core()
+    details: list[Any] = []
+    s.use_sink(lambda task, event, worker, detail, token: (
+        sink(task, event, worker, detail, token), details.append(detail)))
+    asked = Repair("model", "cycle", 0, "a cycle", attempt=2)
+    fix = Repair("code", "self_dependency", 1, "dropped", rule="drop_self_dependency",
+                 attempt=2, final_task=1)
+    plan = [Task(id="a", kind="k"), Task(id="b", kind="k", depends_on=("a",))]
+    s.add(plan, 0.0)
+    s.ready.repaired(plan, [asked, fix])
+    assert sink.changes == [("a", E.CREATED, None), ("b", E.CREATED, None),
+                            ("a", E.REPAIRED, None), ("b", E.REPAIRED, None)]
+    assert details[2:] == [asked.to_dict(), fix.to_dict()]
+    # no status changed: both tasks are pending, a ready and b waiting for it
+    assert {t.status for t in s.tasks.values()} == {Status.PENDING}
+    s.ready.repaired(plan, [])
+    assert len(sink.changes) == 4

@@ -671,6 +671,9 @@ def _add_run(subparsers: _Subparsers) -> None:
                         default="cancel_dependents",
                         help="what a dead task does to the run: cancel what depends on it, "
                         "abort the run, or ask the model to re-plan it")
+    parser.add_argument("--no-code-repair", action="store_true",
+                        help="ask the model for every repair of the goal's plan and of its "
+                        "replans (no code repairs)")
     parser.add_argument("--budget-tokens", type=_positive_int, metavar="N",
                         help="tokens the whole run may use, in every process")
     parser.add_argument("--budget-usd", type=_positive_float, metavar="X",
@@ -799,6 +802,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from planrun._facade import READY_PLAN_MAX_TASKS
         from planrun.core import Plan
 
+        if args.no_code_repair and args.on_dead != "replan":
+            raise _CliError("--no-code-repair is for a goal's plan and its replans; a plan "
+                            "file is not decomposed (drop it, or add --on-dead replan)")
+
         source = Plan.parse(source, app.registry, max_tasks=READY_PLAN_MAX_TASKS)
         _afford(args, source, app)
     strategy = args.strategy or "balanced"
@@ -827,6 +834,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "min_tasks": args.min_tasks, "max_tasks": args.max_tasks, "on_dead": args.on_dead,
         "meta": meta, "retry_budget": args.retry_budget, "deadline_s": args.deadline,
         "tiers": args.tiers,
+        "repair": "model" if args.no_code_repair else "code",
     }
     _batch_option(options, batch)
     if args.run_id is not None:

@@ -46,6 +46,7 @@ from planrun.core._ledger import (
     as_event,
     audit_when_read,
     read_jsonl,
+    repair_events,
 )
 from planrun.core._limits import LimiterState, SharedLimits, SpendState
 from planrun.core._plan import (
@@ -153,6 +154,7 @@ __all__ = [
     "read_jsonl",
     "redact",
     "register_secret",
+    "repair_events",
     "repair_plan",
     "smallest_order",
     "spawn_id",

@@ -13,11 +13,12 @@ Event names:
 person is a ``dead`` whose ``detail`` holds ``cause: rejected``), ``cancelled``,
 ``waiting`` (the task waits for a person's approval; ``detail`` says ``for`` what and
 ``timeout_at``), ``approved`` (a person, or a timeout, approved it; ``detail`` holds ``note``);
-and four that change no status: ``rejected`` (a late result carrying a stale fencing
+and those that change no status: ``rejected`` (a late result carrying a stale fencing
 token), ``effect`` (a side effect applied once, keyed by the task id),
-``effect_failed`` (one try of an effect failed; it is tried again) and ``batched`` (a
-model call of the task went into a Batch API job). :class:`EventName` holds them as
-constants.
+``effect_failed`` (one try of an effect failed; it is tried again), ``usage`` (a model
+request of the task), ``batched`` (a model call of the task went into a Batch API job) and
+``repaired`` (a fix the run's plan went through before it was accepted, see
+:func:`repair_events`). :class:`EventName` holds them as constants.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
+from planrun.core._problem import Repair
 from planrun.core._task import Task
 
 __all__ = ["Audit", "Event", "EventName", "EventRow", "Ledger", "analyze", "as_event",
-           "read_jsonl"]
+           "read_jsonl", "repair_events"]
 
 _Raw = tuple[float, str, str, "str | None", int, "Mapping[str, Any] | None"]
 """An event noted but not yet built: ``(at, task, event, worker, attempt, detail)``, the
@@ -75,6 +77,28 @@ class EventName:
     """The task's model call went into a Batch API job (changes no status): ``detail``
     holds ``batch`` (the run's key for it, recorded before it is submitted), ``line`` (the
     call's ``custom_id``) and, once the API answered, ``id`` (the API's batch id)."""
+    REPAIRED = "repaired"
+    """A fix the run's plan went through before it was accepted (changes no status; one
+    per :attr:`~planrun.Plan.repairs` entry, in order, right after the ``created`` events):
+    ``detail`` is :meth:`~planrun.core.Repair.to_dict` (``by``: ``code`` or ``model``,
+    ``rule``, ``code``: the problem fixed, ``task``, ``detail``, ``attempt``: the model
+    reply, ``final_task``). See :func:`repair_events` for the task it is on."""
+
+
+def repair_events(repairs: Sequence[Repair],
+                  task_ids: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The ``repaired`` events of a plan's ``repairs``: ``(task id, detail)``, in order.
+
+    ``task_ids`` are the ids of the plan's tasks, by index. A fix of one task of the
+    accepted plan (its :attr:`~planrun.core.Repair.final_task`) is on that task; a fix of
+    none (a model repair, whose task was one of a reply the model replaced, and the
+    reordering of the whole plan) is on the plan's first task. A plan with no task has
+    no events.
+    """
+    if not task_ids:
+        return []
+    return [(task_ids[0] if r.final_task is None else task_ids[r.final_task], r.to_dict())
+            for r in repairs]
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,12 +74,22 @@ class _Task:
     payload: Any
     deps: list[int | str]
     id: str | None = None
+    key: int = 0
+    """The task's index in the reply: it follows the task through reorders and merges."""
 
 
 @dataclass
 class _Work:
     goal: str
     tasks: list[_Task] = field(default_factory=list)
+    merged: dict[int, int] = field(default_factory=dict)
+    """The key of a task merged away -> the key of the task it was merged into."""
+
+    def final(self, key: int) -> int:
+        """The index the task of ``key`` has now (a merged one: the task it went into)."""
+        while key in self.merged:
+            key = self.merged[key]
+        return next(i for i, t in enumerate(self.tasks) if t.key == key)
 
     def target(self, dep: int | str, ids: Mapping[str, int] | None = None) -> int | None:
         """The index ``dep`` names, or None when no task has it (``ids``: :meth:`ids`)."""
@@ -263,6 +273,7 @@ def _merge(work: _Work, *, keep: int, drop: int) -> None:
             continue
         deps: list[int | str] = list(dict.fromkeys(renumber[d] for d in edges[old]))
         tasks.append(replace(task, deps=deps))
+    work.merged[work.tasks[drop].key] = work.tasks[keep].key
     work.tasks = tasks
 
 
@@ -315,15 +326,20 @@ def repair_plan(raw: object, kinds: KindsLike, *, min_tasks: int = 1,
     repairs: list[Repair] = []
     # Each fix removes a dependency, adds one that was missing, merges two tasks or sorts
     # the plan once: far fewer rounds than this bound.
+    concerned: list[int | None] = []  # per repair, the key of the task it concerns
     for _ in range(4 * len(work.tasks) + 8 if work else 0):
         assert work is not None
+        keys = [t.key for t in work.tasks]
         done = _apply_one(work, registry, problems)
         if not done:
             break
         repairs += done
+        concerned += [None if r.task is None else keys[r.task] for r in done]
         plan, problems = _judged(work.document(), registry, min_tasks, max_tasks)
         if plan is not None:
-            return Repaired(replace(plan, repairs=tuple(repairs)), tuple(repairs), [])
+            final = tuple(r if key is None else replace(r, final_task=work.final(key))
+                          for r, key in zip(repairs, concerned, strict=True))
+            return Repaired(replace(plan, repairs=final), final, [])
     return Repaired(None, tuple(repairs), problems)
 
 
@@ -358,6 +374,6 @@ def _working(raw: object, problems: Sequence[Problem]) -> _Work | None:
     if doc is None:
         return None
     tasks = [_Task(entry["kind"], entry.get("payload", {}),
-                   list(dict.fromkeys(entry.get("depends_on") or ())), entry.get("id"))
-             for entry in doc["tasks"]]
+                   list(dict.fromkeys(entry.get("depends_on") or ())), entry.get("id"), key)
+             for key, entry in enumerate(doc["tasks"])]
     return _Work(doc["goal"], tasks)

@@ -63,7 +63,14 @@ from planrun.model._client import (
     SchemaMode,
     Structured,
 )
-from planrun.model._decompose import adecompose, decompose, plan_bound, replanner
+from planrun.model._decompose import (
+    REPAIR_MODES,
+    RepairMode,
+    adecompose,
+    decompose,
+    plan_bound,
+    replanner,
+)
 from planrun.model._errors import (
     OutputTruncated,
     rejects_schema,
@@ -101,6 +108,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "FLEX_REFUSED_CODE",
     "PROMPT_HEADER",
+    "REPAIR_MODES",
     "VALIDATION_KEYWORDS",
     "Api",
     "BatchJournal",
@@ -122,6 +130,7 @@ __all__ = [
     "ProviderLimits",
     "RateLimiter",
     "RenderedPrompt",
+    "RepairMode",
     "RetryPolicy",
     "RunLimits",
     "SchemaMode",

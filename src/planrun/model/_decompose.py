@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PLAN_TOKENS_PER_TASK",
     "REPAIR_MODES",
+    "RepairMode",
     "adecompose",
     "decompose",
     "plan_bound",
@@ -265,18 +266,21 @@ def replanner(
     repair_attempts: int = 2,
     prompts: PromptLibrary | None = None,
     meter: Usage | None = None,
+    repair: RepairMode = "code",
 ) -> Callable[[ReplanRequest], Awaitable[list[SpawnRequest]]]:
     """A replanner for ``Supervisor(on_dead="replan", replanner=...)`` over the decomposer.
 
     Each replan is one decomposition (with its repair loop, charged to ``meter``, so to the
-    run's budget) of :func:`replan_goal`; the fragment's first tasks depend on what the
-    dead task depended on, the others on earlier tasks of the fragment.
+    run's budget, and ``repair`` as :func:`adecompose` takes it) of :func:`replan_goal`;
+    the fragment's first tasks depend on what the dead task depended on, the others on
+    earlier tasks of the fragment.
     """
 
     async def replan(request: ReplanRequest) -> list[SpawnRequest]:
         plan = await adecompose(
             replan_goal(goal, request), registry, model, min_tasks=min_tasks,
-            max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts, meter=meter)
+            max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts, meter=meter,
+            repair=repair)
         return fragment_of(plan, request)
 
     return replan

@@ -23,7 +23,7 @@ import asyncio
 import functools
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from planrun.core import (
     Event,
     Ledger,
     Registry,
+    Repair,
     Router,
     RunResult,
     StallError,
@@ -251,8 +252,11 @@ class Supervisor:
         """Add one task; its dependencies must already be added."""
         return self.add_tasks([task])[0]
 
-    def add_tasks(self, tasks: Iterable[Task]) -> list[Task]:
+    def add_tasks(self, tasks: Iterable[Task], *, repairs: Sequence[Repair] = ()) -> list[Task]:
         """Add tasks in any order; dependencies must be in the batch or already added.
+
+        ``repairs``: those of the plan the tasks are (given in its order, as
+        :meth:`Plan.to_tasks` gives them), recorded in the ledger as ``repaired`` events.
 
         Raises:
             InvalidPlan: the batch has a dependency cycle.
@@ -262,9 +266,12 @@ class Supervisor:
             raise UsageError("tasks cannot be added once the run has started")
         self._run_log.choose_sink(durable=self.store is not None)
         with _heap.frozen_heap(self.freeze_heap):  # a large batch: a record per task
-            return self.core.add(list(tasks), self.clock.now(),
-                                 default_attempts=self.max_attempts,
-                                 known=self.registry.__contains__)
+            batch = list(tasks)
+            added = self.core.add(batch, self.clock.now(), default_attempts=self.max_attempts,
+                                  known=self.registry.__contains__)
+            if repairs:
+                self.core.ready.repaired(batch, repairs)
+            return added
 
     def approve(self, task_id: str, note: str | None = None) -> Task:
         """Approve a waiting task (call it on the run's event loop, e.g. from ``on_event``).

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from planrun.core._errors import UsageError
 from planrun.core._ledger import EventName as E
+from planrun.core._ledger import repair_events
+from planrun.core._problem import Repair
 from planrun.core._task import FINAL, Task, created, revised
 from planrun.core.scheduling._book import Book
 from planrun.core.scheduling._common import (
@@ -92,6 +94,15 @@ class Readiness:
             for task in new:
                 self.offer(task.id)
         return new
+
+    def repaired(self, tasks: Sequence[Task], repairs: Sequence[Repair]) -> None:
+        """Hand the sink one ``repaired`` event per repair of the plan ``tasks`` are (added
+        already, given in the plan's order): on the task :func:`~planrun.core.repair_events`
+        names, after their ``created`` events, changing no record."""
+        book = self.book
+        for task_id, detail in repair_events(repairs, [t.id for t in tasks]):
+            task = book.tasks[task_id]
+            book.sink(task, E.REPAIRED, None, detail, task.token)
 
     def _in_order(self, batch: list[Task], known: Callable[[str], bool] | None) -> list[Task]:
         """``batch`` checked (unique new ids, known kinds and dependencies, pending) and in
