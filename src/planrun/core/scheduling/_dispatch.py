@@ -160,7 +160,8 @@ class Routing:
 
     def extra_starts(self) -> list[Start]:
         """Starts decided beyond the one a finish returned, each handed out once."""
-        extra, self.more_starts = self.more_starts, []
+        extra = self.more_starts[:]
+        self.more_starts.clear()  # the same list: the scheduler hands it out to read
         return extra
 
     def load(self, task: Task) -> None:
