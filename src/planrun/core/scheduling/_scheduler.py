@@ -272,10 +272,6 @@ class Scheduler:
             return []
         return self.routing.dispatch(now)
 
-    def current(self, task_id: str, token: int, worker: str | None) -> bool:
-        """True when ``token`` is the task's running attempt; else log the refusal."""
-        return self.book.current(task_id, token, worker)
-
     def complete(self, task_id: str, token: int, result: Any, now: float,
                  worker: str | None, spawned: Sequence[SpawnRequest] = ()) -> bool:
         """An attempt returned ``result``; False when it was fenced off.
