@@ -381,3 +381,22 @@ def test_ids_that_clash_with_the_default_ones() -> None:
     assert plan is not None
     assert plan.task_ids() == ["t1", "t1_2", "t1_1", "t3"]
     assert plan.to_tasks()[3].depends_on == ("t1_2", "t1")
+
+
+def test_a_plan_copies_every_level_of_a_payload_and_shares_only_immutables() -> None:
+    """The plan's copy of a payload is as deep as ``copy.deepcopy``'s: lists in tuples in
+    dicts are new objects; a value strict JSON cannot hold (refused by the plan) is still
+    copied, not shared, while the plan is read."""
+    shared: list[Any] = [{"k": ["v"]}]
+    payload = {"rows": shared, "pair": (1, ["x"]), "n": 1.5, "flag": None, "text": "t"}
+    raw = [{"kind": "plain", "payload": payload, "depends_on": []}]
+    plan = Plan.parse(raw, REGISTRY)
+    copied = plan.tasks[0].payload
+    assert copied == copy.deepcopy(payload)
+    assert copied["rows"] is not shared and copied["rows"][0]["k"] is not shared[0]["k"]
+    assert copied["pair"][1] is not payload["pair"][1]  # type: ignore[index]
+    shared[0]["k"].append("later")
+    assert plan.to_tasks()[0].payload["rows"] == [{"k": ["v"]}]
+    odd = {"when": {1, 2}}  # a set: not JSON (the plan is refused), copied all the same
+    assert plan_module._copy_payload(odd) == odd
+    assert plan_module._copy_payload(odd)["when"] is not odd["when"]

@@ -333,10 +333,10 @@ class Plan:
 
 
 def _copied(payload: Any) -> Any:
-    """A deep copy of a payload (an empty dict needs none of deepcopy's machinery)."""
+    """A deep copy of a payload (see :func:`_json_copy`)."""
     if type(payload) is dict and not payload:
         return {}
-    return copy.deepcopy(payload)
+    return _json_copy(payload)
 
 
 def smallest_order(sorter: graphlib.TopologicalSorter[Any], key: Any = None) -> list[Any]:
@@ -463,15 +463,20 @@ def _task_variant(spec: KindSpec, defs: dict[str, Any]) -> dict[str, Any]:
     return variant
 
 
-@dataclass
 class _Draft:
-    """What pass one learned about a task entry."""
+    """What pass one learned about a task entry (:func:`_read_task` sets every field).
 
-    kind: str | None = None
-    payload: dict[str, Any] = field(default_factory=dict)
-    deps: list[int | str] = field(default_factory=list)
-    id: str | None = None
-    ok: bool = True
+    A plain class with slots: one is made per task of every plan read, and each container
+    made here outlives the read (the garbage collector's passes count them)."""
+
+    __slots__ = ("deps", "id", "kind", "ok", "payload")
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.kind: str | None = None
+        self.payload = payload
+        self.deps: Sequence[int | str] = ()
+        self.id: str | None = None
+        self.ok = True
 
 
 _new_object: Final = object.__new__
@@ -1041,28 +1046,28 @@ def _read_task(
 ) -> _Draft:
     """Pass one over task ``i``: shape, kind, payload; dependencies are kept for pass two.
     A field that cannot be read as given makes the draft not ``ok``."""
-    draft = _Draft()
     if type(entry) is not dict and not isinstance(entry, Mapping):
         problems.append(Problem(SCHEMA, i, "a task must be an object "
                                 '{"kind": "...", "payload": {...}, "depends_on": [...]}, '
                                 f"got {_describe(entry)}"))
+        draft = _Draft({})
         draft.ok = False
         return draft
+    payload = entry.get("payload", _NO_PAYLOAD)
+    draft = _Draft(_copy_payload(payload) if copy_payload and payload else
+                   dict(payload) if type(payload) is dict or isinstance(payload, Mapping)
+                   else {})
     before = len(problems)
     if not entry.keys() <= _TASK_FIELD_SET:
         _read_fields(i, entry, problems)
     spec = _read_kind(i, entry, registry, draft, problems,
                       specs if specs is not None else {s.name: s for s in registry})
     bad = len(problems) > before  # a field, the kind: the task cannot be read as given
-    if "payload" in entry:
-        payload = entry["payload"]
-        if type(payload) is dict or isinstance(payload, Mapping):
-            draft.payload = copy.deepcopy(dict(payload)) if payload and copy_payload \
-                else dict(payload)
-        else:
-            problems.append(Problem(SCHEMA, i, "'payload' must be an object (use {} for "
-                                    f"none), got {_describe(payload)}"))
-            bad, spec = True, None
+    if payload is not _NO_PAYLOAD and type(payload) is not dict \
+            and not isinstance(payload, Mapping):
+        problems.append(Problem(SCHEMA, i, "'payload' must be an object (use {} for "
+                                f"none), got {_describe(payload)}"))
+        bad, spec = True, None
     if check_payload and spec is not None and spec.payload_model is not None:
         _check_payload(i, spec, spec.payload_model, draft.payload, problems)
     if "depends_on" in entry:
@@ -1083,6 +1088,41 @@ def _read_task(
             bad = True
     draft.ok = not bad
     return draft
+
+
+_NO_PAYLOAD: Final[Any] = object()
+"""A task entry without ``payload`` (its payload is then ``{}``)."""
+
+_SCALARS: Final = frozenset((str, int, float, bool, type(None)))
+
+
+def _copy_payload(payload: object) -> dict[str, Any]:
+    """A payload as a dict of its own: a deep copy, so that the caller changing its document
+    later changes nothing in the plan. JSON data (what a valid plan holds) is copied by
+    :func:`_json_copy`; anything else by :func:`copy.deepcopy`. Not a mapping: ``{}``
+    (the caller lists the problem)."""
+    if type(payload) is dict:
+        return _json_copy(payload)  # type: ignore[no-any-return]
+    if isinstance(payload, Mapping):
+        return _json_copy(dict(payload))  # type: ignore[no-any-return]
+    return {}
+
+
+def _json_copy(value: Any) -> Any:
+    """A deep copy of ``value``: dicts, lists and tuples copied level by level, strings,
+    numbers, booleans and None shared (immutable, as ``copy.deepcopy`` shares them), any
+    other value through ``copy.deepcopy``. Equal to ``copy.deepcopy`` on JSON data, with
+    no memo: a plan's payloads are trees (read from JSON, or checked as strict JSON)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _SCALARS else _json_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _SCALARS else _json_copy(v) for v in value]
+    if kind is tuple:
+        return tuple([v if type(v) in _SCALARS else _json_copy(v) for v in value])
+    if kind in _SCALARS:
+        return value
+    return copy.deepcopy(value)
 
 
 def _read_fields(i: int, entry: Mapping[Any, Any], problems: list[Problem]) -> None:

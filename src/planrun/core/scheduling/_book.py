@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from planrun.core._ledger import EventName as E
 from planrun.core._task import FINAL, Status, Task, advanced
 from planrun.core.scheduling._common import (
-    _ASSIGNED,
     _COMPLETED,
     _IN_FLIGHT,
     _RUNNING,
@@ -48,7 +47,6 @@ class _Graph(Protocol):
 class _Loads(Protocol):
     """What :class:`Book` needs of routing: the workers' loads and active counts."""
 
-    def started_in_place(self, old: Task, new: Task) -> bool: ...
     def load(self, task: Task) -> None: ...
     def unload(self, task: Task) -> None: ...
 
@@ -120,12 +118,12 @@ class Book:
         return False
 
     def replace(self, old: Task, new: Task) -> None:
-        """Put ``new`` in place of ``old`` and keep every index right."""
+        """Put ``new`` in place of ``old`` and keep every index right (a start on the
+        worker a task was assigned to changes only that worker's active count, which
+        :meth:`Routing.pump <planrun.core.scheduling._dispatch.Routing.pump>` counts)."""
         tid = new.id
         self.tasks[tid] = new
         was, now_is = old.status, new.status
-        if was is _ASSIGNED and now_is is _RUNNING and self.routing.started_in_place(old, new):
-            return  # its load stays on its worker; nothing else changes
         if was in _UNINDEXED:
             self.unindex(old)
         if now_is in _INDEXED and (now_is is not _COMPLETED or self.effects.kinds):

@@ -137,7 +137,10 @@ class Routing:
             old = task
             lease = self.leases.grant(old.id, old.token, now)
             task = started(old, now, lease)
-            book.replace(old, task)
+            # A start on the worker it was assigned to changes one index: the worker's
+            # active count (its load and the task's locks were taken at assignment).
+            self.tasks[task.id] = task
+            worker.active += 1
             note = book.note
             if note is None:
                 book.sink(task, E.STARTED, worker.name, None, old.token)
@@ -157,20 +160,9 @@ class Routing:
 
     def extra_starts(self) -> list[Start]:
         """Starts decided beyond the one a finish returned, each handed out once."""
-        extra, self.more_starts = self.more_starts, []
+        extra = self.more_starts[:]
+        self.more_starts.clear()  # the same list: the scheduler hands it out to read
         return extra
-
-    def started_in_place(self, old: Task, new: Task) -> bool:
-        """``old`` (assigned) started as ``new`` on the worker it was assigned to, with no
-        resources and the same cost: its load stays, one more is active (what unloading and
-        loading it would do). False: the change is indexed as any other."""
-        if (old.resources or new.resources or old.assigned_to != new.assigned_to
-                or old.kind != new.kind or old.estimate_s != new.estimate_s):
-            return False
-        worker = self.workers.get(new.assigned_to or "")
-        if worker is not None:
-            worker.active += 1
-        return True
 
     def load(self, task: Task) -> None:
         """``task`` is in flight: its worker's load (and active count, running) grow."""

@@ -47,6 +47,8 @@ class Approvals:
         self.failing = failing
         self.by_kind = {k: as_approval(v) for k, v in (approvals or {}).items()}
         self.by_task = {k: as_approval(v) for k, v in (task_approvals or {}).items()}
+        self.any = bool(self.by_kind or self.by_task)
+        """The run has approval rules (they are fixed when the run is set up)."""
         self.awaiting: set[str] = set()
         """Ids of the tasks in status ``waiting`` (waiting for a person)."""
         self.asking: list[str] = []
@@ -54,10 +56,6 @@ class Approvals:
         self.timeouts: list[tuple[float, str]] = []
         """``(time, id)``: when a waiting task's approval times out."""
 
-    @property
-    def any(self) -> bool:
-        """The run has approval rules."""
-        return bool(self.by_kind or self.by_task)
 
     def approval_for(self, task: Task) -> Approval | None:
         """The approval ``task`` needs (its own, else its kind's), or None."""

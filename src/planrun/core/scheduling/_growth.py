@@ -50,7 +50,8 @@ class Growth:
         self.replans_used = 0
         self.replanned: set[str] = set()
         """Dead tasks a replan was asked for (once each)."""
-        self._due: list[ReplanRequest] = []
+        self.due: list[ReplanRequest] = []
+        """Replans waiting to be handed out by :meth:`replans_due` (read only)."""
         self.open: set[str] = set()
         """Dead tasks whose replan was asked for and not answered yet."""
 
@@ -100,17 +101,13 @@ class Growth:
         cancelled = tuple(tasks[d] for d in sorted(downstream, key=self.ready.order.__getitem__)
                           if tasks[d].status is _CANCELLED and tasks[d].cause == dead.id)
         results = {t.id: t.result for t in tasks.values() if t.status is _COMPLETED}
-        self._due.append(ReplanRequest(dead, cancelled, results, self.replans_used))
+        self.due.append(ReplanRequest(dead, cancelled, results, self.replans_used))
         self.open.add(dead.id)
-
-    @property
-    def any_due(self) -> bool:
-        """Replans wait to be handed out (:meth:`replans_due`)."""
-        return bool(self._due)
 
     def replans_due(self) -> list[ReplanRequest]:
         """Replans the driver should ask its replanner for now (each handed out once)."""
-        due, self._due = self._due, []
+        due = self.due[:]
+        self.due.clear()
         return due
 
     def replan_done(self, request: ReplanRequest, fragment: Sequence[SpawnRequest] | None,

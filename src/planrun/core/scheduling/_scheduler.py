@@ -131,6 +131,9 @@ class Scheduler:
         book.keep(self.ready, self.routing, self.approvals, self.effects)
         if self.approvals.any:
             self.ready.gate = self.approvals.hold
+        self.more_starts: list[Start] = self.routing.more_starts
+        """Starts :meth:`finish` decided beyond the one it returned, until
+        :meth:`extra_starts` hands them out (read only: the driver asks whether any wait)."""
         self.timing = Timing(book, self.ready, self.leases, self.failing, self.growth,
                              self.approvals, self.effects, deadline=deadline,
                              stall_after=stall_after)
@@ -171,12 +174,6 @@ class Scheduler:
     def stale_after(self) -> float:
         """Lease length, from start (or the last heartbeat)."""
         return self.leases.stale_after
-
-    @property
-    def more_starts(self) -> list[Start]:
-        """Starts :meth:`finish` decided beyond the one it returned, until
-        :meth:`extra_starts` hands them out (read only: the driver asks whether any wait)."""
-        return self.routing.more_starts
 
     @property
     def stopping(self) -> bool:
@@ -275,10 +272,6 @@ class Scheduler:
             return []
         return self.routing.dispatch(now)
 
-    def current(self, task_id: str, token: int, worker: str | None) -> bool:
-        """True when ``token`` is the task's running attempt; else log the refusal."""
-        return self.book.current(task_id, token, worker)
-
     def complete(self, task_id: str, token: int, result: Any, now: float,
                  worker: str | None, spawned: Sequence[SpawnRequest] = ()) -> bool:
         """An attempt returned ``result``; False when it was fenced off.
@@ -327,9 +320,9 @@ class Scheduler:
         """
         if not self.complete(task_id, token, result, now, worker.name):
             return False
-        starts = self.release(worker, self.tasks[task_id], now, dispatch=False)
+        starts = self.release(worker, self.book.tasks[task_id], now, dispatch=False)
         if len(starts) > 1:
-            self.routing.more_starts.extend(starts[1:])
+            self.more_starts.extend(starts[1:])
         return starts[0][1] if starts else True
 
     def extra_starts(self) -> list[Start]:
@@ -425,7 +418,9 @@ class Scheduler:
     def has_due(self, now: float) -> bool:
         """Effects due at ``now`` or replans to ask for (:meth:`effects_due`,
         :meth:`replans_due`)."""
-        return self.growth.any_due or self.effects.has_due(now)
+        if not self.growth.due and not self.effects.due:
+            return False  # the common case, asked after every outcome
+        return bool(self.growth.due) or self.effects.has_due(now)
 
     # Time.
 

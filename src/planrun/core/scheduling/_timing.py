@@ -1,9 +1,11 @@
-"""Time: what falls due when, the stall, and the end of a run.
+"""Time: what falls due when, the stall, the end of a run, and the tiers' slack.
 
-:class:`Timing` owns the run's deadline and its stall time. It reads the parts' times (lease
-ends, retry times, effects due, approval timeouts) to say when the driver should look again,
-hands what fell due to the part whose rule it is (:meth:`Timing.tick`), and says when the run
-is stalled, finished, or too close to its deadline to keep calls in Batch API jobs.
+:class:`Timing` owns the run's deadline, its stall time and its tier policy (with the
+latencies it learned). It reads the parts' times (lease ends, retry times, effects due,
+approval timeouts) to say when the driver should look again, hands what fell due to the part
+whose rule it is (:meth:`Timing.tick`), says when the run is stalled or finished, which tier
+an attempt's calls go at, and when the run is too close to its deadline to keep calls in
+Batch API jobs.
 """
 
 from __future__ import annotations
