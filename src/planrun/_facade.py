@@ -46,7 +46,7 @@ from planrun.core.scheduling import (
     check_policies,
     check_tiers,
 )
-from planrun.model import REPAIR_MODES, ModelWorker, PromptLibrary
+from planrun.model import ModelWorker, PromptLibrary, check_repair
 from planrun.obs import tracing
 from planrun.runtime import (
     STALE_AFTER_S,
@@ -889,8 +889,7 @@ class _Decomposing:
     repair: RepairMode = "code"
 
     def __post_init__(self) -> None:
-        if self.repair not in REPAIR_MODES:
-            raise UsageError(f"repair must be one of {list(REPAIR_MODES)}, got {self.repair!r}")
+        check_repair(self.repair)
 
     async def plan(self, goal: str, registry: Registry, model: Model, meter: Usage) -> Plan:
         """The run's plan: ``goal`` decomposed, its model calls charged to ``meter``."""

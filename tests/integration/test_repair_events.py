@@ -134,6 +134,8 @@ def test_the_ledger_of_a_run_holds_its_plans_repairs(
     assert main(["status", report.run_id, "--db", db, "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["counts"]["completed"] == len(ids)
+    assert main(["status", report.run_id, "--db", db]) == 0
+    assert "completed" in capsys.readouterr().out
 
 
 def test_a_resumed_run_keeps_its_repairs_once(fake_openai: FakeOpenAI, db: str) -> None:

@@ -202,6 +202,10 @@ def test_a_repair_of_one_task_is_on_that_task_and_the_others_on_the_first() -> N
     assert events[2][1] == {"by": "code", "code": "missing_input", "rule": "add_needed_input",
                             "task": 0, "detail": "linked", "attempt": 2, "final_task": 1}
     assert repair_events([asked], []) == []
+    # an index the plan does not have (a hand-built Plan) is no task of it: the first one
+    stray = [Repair("code", "dead_end", 0, "x", rule="link_dead_end", final_task=k)
+             for k in (3, -1)]
+    assert [task for task, _ in repair_events(stray, ids)] == ["research", "research"]
 
 
 def test_repaired_events_change_no_finding_of_the_audit() -> None:

@@ -92,13 +92,15 @@ def repair_events(repairs: Sequence[Repair],
     ``task_ids`` are the ids of the plan's tasks, by index. A fix of one task of the
     accepted plan (its :attr:`~planrun.core.Repair.final_task`) is on that task; a fix of
     none (a model repair, whose task was one of a reply the model replaced, and the
-    reordering of the whole plan) is on the plan's first task. A plan with no task has
-    no events.
+    reordering of the whole plan, and a ``final_task`` that is no index of the plan, as a
+    hand-built :class:`~planrun.core.Plan` may carry) is on the plan's first task. A plan
+    with no task has no events.
     """
     if not task_ids:
         return []
-    return [(task_ids[0] if r.final_task is None else task_ids[r.final_task], r.to_dict())
-            for r in repairs]
+    size = len(task_ids)
+    return [(task_ids[r.final_task] if r.final_task is not None and 0 <= r.final_task < size
+             else task_ids[0], r.to_dict()) for r in repairs]
 
 
 @dataclass(frozen=True, slots=True)

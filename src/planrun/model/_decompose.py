@@ -55,6 +55,7 @@ __all__ = [
     "REPAIR_MODES",
     "RepairMode",
     "adecompose",
+    "check_repair",
     "decompose",
     "plan_bound",
     "repair_message",
@@ -162,9 +163,18 @@ def _check_arguments(goal: object, repair_attempts: int, repair: object,
         raise UsageError("a goal must be a non-empty string")
     if repair_attempts < 0:
         raise UsageError("repair_attempts must be >= 0")
+    check_repair(repair)
+    check_max_tokens(max_tokens, "decompose")
+
+
+def check_repair(repair: object) -> None:
+    """Refuse a repair mode that is not one of :data:`REPAIR_MODES` (before any model call).
+
+    Raises:
+        UsageError: naming the modes.
+    """
     if repair not in REPAIR_MODES:
         raise UsageError(f"repair must be one of {list(REPAIR_MODES)}, got {repair!r}")
-    check_max_tokens(max_tokens, "decompose")
 
 
 def _parser(registry: Registry, min_tasks: int, max_tasks: int, *,
