@@ -132,16 +132,9 @@ class Model:
 
     **Loops and threads.** One ``Model`` serves any number of calls from any event loops and
     threads: it keeps one SDK client per event loop, created on the loop's first call and
-    closed when that loop shuts down. Each synchronous entry point (:func:`planrun.decompose`,
-    :func:`planrun.plan_and_run`, a notebook cell) runs on a loop of its own, and an HTTP/1.1
-    connection pool belongs to the loop that opened it, so sharing one pool across loops
-    breaks ("Event loop is closed"). A single long-lived loop thread behind the sync API was
-    the alternative; it was not chosen because waits (backoff, ``Retry-After``, the rate
-    limiter, timeouts) must run on the caller's loop, where a
-    :class:`~planrun.runtime.VirtualClock` can skip them, and a request in flight on another
-    thread would be invisible to that clock. A given ``client=`` serves the first loop that
-    uses it; other loops get a copy of it (same key, address, headers, timeout) with a fresh
-    connection pool.
+    closed when that loop shuts down (why: see :class:`~planrun.model._transport.Transport`).
+    A given ``client=`` serves the first loop that uses it; other loops get a copy of it
+    (same key, address, headers, timeout) with a fresh connection pool.
     """
 
     _batcher: Batcher | None = None
@@ -334,9 +327,7 @@ class Model:
                      self.temperature if temperature is None else temperature, validate,
                      prompt_name=prompt_name, task=task, prompt_cache_key=prompt_cache_key)
         call.level = self._requests.level(call)
-        retrying = AsyncRetrying(stop=self._stop, wait=self._wait, sleep=_sleep,
-                                 retry=retry_if_exception_type(TransientError),
-                                 before_sleep=_log_retry, reraise=True)
+        retrying = _retrying(self.retry, self._rng)
         with tracing.model_call(self.model, call.messages, base_url=self.base_url,
                                 secrets=self._transport.secrets, max_tokens=call.max_tokens,
                                 temperature=call.temperature,
@@ -480,14 +471,24 @@ class Model:
             return _SchemaRejected(str(error))
         return error
 
-    def _stop(self, state: RetryCallState) -> bool:
-        if state.attempt_number >= self.retry.attempts:
+
+def _retrying(policy: RetryPolicy, rng: random.Random) -> AsyncRetrying:
+    """Tries of a call by ``policy``: a transient error is tried again after the policy's
+    wait (never less than its ``Retry-After``), until the attempts are spent or the server
+    asks for a wait longer than the policy waits out itself."""
+
+    def stop(state: RetryCallState) -> bool:
+        if state.attempt_number >= policy.attempts:
             return True
         retry_after = _retry_after(state)
-        return retry_after is not None and retry_after > self.retry.max_retry_after
+        return retry_after is not None and retry_after > policy.max_retry_after
 
-    def _wait(self, state: RetryCallState) -> float:
-        return self.retry.delay(state.attempt_number, _retry_after(state), self._rng)
+    def wait(state: RetryCallState) -> float:
+        return policy.delay(state.attempt_number, _retry_after(state), rng)
+
+    return AsyncRetrying(stop=stop, wait=wait, sleep=_sleep,
+                         retry=retry_if_exception_type(TransientError),
+                         before_sleep=_log_retry, reraise=True)
 
 
 def _retry_after(state: RetryCallState) -> float | None:

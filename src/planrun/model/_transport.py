@@ -74,6 +74,14 @@ class Transport:
     first call from one template, a given client or one made from the key and address),
     and :meth:`send`, the single place planrun's traffic to the model API leaves.
 
+    One client per loop: each synchronous entry point (:func:`planrun.decompose`,
+    :func:`planrun.plan_and_run`, a notebook cell) runs on a loop of its own, and an HTTP/1.1
+    connection pool belongs to the loop that opened it, so sharing one pool across loops
+    breaks ("Event loop is closed"). A single long-lived loop thread behind the sync API
+    would not do: waits (backoff, ``Retry-After``, the rate limiter, timeouts) must run on
+    the caller's loop, where a :class:`~planrun.runtime.VirtualClock` can skip them, and a
+    request in flight on another thread would be invisible to that clock.
+
     Args:
         api_key: the key (default ``$OPENAI_API_KEY``; none raises :class:`ConfigError`).
         base_url: the address (default ``$OPENAI_BASE_URL``, else OpenAI's).
