@@ -317,14 +317,14 @@ def test_without_a_deadline_the_tiers_mean_the_cheapest() -> None:
 
 
 def test_once_the_slack_is_known_to_be_spent_calls_move_up_to_priority() -> None:
-    """Answers take 0.2 s, 8 at once, 40 calls (1 s at the default tier) and a deadline of
-    0.9 s: the first round goes at the default tier (nothing is known yet); its answers say
-    the rest no longer fits, and the calls that follow go at priority, billed at its
-    price."""
-    server = _server(latency=0.2, priority_latency=0.05)
+    """Answers take 0.5 s, 8 at once, 40 calls (2.5 s at the default tier) and a deadline
+    of 2.5 s: the first round goes at the default tier (nothing is known yet); its answers
+    (0.75 s with the margin of a first answer) say the rest no longer fits, and the calls
+    that follow go at priority, billed at its price."""
+    server = _server(latency=0.5, priority_latency=0.1)
     try:
         report = plan_and_run(_plan(40), app, model=_model(server), tiers=("flex", "priority"),
-                              deadline_s=0.9)
+                              deadline_s=2.5)
     finally:
         server.stop()
     served = Counter(r.tier for r in report.usage.records if r.error is None)
