@@ -84,7 +84,7 @@ def run(name: str, n: int, latency: float, *, tiers: tuple[str, ...] = (),
         batch_s: float = 2.0) -> Row:
     app = make_app()
     plan = make_plan(n, app)
-    fake = FakeOpenAI(answers(n))
+    fake = FakeOpenAI(answers(n), count_schema=True)  # prompt tokens as the API counts them
     api = FakeBatchAPI(fake, complete_after=batch_s)
     with StandIn(fake, batch_api=api, slots=SLOTS, latency=latency,
                  flex_slots=flex_room) as server:

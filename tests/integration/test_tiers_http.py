@@ -305,3 +305,31 @@ def test_a_flex_answer_slower_than_the_lease_keeps_its_task() -> None:
     assert report.ok, report.summary()
     assert not [e for e in report.events if e.event == EventName.RECLAIMED]
     assert _asked(server) == {"flex": 4}
+
+
+def test_without_a_deadline_the_tiers_mean_the_cheapest() -> None:
+    server = _server(latency=0.01, flex_latency=0.05, flex_slots=32)
+    try:
+        report = plan_and_run(_plan(6), app, model=_model(server), tiers=("flex", "priority"))
+    finally:
+        server.stop()
+    assert report.ok and _asked(server) == {"flex": 6}
+
+
+def test_once_the_slack_is_known_to_be_spent_calls_move_up_to_priority() -> None:
+    """Answers take 0.5 s, 8 at once, 40 calls (2.5 s at the default tier) and a deadline
+    of 2.5 s: the first round goes at the default tier (nothing is known yet); its answers
+    (0.75 s with the margin of a first answer) say the rest no longer fits, and the calls
+    that follow go at priority, billed at its price."""
+    server = _server(latency=0.5, priority_latency=0.1)
+    try:
+        report = plan_and_run(_plan(40), app, model=_model(server), tiers=("flex", "priority"),
+                              deadline_s=2.5)
+    finally:
+        server.stop()
+    served = Counter(r.tier for r in report.usage.records if r.error is None)
+    assert served["default"] >= 8 and served["priority"] > 0 and "flex" not in served
+    first = next(r for r in report.usage.records if r.tier == "default")
+    fast = next(r for r in report.usage.records if r.tier == "priority")
+    per_token = [r.cost_usd / r.total_tokens for r in (first, fast)]
+    assert per_token[1] > 1.5 * per_token[0]  # priority's price

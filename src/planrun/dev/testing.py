@@ -199,6 +199,8 @@ class FakeOpenAI:
             names them); any other request is served at ``default``.
         reject_tiers: ``service_tier`` values it rejects with the API's 400 naming
             ``service_tier`` (a server that does not sell the tier).
+        count_schema: count the response format's schema in ``prompt_tokens``, as the
+            API does (off: the counts the shipped cassettes were synthesized with).
     """
 
     def __init__(
@@ -209,7 +211,9 @@ class FakeOpenAI:
         model_suffix: str = "-2024-07-18",
         tiers: Collection[str] = ("flex", "priority"),
         reject_tiers: Collection[str] = (),
+        count_schema: bool = False,
     ) -> None:
+        self.count_schema = count_schema
         self.tiers = frozenset(tiers)
         self.reject_tiers = frozenset(reject_tiers)
         self.answers = dict(answers or {})
@@ -286,7 +290,8 @@ class FakeOpenAI:
             content = scripted.content
         else:
             content = self.content_for(chat)
-        prompt_tokens, completion_tokens, cached = _token_counts(chat, content or refusal or "")
+        prompt_tokens, completion_tokens, cached = _token_counts(chat, content or refusal or "",
+                                                            self.count_schema)
         return {
             "id": f"chatcmpl-{digest[:29]}",
             "object": "chat.completion",
@@ -326,7 +331,7 @@ class FakeOpenAI:
             text = (scripted.content if scripted is not None and scripted.content is not None
                     else self.content_for(chat))
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        prompt_tokens, output_tokens, cached = _token_counts(chat, text)
+        prompt_tokens, output_tokens, cached = _token_counts(chat, text, self.count_schema)
         incomplete = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(finish)
         model = f"{chat.model}{self.model_suffix}" if chat.model else "gpt-4o-mini"
         return {
@@ -384,19 +389,20 @@ def cached_tokens_for(prompt_tokens: int) -> int:
     return CACHE_MIN_TOKENS + CACHE_STEP * steps
 
 
-def prompt_tokens_of(chat: ChatRequest) -> int:
-    """The prompt tokens the fake reports for a request: deterministic, from its length,
-    the response format's schema included (the API counts it as part of the prompt)."""
+def prompt_tokens_of(chat: ChatRequest, count_schema: bool = False) -> int:
+    """The prompt tokens the fake reports for a request: deterministic, from its length;
+    with ``count_schema`` the response format's schema too, as the API counts it."""
     prompt_chars = sum(len(json.dumps(m.get("content", ""))) for m in chat.messages)
     fmt = chat.format
-    if fmt.get("type") not in (None, "text"):
+    if count_schema and fmt.get("type") not in (None, "text"):
         prompt_chars += len(json.dumps(fmt))
     return max(1, math.ceil(prompt_chars / 4)) + 7 * len(chat.messages)
 
 
-def _token_counts(chat: ChatRequest, reply: str) -> tuple[int, int, int]:
+def _token_counts(chat: ChatRequest, reply: str,
+                  count_schema: bool = False) -> tuple[int, int, int]:
     """Prompt, completion and cached tokens: deterministic, from the text lengths."""
-    prompt_tokens = prompt_tokens_of(chat)
+    prompt_tokens = prompt_tokens_of(chat, count_schema)
     completion_tokens = max(1, math.ceil(len(reply) / 4))
     return prompt_tokens, completion_tokens, cached_tokens_for(prompt_tokens)
 
