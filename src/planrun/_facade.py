@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from planrun.runtime import Replanner
     from planrun.stores.base import Store
 
-Tiers = Sequence[str] | str | TierPolicy
+TierOption = Sequence[str] | str | TierPolicy
 """The tiers a run's calls may go at beside the default one: names (``("flex",
 "priority")`` or ``"flex,priority"``), or a :class:`~planrun.core.scheduling.TierPolicy`
 with its own starting latencies."""
@@ -144,7 +144,7 @@ class RunOptions(SupervisorOptions, total=False):
     store: Store | str | None
     meta: Mapping[str, Any] | None
     batch: Batching | bool | None
-    tiers: Tiers
+    tiers: TierOption
 
 
 class ResumeOptions(SupervisorOptions, total=False):
@@ -157,13 +157,13 @@ class ResumeOptions(SupervisorOptions, total=False):
     progress: Callable[[Event, Task], None] | None
     clock: Clock | None
     batch: Batching | bool | None
-    tiers: Tiers | None
+    tiers: TierOption | None
     wait: bool
     on_wait: WaitHook | None
 
 
-def _check_run(function: str, given: Mapping[str, Any], tiers: Tiers,
-               model: Model | None, prices: PriceTable | None) -> Tiers:
+def _check_run(function: str, given: Mapping[str, Any], tiers: TierOption,
+               model: Model | None, prices: PriceTable | None) -> TierOption:
     """The keywords (:func:`_check_keywords`) and the tiers of a new run, checked before
     anything is spent: known names, ``priority`` only for a model with a priority price, a
     deadline > 0. Returns the tiers beside the default one (a policy as it is)."""
@@ -492,7 +492,7 @@ async def aplan_and_run(
     store: Store | str | None = None,
     meta: Mapping[str, Any] | None = None,
     batch: Batching | bool | None = None,
-    tiers: Tiers = (),
+    tiers: TierOption = (),
     **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Decompose (or validate) and run; see :func:`plan_and_run`."""
@@ -588,7 +588,7 @@ async def aresume_run(
     wait: bool = True,
     on_wait: WaitHook | None = None,
     batch: Batching | bool | None = None,
-    tiers: Tiers | None = None,
+    tiers: TierOption | None = None,
     **supervisor_options: Unpack[SupervisorOptions],
 ) -> RunReport:
     """Carry on a stored run after a crash; see :meth:`Supervisor.aresume`.
@@ -679,7 +679,7 @@ async def _owning(
 
 
 def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
-             options: SupervisorOptions, tiers: Tiers | None = (),
+             options: SupervisorOptions, tiers: TierOption | None = (),
              ) -> tuple[Batcher | None, Model | None]:
     """The run's :class:`~planrun.model.Batcher` and the model its tasks call (sending
     through it), or None and ``model`` without batch mode (which ``batch`` among the
@@ -701,7 +701,7 @@ def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
     return batcher, model.batched(batcher)
 
 
-def _tier_policy(sup: Supervisor, batcher: Batcher | None, tiers: Tiers | None) -> TierPolicy:
+def _tier_policy(sup: Supervisor, batcher: Batcher | None, tiers: TierOption | None) -> TierPolicy:
     """The run's tiers (None: those stored with a resumed run) and their learned latencies,
     over the calls its workers make at once (in batch mode, its live calls): the default
     tier's starting figure is the batch settings' ``live_s`` in batch mode. Given tiers are
@@ -751,7 +751,7 @@ async def _batching(batcher: Batcher | None, sup: Supervisor) -> AsyncIterator[N
 
 @contextlib.asynccontextmanager
 async def _running(store: Store | None, sup: Supervisor, batcher: Batcher | None,
-                   tiers: Tiers | None, **owning: Any) -> AsyncIterator[None]:
+                   tiers: TierOption | None, **owning: Any) -> AsyncIterator[None]:
     """While the run goes on: its tiers set, its owner lease held, its batcher connected to
     it, what its tasks spend written to its ledger (and how long their answers took,
     learned by its tiers)."""
@@ -782,7 +782,11 @@ def plan_and_run(
             ``repair``, ``progress``, ``run_id``, ``clock``, ``meta`` as named
             (:class:`RunOptions`); ``batch`` (``True`` or a
             :class:`~planrun.Batching`) sends the tasks' model calls as Batch API jobs at
-            half price, live again when the deadline needs it; the keywords of
+            half price, live again when the deadline needs it; ``tiers`` (``("flex",
+            "priority")``, ``"flex,batch"`` or a
+            :class:`~planrun.core.scheduling.TierPolicy`) sends each task's calls at the
+            cheapest tier its slack before ``deadline_s`` allows (without a deadline, the
+            cheapest), stored with the run for a resume; the keywords of
             :class:`SupervisorOptions` (``max_attempts``, ``retry``, ``on_dead``,
             ``deadline_s``, ...) go to the :class:`Supervisor`. Any other keyword is a
             ``TypeError``.
