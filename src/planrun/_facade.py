@@ -55,6 +55,7 @@ from planrun.runtime import (
     RealClock,
     Supervisor,
     WaitHook,
+    frozen_heap,
     run_blocking,
 )
 
@@ -548,12 +549,18 @@ async def _refuse_taken(store: Store | None, run_id: str | None) -> None:
 
 def _ready_plan(goal_or_plan: str | Plan | Mapping[str, Any] | Sequence[Any],
                 registry: Registry) -> Plan | None:
-    """The plan given (validated: nothing runs unless it is), or None for a goal."""
+    """The plan given (validated: nothing runs unless it is), or None for a goal.
+
+    Reading a plan document makes a few objects per task: with the heap frozen, as the
+    Supervisor keeps it while it adds tasks and runs (:func:`~planrun.runtime.frozen_heap`),
+    so that a large plan read first thing in a process sets off no full pass of the garbage
+    collector over every object its imports left."""
     if isinstance(goal_or_plan, Plan):
         return goal_or_plan
     if isinstance(goal_or_plan, str):
         return None
-    return Plan.parse(goal_or_plan, registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
+    with frozen_heap(Supervisor.freeze_heap):
+        return Plan.parse(goal_or_plan, registry, min_tasks=1, max_tasks=READY_PLAN_MAX_TASKS)
 
 
 async def _shared_budget(

@@ -125,3 +125,45 @@ def test_the_heap_stays_frozen_until_the_last_of_nested_runs_ends() -> None:
         assert gc.get_freeze_count() > 0  # the outer run goes on
         assert gc.get_threshold()[2] >= _heap.FULL_EVERY
     assert gc.get_freeze_count() == 0
+
+
+_FIRST_READ = """
+import gc, json, sys
+from planrun import App, Registry, plan_and_run
+from planrun.core import KindSpec
+
+async def noop(payload, ctx):
+    return None
+
+plan = {"goal": "g", "tasks": [{"id": f"t{i}", "kind": "noop", "payload": {"i": [i, {"n": i}]}}
+                               for i in range(2000)]}
+app = App(Registry([KindSpec("noop", handler=noop)]))
+full = []
+gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2
+                    and full.append(gc.get_freeze_count()))
+report = plan_and_run(plan, app)
+print(json.dumps({"ok": report.ok, "unfrozen_full_passes": sum(1 for f in full if f == 0)}))
+"""
+
+
+@pytest.mark.parametrize("freeze", ["1", "0"])
+def test_a_large_plan_read_first_thing_in_a_process_walks_no_unfrozen_heap(
+    freeze: str,
+) -> None:
+    """The first call of a fresh process reads its plan with the heap frozen, as it runs it:
+    no full pass of the collector walks the objects the imports left (with freezing turned
+    off, one does: the case the freeze is for)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PLANRUN_GC_FREEZE": freeze}
+    out = subprocess.run([sys.executable, "-c", _FIRST_READ], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["ok"]
+    if freeze == "1":
+        assert found["unfrozen_full_passes"] == 0
+    else:
+        assert found["unfrozen_full_passes"] >= 1

@@ -14,6 +14,7 @@ from planrun.runtime._dbos_attempts import DBOSAttempts
 from planrun.runtime._dbos_wire import dbos_settings
 from planrun.runtime._dbos_worker import DBOSWorker, import_dbos, register_workflows
 from planrun.runtime._decisions import approve_task, reject_task
+from planrun.runtime._heap import frozen_heap
 from planrun.runtime._ownership import WaitHook, hold_run
 from planrun.runtime._supervisor import STALE_AFTER_S, EffectFn, Replanner, Supervisor
 from planrun.runtime._usage_journal import UsageJournal
@@ -33,6 +34,7 @@ __all__ = [
     "WaitHook",
     "approve_task",
     "dbos_settings",
+    "frozen_heap",
     "hold_run",
     "import_dbos",
     "register_workflows",
