@@ -11,15 +11,60 @@ From inside the running process, :meth:`planrun.runtime.Supervisor.approve` and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from planrun.core import Task, UsageError
-from planrun.core.scheduling import Approval
+from planrun.core import StoreError, Task, UsageError
+from planrun.core.scheduling import Approval, Scheduler
 
 if TYPE_CHECKING:
     from planrun.stores.base import Store
 
-__all__ = ["Approval", "approve_task", "reject_task"]
+__all__ = ["Approval", "DecisionPoll", "approve_task", "reject_task"]
+
+
+class DecisionPoll:
+    """A running supervisor's reads of the decisions another process wrote on the rows of
+    its waiting tasks (``planrun approve``, :func:`approve_task`): every ``every`` seconds,
+    and only while a task waits and the run has a store.
+
+    Args:
+        store: the run's store, or None (nothing to read).
+        run_id: the run.
+        core: the scheduling core (it knows what waits and takes the decisions).
+        every: seconds between two reads.
+        now: the run's clock.
+    """
+
+    def __init__(self, store: Store | None, run_id: str, core: Scheduler, *, every: float,
+                 now: Callable[[], float]) -> None:
+        if not every > 0:
+            raise UsageError(f"approval_poll must be > 0, got {every}")
+        self.store, self.run_id, self.every = store, run_id, every
+        self._core, self._now = core, now
+        self._next_at = 0.0
+
+    def wake_at(self, now: float) -> float:
+        """When the loop must wake for the next read (never, when nothing is to be read)."""
+        if self.store is None or not self._core.awaiting:
+            return float("inf")
+        return max(now, self._next_at)
+
+    async def poll(self, now: float) -> bool:
+        """Read the waiting rows if a read is due; whether the core took a decision (a read
+        that fails is tried at the next one: the writes have their own patience)."""
+        core = self._core
+        if self.store is None or not core.awaiting or now < self._next_at:
+            return False
+        self._next_at = now + self.every
+        try:
+            records = await self.store.load_some(self.run_id, sorted(core.awaiting))
+        except StoreError:
+            return False
+        took = False
+        for record in records:
+            took = core.take_decision(record, self._now()) or took
+        return took
 
 
 async def approve_task(store: Store, run_id: str, task_id: str,

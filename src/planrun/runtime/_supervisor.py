@@ -11,10 +11,11 @@ It is made of parts it holds, each with its own state:
 * :class:`~planrun.runtime._run_log.RunLog`: the ledger and the core's sink;
 * :class:`~planrun.runtime._run_writes.RunWrites`: the run written to its store in batches;
 * :class:`~planrun.runtime._in_flight.InFlight`: the attempts running on asyncio tasks;
-* :class:`~planrun.runtime._side_work.SideWork`: effects applied and replans asked.
+* :class:`~planrun.runtime._side_work.SideWork`: effects applied and replans asked;
+* :class:`~planrun.runtime._decisions.DecisionPoll`: the decisions another process wrote.
 
-The supervisor itself keeps the run's settings, adds tasks, takes decisions from outside
-(approvals) and runs the loop that sleeps until something is due.
+The supervisor itself keeps the run's settings, adds tasks, takes the decisions made in its
+process (approvals) and runs the loop that sleeps until something is due.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from planrun.core import (
     Router,
     RunResult,
     StallError,
-    StoreError,
     Task,
     UsageError,
     WorkerSpec,
@@ -57,6 +57,7 @@ from planrun.core.scheduling import (
 from planrun.runtime import _heap
 from planrun.runtime._batch_journal import LedgerJournal
 from planrun.runtime._clock import Clock, RealClock, run_blocking
+from planrun.runtime._decisions import DecisionPoll
 from planrun.runtime._in_flight import InFlight
 from planrun.runtime._run_log import RunLog
 from planrun.runtime._run_writes import RunWrites
@@ -164,8 +165,6 @@ class Supervisor:
         task_approvals: Mapping[str, Approval | str] | None = None,
         approval_poll: float = 1.0,
     ) -> None:
-        if not approval_poll > 0:
-            raise UsageError(f"approval_poll must be > 0, got {approval_poll}")
         self.retry = as_policy(retry, SCHEDULER_RETRY)
         self.max_attempts = max_attempts if max_attempts is not None else self.retry.attempts
         check_policies(on_dead=on_dead, retry_budget=retry_budget, timeout=timeout,
@@ -179,7 +178,7 @@ class Supervisor:
         self.effects, self.extras = dict(effects or {}), dict(extras or {})
         self.store, self.goal, self.meta = store, goal, dict(meta or {})
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.store_patience, self.approval_poll = store_patience, approval_poll
+        self.store_patience = store_patience
         self._run_log = log = RunLog(on_event, self._now)
         self.core = Scheduler(
             router=get_router(strategy), retry=self.retry, sink=log.record,
@@ -189,13 +188,15 @@ class Supervisor:
             spawn_limits=spawn_limits, default_attempts=self.max_attempts,
             max_replans=max_replans, approvals=approvals, task_approvals=task_approvals,
             can_replan=replanner is not None)
-        self._assemble(replanner, workers)
+        self._assemble(replanner, workers, approval_poll)
 
     def _assemble(self, replanner: Replanner | None, workers: Iterable[WorkerSpec] | None,
-                  ) -> None:
+                  approval_poll: float) -> None:
         """The parts around the core (its store's writes, its side work, its attempts in
-        flight), its workers, and the loop's state."""
+        flight, its reads of decisions made elsewhere), its workers, and the loop's state."""
         core, log = self.core, self._run_log
+        self._decisions = DecisionPoll(self.store, self.run_id, core, every=approval_poll,
+                                       now=self.clock.now)
         self._writes = RunWrites(self.store, self.run_id, core, log, now=self.clock.now,
                                  patience=self.store_patience, wake=self._wake_up)
         self._side = SideWork(core, self.run_id, effects=self.effects, replanner=replanner,
@@ -209,7 +210,7 @@ class Supervisor:
         for spec in workers if workers is not None else [WorkerSpec("worker", None, 8)]:
             self.register(spec)
         self._wake: asyncio.Event | None = None
-        self._timer_at, self._next_poll = float("inf"), 0.0
+        self._timer_at = float("inf")
         self._started = self._resumed = False
 
     # ---- what a caller reads and decides ---------------------------------------------------
@@ -400,17 +401,16 @@ class Supervisor:
             self._wake.clear()
             self._writes.check()  # a store that stayed down: raise its StoreError
             now = self.clock.now()
-            await self._poll_decisions(now)
+            if await self._decisions.poll(now):
+                self._advance(self.clock.now())
             now = self.clock.now()
             self._advance(now)
             if core.stalled(now) and not side.busy:
                 raise StallError(core.stall_message(self.run_id, now))
             if core.done and not side.busy:
                 break
-            self._timer_at = core.next_wakeup(now)
-            if self.store is not None and core.awaiting:
-                self._timer_at = min(self._timer_at, max(now, self._next_poll))
-            self._timer_at = min(self._timer_at, now + 3600.0)  # waiting for a person only
+            self._timer_at = min(core.next_wakeup(now), self._decisions.wake_at(now),
+                                 now + 3600.0)  # waiting for a person only
             timer = loop.call_later(max(0.0, self._timer_at - now), self._wake.set)
             try:
                 await self._wake.wait()
@@ -443,21 +443,6 @@ class Supervisor:
         if self._started and self._wake is not None:
             self._advance(self.clock.now())
             self._wake_up()
-
-    async def _poll_decisions(self, now: float) -> None:
-        """Read the waiting rows for decisions another process wrote (``planrun approve``)."""
-        if self.store is None or not self.core.awaiting or now < self._next_poll:
-            return
-        self._next_poll = now + self.approval_poll
-        try:
-            records = await self.store.load_some(self.run_id, sorted(self.core.awaiting))
-        except StoreError:
-            return  # read again at the next poll; the writes have their own patience
-        took = False
-        for record in records:
-            took = self.core.take_decision(record, self.clock.now()) or took
-        if took:
-            self._advance(self.clock.now())
 
     def _wake_up(self) -> None:
         if self._wake is not None:
