@@ -78,19 +78,34 @@ def test_two_workers_killed_one_frozen_past_its_lease_2000_exactly(pg_url: str) 
                     raise AssertionError(f"the run ended before {count} completions")
                 await asyncio.sleep(0.05)
 
+        async def stopped_holding(hold: list[str]) -> dict[tuple[str, int], str]:
+            """Stop ``hold`` (SIGSTOP) at a moment each of them holds an attempt; what they
+            hold, read while they are stopped (an attempt seen held a moment before the
+            fault could finish meanwhile)."""
+            while True:
+                for n in hold:
+                    workers[n].send_signal(signal.SIGSTOP)
+                held = await asyncio.to_thread(holding, pg_url, hold)
+                if len(set(held.values())) == len(hold):
+                    return held
+                for n in hold:
+                    workers[n].send_signal(signal.SIGCONT)
+                if run.done():
+                    raise AssertionError("the run ended before the faults")
+                await asyncio.sleep(0.05)
+
         await until(TASKS * 15 // 100, killed)
+        # What the killed processes hold when they die (stopped first: nothing of it changes).
+        in_hand.update(await stopped_holding(killed))
         marks["killed"] = time.time()
         for n in killed:
             workers[n].send_signal(signal.SIGKILL)
-        # What the killed processes held when they died (nothing of theirs changes now).
-        in_hand.update(await asyncio.to_thread(holding, pg_url, killed))
         await asyncio.sleep(LEASE + 1.0)  # the kills' leases ran out; theirs went elsewhere
         marks["steady"] = time.time()
         await asyncio.sleep(2.0)  # the pace of the six left, measured before the freeze
         await until(TASKS * 30 // 100, [frozen])
+        in_hand.update(await stopped_holding([frozen]))  # stopped: frozen from here on
         marks["frozen"] = time.time()
-        workers[frozen].send_signal(signal.SIGSTOP)
-        in_hand.update(await asyncio.to_thread(holding, pg_url, [frozen]))
         await asyncio.sleep(FROZEN_FOR)
         marks["thawed"] = time.time()
         workers[frozen].send_signal(signal.SIGCONT)
