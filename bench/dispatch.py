@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import heapq
 import json
@@ -162,6 +163,67 @@ async def supervised(n: int, chained: bool, traced: bool = False) -> None:
         result = await sup.arun()
     assert result.ok, result.counts
     repr(result)
+
+
+async def one_loop(n: int) -> None:
+    """The work a ``Supervisor`` run of ``n`` no-op tasks leaves to see, written as one loop
+    with no check and no part: each task's record copied at each of its four changes
+    (created, assigned, started, completed) with an event logged for each, a ready heap, a
+    worker queue, a lease heap, a context per attempt, ``C`` slots each carrying attempts
+    one after another, the heap frozen as a run freezes it. Against ``supervised(n,
+    False)``: what the scheduler's rules and parts cost on top of the work itself."""
+    from planrun.core._registry import TaskContext
+    from planrun.core._task import Status
+    from planrun.runtime._heap import frozen_heap
+
+    new, put = object.__new__, object.__setattr__
+
+    def changed(task: Task, changes: dict[str, Any]) -> Task:
+        state = task.__dict__.copy()
+        state.update(changes)
+        record = new(Task)
+        put(record, "__dict__", state)
+        return record
+
+    with frozen_heap():
+        book: dict[str, Task] = {}
+        log: list[tuple[Any, ...]] = []
+        ready: list[tuple[int, str]] = []
+        at = time.time()
+        for i, task in enumerate(noop_tasks(n, False)):
+            book[task.id] = changed(task, {"created_at": at})
+            log.append((at, task.id, "created", None, 0, None))
+            heapq.heappush(ready, (i, task.id))
+        queue: collections.deque[str] = collections.deque()
+        while ready:
+            tid = heapq.heappop(ready)[1]
+            task = book[tid] = changed(book[tid], {"status": Status.ASSIGNED,
+                                                   "assigned_to": "w", "token": 1})
+            log.append((at, tid, "assigned", "w", 1, None))
+            queue.append(tid)
+        leases: list[tuple[float, str, int]] = []
+        same = {"run_id": "r", "kind": "noop", "worker": "w", "skill": 1.0, "extras": {}}
+
+        async def slot() -> None:
+            while queue:
+                tid = queue.popleft()
+                now = time.time()
+                task = book[tid] = changed(book[tid], {"status": Status.RUNNING,
+                                                       "started_at": now, "lease": now + 90})
+                heapq.heappush(leases, (now + 90, tid, 1))
+                log.append((now, tid, "started", "w", 1, None))
+                state = {**same, "task_id": tid, "attempt": 1, "payload": task.payload,
+                         "estimate_s": task.estimate_s, "inputs": {}, "heartbeat": None,
+                         "spawned": [], "tier": None}
+                ctx = new(TaskContext)
+                put(ctx, "__dict__", state)
+                result = await noop(dict(task.payload), ctx)
+                now = time.time()
+                book[tid] = changed(task, {"status": Status.COMPLETED, "result": result,
+                                           "finished_at": now, "attempts": 1, "lease": None})
+                log.append((now, tid, "completed", "w", 1, None))
+
+        await asyncio.gather(*(slot() for _ in range(CONCURRENCY)))
 
 
 def noop_plan(n: int) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
     python bench/instructions.py                    # asyncio, Supervisor, chained, plan_and_run
     python bench/instructions.py --modes sup,base   # some of them
     python bench/instructions.py --modes plan,sqlite  # the SQLite store's cost per task
+    python bench/instructions.py --modes sup,loop   # the Supervisor against its work as one loop
 
 Wall-time ratios on a shared 2-core machine swing from run to run; instruction counts do
 not (the same code and inputs give the same count whatever else the machine does). Each
@@ -32,10 +33,12 @@ MODES = {
     "chain": "asyncio.run(dispatch.supervised(n, True))",
     "plan": "asyncio.run(dispatch.planned(n))",
     "sqlite": "asyncio.run(dispatch.planned_sqlite(n))",
+    "loop": "asyncio.run(dispatch.one_loop(n))",
 }
 LABELS = {"base": "asyncio.gather + semaphore", "sup": "Supervisor (flat)",
           "chain": "Supervisor (chained)", "plan": "plan_and_run",
-          "sqlite": "plan_and_run, SQLite store"}
+          "sqlite": "plan_and_run, SQLite store",
+          "loop": "the same work as one loop"}
 
 
 def _child(mode: str, n: int) -> None:
@@ -44,6 +47,8 @@ def _child(mode: str, n: int) -> None:
 
     asyncio.run(dispatch.supervised(10, False))  # lazy imports and first calls, not counted
     asyncio.run(dispatch.planned(10))
+    if mode == "loop":
+        asyncio.run(dispatch.one_loop(10))
     if mode == "sqlite":
         asyncio.run(dispatch.planned_sqlite(10))
     code = compile(MODES[mode], "<workload>", "exec")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planrun import UsageError
-from planrun.core import Event, EventName, KindSpec, Registry, Task, WorkerSpec
+from planrun.core import Event, EventName, KindSpec, Registry, Task, TaskContext, WorkerSpec
 from planrun.core._routing import get_router
 from planrun.core.scheduling import (
     DEFAULT_LATENCY_S,
@@ -23,6 +23,7 @@ from planrun.core.scheduling import (
     slack_s,
 )
 from planrun.model import Price, PriceTable, Usage
+from planrun.runtime._supervisor import Supervisor
 
 LAT = {"batch": 3600.0, "flex": 3.0, "default": 0.3, "priority": 0.15}
 CHEAP_FIRST = ("batch", "flex", "default", "priority")
@@ -294,3 +295,20 @@ def test_priority_for_a_model_without_a_priority_price_is_bad_input() -> None:
         table.check_tier("gpt-5-nano", "priority")
     with pytest.raises(UsageError, match="unknown tier 'fast'"):
         table.check_tier("mine", "fast")
+
+
+@pytest.mark.parametrize(("policy", "chosen"), [
+    (None, None), (TierPolicy(()), None), (TierPolicy(("flex",)), "flex")])
+def test_each_attempt_is_told_its_tier_only_when_the_run_chooses_one(
+        policy: TierPolicy | None, chosen: str | None) -> None:
+    told: list[TierChoice | None] = []
+
+    async def handler(payload: object, ctx: TaskContext) -> None:
+        told.append(ctx.tier)
+
+    sup = Supervisor(Registry([KindSpec("k", handler=handler)]), [WorkerSpec("w", None, 2)])
+    sup.core.use_tiers(policy)
+    sup.add_tasks([Task(f"t{i}", "k") for i in range(4)])
+    assert sup.core.chooses_tiers is (chosen is not None)
+    assert sup.run().ok
+    assert [t.tier if t is not None else None for t in told] == [chosen] * 4

@@ -24,7 +24,7 @@ _new_object = object.__new__
 _set_attr = object.__setattr__
 _partial = functools.partial
 
-_How = tuple[KindSpec, "Handler | None", "float | None", dict[str, Any], bool]
+_How = tuple[KindSpec, "Handler | None", "float | None", dict[str, Any], bool, bool]
 """How a worker runs a kind (see :meth:`InFlight._how`)."""
 
 
@@ -110,10 +110,10 @@ class InFlight:
             kind = task.kind
             if how_of[0] is not worker or how_of[1] != kind:  # the same as the last, mostly
                 how = self._hows.get((worker.name, kind)) or self._how(worker, kind)
-                spec, handler, limit, same, is_async = how
+                spec, handler, limit, same, is_async, tiered = how
                 how_of = (worker, kind)
             token = task.token
-            ctx = self._context(task, same)
+            ctx = self._context(task, same, tiered)
             try:
                 result = checked(spec, task,
                                  await call(spec, handler, task, ctx, limit, is_async))
@@ -139,19 +139,22 @@ class InFlight:
 
     def _how(self, worker: WorkerState, kind: str) -> _How:
         """How ``worker`` runs ``kind``: its spec, handler, time limit, the context fields
-        every attempt of it shares, and whether the handler is a coroutine function."""
+        every attempt of it shares, whether the handler is a coroutine function, and whether
+        the core chooses each attempt's tier (the run's tiers are set before it starts)."""
         spec = self.registry[kind]
         limit = spec.timeout_s if spec.timeout_s is not None else self.timeout
         handler = worker.spec.handlers.get(kind) or spec.handler
         same = {"run_id": self.run_id, "kind": kind, "worker": worker.name,
                 "skill": worker.spec.skill(kind), "extras": self.extras}
-        how = (spec, handler, limit, same, handler is not None and is_coroutine_handler(handler))
+        how = (spec, handler, limit, same, handler is not None and is_coroutine_handler(handler),
+               self.core.chooses_tiers)
         self._hows[worker.name, kind] = how
         return how
 
-    def _context(self, task: Task, same: dict[str, Any]) -> TaskContext:
+    def _context(self, task: Task, same: dict[str, Any], tiered: bool) -> TaskContext:
         """What the handler of one attempt is given: its context (``same``: the fields
-        every attempt of its worker and kind shares, see :meth:`_how`)."""
+        every attempt of its worker and kind shares, see :meth:`_how`; ``tiered``: the core
+        chooses the attempt's tier)."""
         tid = task.id
         token = task.token
         inputs: dict[str, Any] = {}
@@ -170,7 +173,7 @@ class InFlight:
         state["inputs"] = inputs
         state["heartbeat"] = _partial(self._beat, tid, token)
         state["spawned"] = []
-        state["tier"] = self.core.tier_for(tid, self._now())  # None without tiers
+        state["tier"] = self.core.tier_for(tid, self._now()) if tiered else None
         ctx = _new_object(TaskContext)
         _set_attr(ctx, "__dict__", state)
         return ctx

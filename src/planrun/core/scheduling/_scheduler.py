@@ -461,6 +461,11 @@ class Scheduler:
         """The run's tiers, their learned latencies and its live slots, from now on."""
         self.timing.tiers = policy
 
+    @property
+    def chooses_tiers(self) -> bool:
+        """True when :meth:`tier_for` may choose a tier (else None for every task)."""
+        return self.timing.chooses_tiers
+
     def tier_for(self, task_id: str, now: float) -> TierChoice | None:
         """The tier the calls of ``task_id``'s attempt starting at ``now`` go at (see
         :meth:`Timing.tier_for`; the answers' latencies go to :meth:`Timing.answered`)."""

@@ -135,12 +135,23 @@ class Timing:
                 f"{now - self.book.last_change:.0f} s with {len(stuck)} unfinished: "
                 f"{sample}{more}")
 
+    @property
+    def chooses_tiers(self) -> bool:
+        """True when the run allows a tier beside the default one (else :meth:`tier_for`
+        answers None for every task)."""
+        return self._choosing() is not None
+
+    def _choosing(self) -> TierPolicy | None:
+        """The run's tiers when they allow one beside the default one."""
+        policy = self.tiers
+        return policy if policy is not None and policy.active else None
+
     def tier_for(self, task_id: str, now: float) -> TierChoice | None:
         """The tier the calls of ``task_id``'s attempt starting at ``now`` go at (see
         :func:`~planrun.core.scheduling.choose_tier`); None when the run allows no tier
         beside the default one. Once batches were taken back, no call goes into one."""
-        policy = self.tiers
-        if policy is None or not policy.active:
+        policy = self._choosing()
+        if policy is None:
             return None
         book, facts = self.book, self.book.facts
         exclude = ("batch",) if facts.batches_taken_back or facts.deadline_reached else ()
