@@ -605,10 +605,11 @@ async def aresume_run(
     is waited for until its lease runs out (``wait=True``; ``on_wait(owner, seconds_left)``
     is called about once a second meanwhile); a live owner keeps renewing it, and then (or at
     once with ``wait=False``) this raises :class:`~planrun.RunInUse` and changes nothing.
-    With ``batch``, a batch the run submitted before it stopped is found again and its lines
-    awaited, not submitted twice; ``tiers`` (None: those stored with the run) as in
-    :func:`plan_and_run`. The budget draws on what the run already spent (stored with it);
-    ``budget`` replaces the stored limits, if given; reservations of dead calls are dropped.
+    In batch mode (``batch``; None: the settings the run was started with, kept in its meta),
+    a batch the run submitted before it stopped is found again and its lines awaited, not
+    submitted twice; ``tiers`` (None: those stored with the run) as in :func:`plan_and_run`.
+    The budget draws on what the run already spent (stored with it); ``budget`` replaces the
+    stored limits, if given; reservations of dead calls are dropped.
     """
     from planrun.model import Usage as UsageMeter
 
@@ -621,11 +622,13 @@ async def aresume_run(
         assert opened is not None
         shared = await _shared_budget(opened, run_id, budget, release=True)
         meter = UsageMeter(prices, budget, shared=shared)
-        stored = (await opened.load_tasks(run_id)).run.meta if tracing.enabled() else {}
+        stored = (await opened.load_tasks(run_id)).run.meta
         with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
             await _stored_replanner(supervisor_options, opened, run_id, app.registry, model,
                                     meter)
-            batcher, run_model = _batcher(batch, model, app, supervisor_options, tiers)
+            batcher, run_model = _batcher(
+                batch if batch is not None else _stored_batching(stored), model, app,
+                supervisor_options, tiers if tiers is not None else stored.get("tiers"))
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock, run_id=run_id,
                 effects=app.effects, approvals=app.approvals,
@@ -708,6 +711,14 @@ def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
     return batcher, model.batched(batcher)
 
 
+def _stored_batching(meta: Mapping[str, Any]) -> Batching | None:
+    """The batch settings a stored run was started with (None: it ran live)."""
+    from planrun.model import Batching
+
+    stored = meta.get("batch")
+    return Batching.from_meta(stored) if isinstance(stored, Mapping) else None
+
+
 def _tier_policy(sup: Supervisor, batcher: Batcher | None, tiers: TierOption | None) -> TierPolicy:
     """The run's tiers (None: those stored with a resumed run) and their learned latencies,
     over the calls its workers make at once (in batch mode, its live calls): the default
@@ -745,6 +756,7 @@ async def _batching(batcher: Batcher | None, sup: Supervisor) -> AsyncIterator[N
     if batcher is None:
         yield
         return
+    sup.meta = {**sup.meta, "batch": batcher.options.to_meta()}  # for its resume
     margin_s = batcher.options.cancel_s
     slots = batcher.slots or 1
     batcher.bind(sup.run_id, journal=sup.batch_journal(),

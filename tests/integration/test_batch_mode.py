@@ -172,7 +172,7 @@ def test_the_budget_reserves_at_batch_prices() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("resume", ["python", "cli"])
+@pytest.mark.parametrize("resume", ["python", "python, as stored", "cli"])
 def test_a_run_killed_after_submitting_is_resumed_without_a_second_submission(
         tmp_path: Path, resume: str) -> None:
     app, _, _ = make_app(workers=2, capacity=4)
@@ -209,12 +209,13 @@ def test_a_run_killed_after_submitting_is_resumed_without_a_second_submission(
                 await store.close()
 
         rid = asyncio.run(run_id())
-        if resume == "python":
+        if resume.startswith("python"):  # as stored: the batch settings the run started with
+            given = {"batch": FAST} if resume == "python" else {}
             report = resume_run(rid, make_app(workers=2, capacity=4)[0], db,
-                                model=_model(server), batch=FAST)
+                                model=_model(server), **given)
             _completed_once_after_resume(report)
             requests = report.usage.total.requests
-        else:  # planrun resume keeps the batch settings the run was started with
+        else:  # planrun resume too
             done = subprocess.run([sys.executable, "-m", "planrun", "resume", rid, "--db", db,
                                    "--json", "--quiet"], env=env, capture_output=True,
                                   text=True, timeout=300)

@@ -3,6 +3,8 @@ rule is the tiers' rule: test_tiers.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from planrun import Batching, UsageError
@@ -107,3 +109,11 @@ def test_a_batch_that_takes_hours_is_no_stall_and_keeps_its_tasks_leases() -> No
     assert not [e for e in report.events if e.event == EventName.RECLAIMED]
     assert api.submitted == 2
     assert len(fake.requests) == 6  # every call answered by a batch line, none live
+
+
+def test_batch_settings_round_trip_through_a_run_s_meta() -> None:
+    settings = Batching(size=7, wait_s=0.5, poll_s=2.0, live_s=3.0, cancel_s=4.0, price=0.4)
+    kept = json.loads(json.dumps(settings.to_meta()))  # as a store keeps it
+    assert Batching.from_meta(kept) == settings
+    # settings the meta does not name keep their defaults; names it should not hold are left
+    assert Batching.from_meta({"poll_s": 0.1, "other": 1}) == Batching(poll_s=0.1)

@@ -726,14 +726,16 @@ def _batch_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _batching(args: argparse.Namespace, stored: Any = None) -> dict[str, Any] | None:
-    """The run's batch settings: the flags given, over those it was started with."""
+    """The batch settings the flags give: over those a resumed run was started with
+    (``stored``); None when no flag is given (a resumed run keeps its own settings)."""
     given = {name: value for name, value in (
         ("size", getattr(args, "batch_size", None)), ("wait_s", getattr(args, "batch_wait", None)),
         ("poll_s", getattr(args, "batch_poll", None))) if value is not None}
-    if not getattr(args, "batch", False) and not isinstance(stored, dict):
-        if given:
+    if not getattr(args, "batch", False):
+        if given and not isinstance(stored, dict):
             raise _CliError("--batch-size, --batch-wait and --batch-poll need --batch")
-        return None
+        if not given:
+            return None
     return {**(stored if isinstance(stored, dict) else {}), **given}
 
 
@@ -742,7 +744,7 @@ def _batch_option(options: dict[str, Any], batch: dict[str, Any] | None) -> None
     if batch is not None:
         from planrun.model import Batching
 
-        options["batch"] = Batching(**batch)
+        options["batch"] = Batching.from_meta(batch)
 
 
 def _plan_source(args: argparse.Namespace) -> Any:
@@ -813,9 +815,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             "retry_budget": args.retry_budget}
     if limits.rated or limits.budgeted:
         meta["limits"] = limits.to_meta()
-    batch = _batching(args)
-    if batch is not None:
-        meta["batch"] = batch
+    batch = _batching(args)  # kept in the run's meta by the run itself, for its resume
     # A model here decomposes a goal and re-plans; worker processes bring their own.
     needs_model = isinstance(source, str) or (
         app.needs_model() and (not external or args.on_dead == "replan"))
@@ -1020,8 +1020,6 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         raise _CliError("--batch runs with local workers; this run's attempts go to worker "
                         "processes on DBOS, which call the model live")
     _batch_option(options, None if external else _batching(args, meta.get("batch")))
-    if meta.get("tiers"):  # the run's tiers, as it was started with them
-        options["tiers"] = tuple(meta["tiers"])
     if needs_model:
         options["model"] = _limited(_model(args, app), limits)
     return _execute(None, app, options, args)

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx2
@@ -91,6 +91,17 @@ class Batching:
         if not 0 <= self.price <= 1:
             raise UsageError(f"Batching.price must be a fraction from 0 to 1, got "
                              f"{self.price!r}")
+
+    def to_meta(self) -> dict[str, Any]:
+        """The settings as a run's meta keeps them, for its resume (:meth:`from_meta`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_meta(cls, data: Mapping[str, Any]) -> Batching:
+        """The settings a run's meta keeps (:meth:`to_meta`; a setting it does not name
+        keeps its default)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     @classmethod
     def of(cls, value: Batching | bool | None) -> Batching | None:
