@@ -76,7 +76,7 @@ if TYPE_CHECKING:
         Usage,
     )
     from planrun.runtime import Replanner
-    from planrun.stores.base import Store
+    from planrun.stores.base import RunInfo, Store
 
 TierOption = Sequence[str] | str | TierPolicy
 """The tiers a run's calls may go at beside the default one: names (``("flex",
@@ -622,10 +622,10 @@ async def aresume_run(
         assert opened is not None
         shared = await _shared_budget(opened, run_id, budget, release=True)
         meter = UsageMeter(prices, budget, shared=shared)
-        stored = (await opened.load_tasks(run_id)).run.meta
+        run = (await opened.load_tasks(run_id)).run
+        stored = run.meta
         with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
-            await _stored_replanner(supervisor_options, opened, run_id, app.registry, model,
-                                    meter)
+            _stored_replanner(supervisor_options, run, app.registry, model, meter)
             batcher, run_model = _batcher(
                 batch if batch is not None else _stored_batching(stored), model, app,
                 supervisor_options, tiers if tiers is not None else stored.get("tiers"))
@@ -889,12 +889,11 @@ def _with_replanner(options: SupervisorOptions, goal: str, registry: Registry,
                                      **decomposing.replanning())
 
 
-async def _stored_replanner(options: SupervisorOptions, store: Store, run_id: str,
-                            registry: Registry, model: Model | None, meter: Usage) -> None:
+def _stored_replanner(options: SupervisorOptions, run: RunInfo, registry: Registry,
+                      model: Model | None, meter: Usage) -> None:
     """:func:`_with_replanner` for a resumed run: its goal, and the decomposer's options
     it stored (:meth:`_Decomposing.meta`)."""
     if options.get("on_dead") == "replan":
-        run = (await store.load_tasks(run_id)).run
         _with_replanner(options, run.goal, registry, model, meter,
                         _Decomposing.from_meta(run.meta))
 
