@@ -76,7 +76,7 @@ if TYPE_CHECKING:
         Usage,
     )
     from planrun.runtime import Replanner
-    from planrun.stores.base import Store
+    from planrun.stores.base import RunInfo, Store
 
 TierOption = Sequence[str] | str | TierPolicy
 """The tiers a run's calls may go at beside the default one: names (``("flex",
@@ -622,13 +622,11 @@ async def aresume_run(
         assert opened is not None
         shared = await _shared_budget(opened, run_id, budget, release=True)
         meter = UsageMeter(prices, budget, shared=shared)
-        stored = (await opened.load_tasks(run_id)).run.meta
-        with tracing.traced_run(run_id, clock=clock, meta=stored, progress=progress) as traced:
-            await _stored_replanner(supervisor_options, opened, run_id, app.registry, model,
-                                    meter)
-            batcher, run_model = _batcher(
-                batch if batch is not None else _stored_batching(stored), model, app,
-                supervisor_options, tiers if tiers is not None else stored.get("tiers"))
+        run = (await opened.load_tasks(run_id)).run  # what it was started with
+        with tracing.traced_run(run_id, clock=clock, meta=run.meta, progress=progress) as traced:
+            _stored_replanner(supervisor_options, run, app.registry, model, meter)
+            batcher, run_model = _batcher(_stored_batching(run.meta, batch), model, app,
+                                          supervisor_options, _stored_tiers(run.meta, tiers))
             sup = Supervisor(
                 app.registry, _specs(app, batcher), strategy=strategy, clock=clock, run_id=run_id,
                 effects=app.effects, approvals=app.approvals,
@@ -711,12 +709,21 @@ def _batcher(batch: Batching | bool | None, model: Model | None, app: App,
     return batcher, model.batched(batcher)
 
 
-def _stored_batching(meta: Mapping[str, Any]) -> Batching | None:
-    """The batch settings a stored run was started with (None: it ran live)."""
+def _stored_batching(meta: Mapping[str, Any],
+                     given: Batching | bool | None) -> Batching | bool | None:
+    """A resumed run's batch settings: those given, else those it was started with (kept in
+    its ``meta``; None: it ran live)."""
     from planrun.model import Batching
 
     stored = meta.get("batch")
-    return Batching.from_meta(stored) if isinstance(stored, Mapping) else None
+    if given is not None or not isinstance(stored, Mapping):
+        return given
+    return Batching.from_meta(stored)
+
+
+def _stored_tiers(meta: Mapping[str, Any], given: TierOption | None) -> TierOption | None:
+    """A resumed run's tiers: those given, else those it was started with."""
+    return given if given is not None else meta.get("tiers")
 
 
 def _tier_policy(sup: Supervisor, batcher: Batcher | None, tiers: TierOption | None) -> TierPolicy:
@@ -889,12 +896,11 @@ def _with_replanner(options: SupervisorOptions, goal: str, registry: Registry,
                                      **decomposing.replanning())
 
 
-async def _stored_replanner(options: SupervisorOptions, store: Store, run_id: str,
-                            registry: Registry, model: Model | None, meter: Usage) -> None:
+def _stored_replanner(options: SupervisorOptions, run: RunInfo, registry: Registry,
+                      model: Model | None, meter: Usage) -> None:
     """:func:`_with_replanner` for a resumed run: its goal, and the decomposer's options
     it stored (:meth:`_Decomposing.meta`)."""
     if options.get("on_dead") == "replan":
-        run = (await store.load_tasks(run_id)).run
         _with_replanner(options, run.goal, registry, model, meter,
                         _Decomposing.from_meta(run.meta))
 

@@ -254,3 +254,32 @@ async def until_running(db: str, run_id: str, task_id: str) -> None:
         if any(t.id == task_id and t.status.value == "running" for t in state.tasks):
             return
     raise AssertionError(f"{task_id} never ran")
+
+
+@pytest.mark.parametrize(("repair", "fixed_by"), [("code", "code"), ("model", "model")])
+def test_the_repairs_of_a_replanned_fragment_are_in_the_ledger(
+    fake_openai: FakeOpenAI, db: str, repair: str, fixed_by: str,
+) -> None:
+    from planrun.core import PermanentError
+
+    queue = [FRAGMENT_WIRED_WRONG, FRAGMENT]
+    fake_openai.answers["plan"] = lambda req: queue.pop(0) if len(queue) > 1 else queue[0]
+
+    async def gone() -> Any:
+        raise PermanentError("the archive is gone")
+
+    async def go() -> Any:
+        report = await aplan_and_run(READY_PLAN, sources(gone), model=fake_model(), store=db,
+                                     on_dead="replan", repair=repair)
+        return report, await stored_events(db, report.run_id)
+
+    report, state = asyncio.run(go())
+    assert report.counts["completed"] == 3 and report.results()["dig/1"] == 1
+    for events in (report.events, state.events):  # the run's, and the store's
+        fixes = repaired(events)
+        assert [(task, d["by"], d["code"]) for task, d in fixes] == [
+            ("dig/0", fixed_by, "self_dependency")]  # the replacement research
+        names = [(e.task, e.event) for e in events]
+        # after the replan and the fragment's tasks, as a plan's repairs follow its tasks
+        assert names.index(("dig/0", "repaired")) > names.index(("dig/1", "created")) > \
+            names.index(("dig", "replanned"))

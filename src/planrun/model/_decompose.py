@@ -39,6 +39,7 @@ from planrun.core import (
     repair_plan,
     spawn_id,
 )
+from planrun.core.scheduling import Fragment
 from planrun.model._errors import OutputTruncated
 from planrun.model._prompts import PromptLibrary, RenderedPrompt, describe_kinds
 from planrun.model._schema import check_max_tokens
@@ -283,7 +284,9 @@ def replanner(
     Each replan is one decomposition (with its repair loop, charged to ``meter``, so to the
     run's budget, and ``repair`` as :func:`adecompose` takes it) of :func:`replan_goal`;
     the fragment's first tasks depend on what the dead task depended on, the others on
-    earlier tasks of the fragment.
+    earlier tasks of the fragment. The answer is a
+    :class:`~planrun.core.scheduling.Fragment`: the run records the repairs of its plan as
+    ``repaired`` events on its tasks.
     """
 
     async def replan(request: ReplanRequest) -> list[SpawnRequest]:
@@ -291,7 +294,7 @@ def replanner(
             replan_goal(goal, request), registry, model, min_tasks=min_tasks,
             max_tasks=max_tasks, repair_attempts=repair_attempts, prompts=prompts, meter=meter,
             repair=repair)
-        return fragment_of(plan, request)
+        return Fragment(fragment_of(plan, request), plan.repairs)
 
     return replan
 

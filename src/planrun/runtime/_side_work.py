@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from planrun.core import Event, SpawnRequest, Task, redact
 from planrun.core import EventName as E
-from planrun.core.scheduling import ReplanRequest, Scheduler
+from planrun.core.scheduling import Fragment, ReplanRequest, Scheduler
 from planrun.runtime._attempt import jsonable, maybe_await
 
 if TYPE_CHECKING:
@@ -29,10 +29,12 @@ dependents (depending on tasks of the run or on earlier tasks of the fragment, b
 
 async def ask_replanner(replanner: Replanner, request: ReplanRequest,
                         ) -> tuple[list[SpawnRequest] | None, str | None]:
-    """What a driver hands the core's ``replan_done``: the fragment, or the redacted error
-    the replanner raised (a cancellation is not an answer and goes through)."""
+    """What a driver hands the core's ``replan_done``: the fragment (a
+    :class:`~planrun.core.scheduling.Fragment` as it is, with its repairs), or the redacted
+    error the replanner raised (a cancellation is not an answer and goes through)."""
     try:
-        return list(await replanner(request)), None
+        answer = await replanner(request)
+        return answer if isinstance(answer, Fragment) else list(answer), None
     except Exception as exc:
         return None, redact(f"{type(exc).__name__}: {exc}")
 

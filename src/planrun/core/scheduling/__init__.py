@@ -16,6 +16,7 @@ from planrun.core.scheduling._approval import (
 )
 from planrun.core.scheduling._common import (
     EFFECT_RETRY,
+    Fragment,
     OnDead,
     ReplanRequest,
     RunFacts,
@@ -59,6 +60,7 @@ __all__ = [
     "Addition",
     "Approval",
     "Failure",
+    "Fragment",
     "Latencies",
     "OnDead",
     "ReplanRequest",

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from planrun.core._errors import ErrorClass, InvalidPlan, UsageError
 from planrun.core._ledger import EventName as E
+from planrun.core._problem import Repair
+from planrun.core._registry import SpawnRequest
 from planrun.core._routing import Balanced, Capability, LeastLoaded
 from planrun.core._task import (
     Status,
@@ -22,7 +24,8 @@ from planrun.core.scheduling._retry import RetryPolicy
 if TYPE_CHECKING:
     pass
 
-__all__ = ["EFFECT_RETRY", "OnDead", "ReplanRequest", "RunFacts", "Sink", "check_policies",
+__all__ = ["EFFECT_RETRY", "Fragment", "OnDead", "ReplanRequest", "RunFacts", "Sink",
+           "check_policies",
            "dependency_order", "replans_spent", "retries_spent", "spawn_refused"]
 
 OnDead = Literal["cancel_dependents", "abort_run", "replan"]
@@ -40,6 +43,17 @@ class ReplanRequest:
     results: Mapping[str, Any]
     number: int
     """1 for the run's first replan."""
+
+
+class Fragment(list[SpawnRequest]):
+    """A replanner's answer: the tasks that replace a dead task (a list, as any replanner may
+    return), and the repairs the plan they were read from went through, in order (each
+    recorded as a ``repaired`` event on the fragment's task it fixed, as a plan's are)."""
+
+    def __init__(self, tasks: Iterable[SpawnRequest] = (), repairs: Iterable[Repair] = ()):
+        super().__init__(tasks)
+        self.repairs: tuple[Repair, ...] = tuple(repairs)
+
 
 Entry = tuple[Any, ...]
 """An entry of the ready heap: sort keys, then the task id (see ``Readiness.entry``)."""

@@ -21,6 +21,7 @@ from planrun.core.scheduling._book import Book
 from planrun.core.scheduling._common import (
     _CANCELLED,
     _COMPLETED,
+    Fragment,
     ReplanRequest,
     _problem,
     replans_spent,
@@ -128,6 +129,8 @@ class Growth:
                            "tasks": [t.id for t in addition.tasks],
                            "replaces": [t.id for t in request.cancelled]}, dead.token)
                 self.grow(addition, now)
+                if isinstance(fragment, Fragment):  # the repairs of the plan it was read from
+                    self.ready.repaired(addition.tasks, fragment.repairs)
                 return True
         book.sink(dead, E.REPLAN_FAILED, None,
                   {"cause": dead.error, "replan": request.number,
