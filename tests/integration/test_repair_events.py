@@ -210,20 +210,27 @@ def sources(archive: Any) -> App:
                                   handler=lambda p, c: len(c.inputs))]))
 
 
+def answer_fragments(fake: FakeOpenAI) -> None:
+    """The model re-plans with the fragment wired wrong, then (asked to repair) right."""
+    queue = [FRAGMENT_WIRED_WRONG, FRAGMENT]
+    fake.answers["plan"] = lambda req: queue.pop(0) if len(queue) > 1 else queue[0]
+
+
+async def gone() -> Any:
+    """Reading the archive fails for good: its task dies and is re-planned."""
+    from planrun.core import PermanentError
+
+    raise PermanentError("the archive is gone")
+
+
 @pytest.mark.parametrize(("repair", "requests"), [("model", 2), ("code", 1)])
 def test_a_resumed_run_replans_with_the_repair_mode_it_was_started_with(
     fake_openai: FakeOpenAI, db: str, repair: str, requests: int,
 ) -> None:
-    from planrun.core import PermanentError
-
-    queue = [FRAGMENT_WIRED_WRONG, FRAGMENT]
-    fake_openai.answers["plan"] = lambda req: queue.pop(0) if len(queue) > 1 else queue[0]
+    answer_fragments(fake_openai)
 
     async def stuck() -> Any:
         await asyncio.Event().wait()  # the first process stops here
-
-    async def gone() -> Any:
-        raise PermanentError("the archive is gone")
 
     async def go() -> Any:
         first = asyncio.ensure_future(aplan_and_run(
@@ -260,14 +267,7 @@ async def until_running(db: str, run_id: str, task_id: str) -> None:
 def test_the_repairs_of_a_replanned_fragment_are_in_the_ledger(
     fake_openai: FakeOpenAI, db: str, repair: str, fixed_by: str,
 ) -> None:
-    from planrun.core import PermanentError
-
-    queue = [FRAGMENT_WIRED_WRONG, FRAGMENT]
-    fake_openai.answers["plan"] = lambda req: queue.pop(0) if len(queue) > 1 else queue[0]
-
-    async def gone() -> Any:
-        raise PermanentError("the archive is gone")
-
+    answer_fragments(fake_openai)
     async def go() -> Any:
         report = await aplan_and_run(READY_PLAN, sources(gone), model=fake_model(), store=db,
                                      on_dead="replan", repair=repair)
