@@ -96,9 +96,9 @@ def test_plan_prints_the_validated_plan(
     assert FAKE_KEY not in out
 
 
-def test_plan_json_shows_code_repairs_and_no_code_repair_turns_them_off(
-    capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI
-) -> None:
+def plans_a_self_waiting_analysis(endpoint: FakeOpenAI) -> list[int]:
+    """The model plans the brief with an analysis that waits for itself, then (asked again)
+    the brief as it is; the list returned grows by one per plan request."""
     tasks = json.loads(json.dumps(answers.BRIEF_PLAN["tasks"]))
     tasks[3]["depends_on"] = [0, 1, 3]  # an analysis that waits for itself
     sent: list[int] = []
@@ -108,6 +108,13 @@ def test_plan_json_shows_code_repairs_and_no_code_repair_turns_them_off(
         return {"tasks": tasks} if len(sent) == 1 else answers.BRIEF_PLAN
 
     endpoint.answers["plan"] = planner
+    return sent
+
+
+def test_plan_json_shows_code_repairs_and_no_code_repair_turns_them_off(
+    capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI
+) -> None:
+    sent = plans_a_self_waiting_analysis(endpoint)
     argv = ["plan", "a competitive brief", "--app", "planrun.examples.brief:app", "--json"]
     code, out, _ = run_cli(capsys, *argv)
     doc = json.loads(out)
@@ -216,15 +223,7 @@ def test_piped_run_output_is_never_wider_than_the_terminal_nor_glued(
 def test_run_no_code_repair_asks_the_model_for_every_repair_of_the_goals_plan(
     capsys: pytest.CaptureFixture[str], endpoint: FakeOpenAI, tmp_path: Path
 ) -> None:
-    tasks = json.loads(json.dumps(answers.BRIEF_PLAN["tasks"]))
-    tasks[3]["depends_on"] = [0, 1, 3]  # an analysis that waits for itself
-    sent: list[int] = []
-
-    def planner(req: object) -> dict[str, object]:
-        sent.append(1)
-        return {"tasks": tasks} if len(sent) == 1 else answers.BRIEF_PLAN
-
-    endpoint.answers["plan"] = planner
+    sent = plans_a_self_waiting_analysis(endpoint)
     argv = ["run", "a competitive brief", "--app", "planrun.examples.brief:app", "--json"]
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0 and len(sent) == 1  # code dropped the edge
